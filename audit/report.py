@@ -1,0 +1,148 @@
+"""``report.md`` and its PNG plots, for a person, from an audit's ``summary.json``.
+
+Plots: divergence rate by depth with 95 % intervals (``depth.png``), first-divergence survival
+(``survival.png``), divergence by tool (``tools.png``). matplotlib's Agg backend; no display.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: Any, pct: bool = False) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.1%}" if pct else f"{x:.3f}"
+    return str(x)
+
+
+def _ci(ci: Any, pct: bool = True) -> str:
+    if not ci or ci[0] is None:
+        return ""
+    return f" [{_fmt(ci[0], pct)}, {_fmt(ci[1], pct)}]"
+
+
+def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    rows = s.get("by_depth") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        d = [r["depth"] for r in rows]
+        rate = [r["divergence_rate"] for r in rows]
+        lo = [r["divergence_ci"][0] for r in rows]
+        hi = [r["divergence_ci"][1] for r in rows]
+        ax.fill_between(d, lo, hi, alpha=0.25)
+        ax.plot(d, rate, marker="o")
+        ax.set(xlabel="step depth", ylabel="divergence rate", ylim=(0, 1),
+               title="Divergence by depth (95% Wilson CI)")
+        fig.tight_layout()
+        fig.savefig(out / "depth.png", dpi=110)
+        plt.close(fig)
+        made.append("depth.png")
+    km = (s.get("first_divergence") or {}).get("rows") or []
+    if km:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.step([-1] + [r["depth"] for r in km], [1.0] + [r["survival"] for r in km], where="post")
+        ax.set(xlabel="step depth", ylabel="P(no divergence yet)", ylim=(0, 1.02),
+               title="First-divergence survival (Kaplan–Meier)")
+        fig.tight_layout()
+        fig.savefig(out / "survival.png", dpi=110)
+        plt.close(fig)
+        made.append("survival.png")
+    tools = s.get("by_tool") or {}
+    if tools:
+        items = sorted(tools.items(), key=lambda kv: -kv[1]["n"])[:20]
+        fig, ax = plt.subplots(figsize=(6, 0.25 * len(items) + 1.2))
+        ax.barh([k for k, _ in items], [v["divergence_rate"] for _, v in items])
+        ax.invert_yaxis()
+        ax.set(xlabel="divergence rate", xlim=(0, 1), title="Divergence by tool (most used)")
+        fig.tight_layout()
+        fig.savefig(out / "tools.png", dpi=110)
+        plt.close(fig)
+        made.append("tools.png")
+    return made
+
+
+def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
+    c = s["counts"]
+    lines = [
+        "# Fidelity audit",
+        "",
+        f"Inputs: {', '.join(s['inputs'])}",
+        f"Verdict: diverged = `{s['verdict']['scorer']}` < {s['verdict']['threshold']}",
+        "",
+        f"- records read: {c['records_read']} = audited {c['trajectories']} + skipped "
+        f"{c['skipped']} ({'reconciles' if s['reconciles'] else 'DOES NOT reconcile'})",
+        f"- tool calls: {c['steps']} (answered {c['answered_steps']}, unanswered "
+        f"{c['unanswered_steps']}, malformed {c['malformed_calls']})",
+        f"- **divergence rate: {_fmt(s.get('divergence_rate'), True)}"
+        f"{_ci(s.get('divergence_ci'))}**",
+        f"- median first divergence (depth): {_fmt(s.get('median_first_divergence'))}",
+    ]
+    comp = s.get("compounding") or {}
+    lines.append(f"- compounding ratio P(div | earlier div) / P(div | none): "
+                 f"{_fmt(comp.get('ratio'))}{_ci(comp.get('ci'), False)}"
+                 + (f" ({comp['note']})" if comp.get("note") else ""))
+    lg = s.get("logistic") or {}
+    lines.append(f"- odds ratio of a prior divergence (logistic): "
+                 f"{_fmt(lg.get('odds_ratio_prior_divergence'))}"
+                 f"{_ci(lg.get('odds_ratio_ci'), False)}")
+    ep = s.get("error_prediction") or {}
+    lines.append(f"- real failures: {ep.get('actual_errors')}, predicted by the rehearsal: "
+                 f"recall {_fmt(ep.get('recall'), True)}, "
+                 f"precision {_fmt(ep.get('precision'), True)}")
+    lines += ["", "## Scores", "", "| scorer | mean | 95% CI |", "|---|---|---|"]
+    for name, v in (s.get("scores") or {}).items():
+        lines.append(f"| {name} | {_fmt(v['mean'])} | {_ci(v.get('ci'), False)} |")
+    sk = (s.get("skill") or {}).get("by_scorer") or {}
+    if sk:
+        lines += ["", "## Skill against reference world models", "",
+                  "skill = (F − F_ref) / (1 − F_ref) against the best reference per scorer.", "",
+                  "| scorer | model | best reference | reference | skill | 95% CI |",
+                  "|---|---|---|---|---|---|"]
+        for name, v in sk.items():
+            lines.append(f"| {name} | {_fmt(v['f_model'])} | {v['best_reference']} | "
+                         f"{_fmt(v['f_ref'])} | {_fmt(v['point'])} | "
+                         f"{_ci([v['lo'], v['hi']], False)} |")
+    src = s.get("by_source") or {}
+    if src:
+        lines += ["", "## By who wrote the response", "", "| source | steps | divergence |",
+                  "|---|---|---|"]
+        for k, v in src.items():
+            lines.append(f"| {k} | {v['steps']} | {_fmt(v['divergence_rate'], True)} |")
+    lines += ["", "## By depth", "", "| depth | steps | divergence | 95% CI |", "|---|---|---|---|"]
+    for r in s.get("by_depth") or []:
+        lines.append(f"| {r['depth']} | {r['n']} | {_fmt(r['divergence_rate'], True)} |"
+                     f"{_ci(r['divergence_ci'])} |")
+    for key, title in (("by_mutates_state", "By read/write tool"), ("by_novelty", "By novelty")):
+        lines += ["", f"## {title}", "", "| stratum | steps | divergence |", "|---|---|---|"]
+        for k, v in (s.get(key) or {}).items():
+            lines.append(f"| {k} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
+    lines += ["", "## By tool", "", "| tool | steps | divergence |", "|---|---|---|"]
+    for k, v in sorted((s.get("by_tool") or {}).items(), key=lambda kv: -kv[1]["n"]):
+        lines.append(f"| {k} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
+    if s.get("skipped_records"):
+        lines += ["", "## Skipped records", ""]
+        for r in s["skipped_records"][:50]:
+            lines.append(f"- {r['file']}:{r['line']}: {r['reason']}")
+    if s.get("warnings"):
+        lines += ["", "## Warnings", ""]
+        for w in s["warnings"][:50]:
+            lines.append(f"- {w['file']}:{w['line']} ({w['trajectory_id']}): {w['message']}")
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, summary: dict[str, Any], plots: bool = True) -> None:
+    made = plot_all(out, summary) if plots else []
+    tmp = out / "report.md.tmp"
+    tmp.write_text(render_markdown(summary, made), encoding="utf-8")
+    os.replace(tmp, out / "report.md")

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
@@ -68,6 +69,24 @@ def _key(key: object) -> str:
 
 
 def parse_value(text: str) -> tuple[bool, object]:
+    """Parse a tool response (memoised: every scorer of a step parses the same two texts).
+
+    The returned value is shared between callers: treat it as read-only.
+    """
+    if isinstance(text, str) and len(text) <= _CACHE_MAX_CHARS:
+        return _parse_cached(text)
+    return _parse_value(text)
+
+
+_CACHE_MAX_CHARS = 100_000
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> tuple[bool, object]:
+    return _parse_value(text)
+
+
+def _parse_value(text: str) -> tuple[bool, object]:
     """Parse a tool response: ``(True, value)`` on success, ``(False, text)`` otherwise.
 
     Tries JSON first (control characters allowed inside strings), then a Python literal.
@@ -101,6 +120,18 @@ def _dump(value: object) -> str:
 
 
 def canonical_text(text: str) -> str:
+    """The comparable form of a response (memoised for texts up to 100k characters)."""
+    if isinstance(text, str) and len(text) <= _CACHE_MAX_CHARS:
+        return _canonical_cached(text)
+    return _canonical_text(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_cached(text: str) -> str:
+    return _canonical_text(text)
+
+
+def _canonical_text(text: str) -> str:
     """The comparable form of a response.
 
     A parseable response is dumped as JSON with sorted keys, compact separators and

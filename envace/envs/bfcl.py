@@ -146,6 +146,9 @@ class BFCLEnv:
         }
         self._allowed = set(self._methods) - set(task.excluded_functions)
         self._tools = task.tools()
+        for turn in task.prefix:  # a per-turn task: earlier turns' ground truth, done right
+            for c in turn:
+                self.execute(c.name, self.bind(c.name, list(c.args), c.kwargs))
         self.calls = 0
 
     @staticmethod

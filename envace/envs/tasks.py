@@ -67,6 +67,10 @@ class Task:
     excluded_functions: list[str] = field(default_factory=list)
     missed_functions: dict[int, list[str]] = field(default_factory=dict)  # turn -> names
     env_name: str = "bfcl"
+    # A per-turn task (envace.turns) starts after earlier turns of a base task were done right:
+    base_id: str | None = None  # the task whose initial state it starts from
+    history: list[dict[str, Any]] = field(default_factory=list)  # messages of earlier turns
+    prefix: list[list[GroundTruthCall]] = field(default_factory=list)  # their ground truth
 
     @property
     def long_context(self) -> bool:

@@ -70,7 +70,7 @@ def ground_truth_calls(task: Task, env: BFCLEnv) -> list[list[Call]]:
 def check_calls(task: Task, calls_per_turn: list[list[Call]]) -> CheckResult:
     """BFCL's multi-turn state check of the model's calls per turn against the ground truth."""
     model_env, truth_env = BFCLEnv(), BFCLEnv()
-    model_env.reset(task)
+    model_env.reset(task)  # a per-turn task's reset replays its prefix in both
     truth_env.reset(task)
     truth_turns = ground_truth_calls(task, truth_env)
     result = CheckResult(valid=True)

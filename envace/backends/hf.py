@@ -1,0 +1,107 @@
+"""Transformers generation backend: many sequences advanced in lockstep over one kept KV cache.
+
+Every row of the batch is an episode. A row's prompt is prefilled once (left-padded); after that
+each forward step feeds exactly one token per row: the next *forced* token of that row (a tool
+header, a real response, the next user turn) or the token it just *sampled*, or padding once the
+row is done. Nothing already encoded is encoded again: forced text is appended to the cache like
+generated text. Finished rows are masked out (their pads are never attended).
+
+    stepper = HFStepper(model, pad_id)
+    logits = stepper.prefill([[1, 2, 3], [4, 5]])        # [B, V] next-token logits
+    logits = stepper.step([7, 8], active=[True, False])  # one token per row
+
+``reencode=True`` drops the cache before each call to ``restart`` (the benchmark's "plain tool
+loop" that encodes the whole sequence again at every message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import inspect
+
+import torch
+
+
+def _cache_kw() -> str:
+    """transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns)."""
+    from transformers import Qwen3ForCausalLM
+
+    return "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters \
+        else "past_key_values"
+
+
+CACHE_KW = _cache_kw()
+
+
+class HFStepper:
+    """One batched decoding state: cache, attention mask, positions."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # [B, L] 1 where a real token sits
+        self.next_pos: torch.Tensor | None = None  # [B] position of the next token per row
+        self.forward_tokens = 0  # tokens pushed through the model (benchmark bookkeeping)
+
+    @torch.no_grad()
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Encode left-padded prompts; return the last position's logits per row."""
+        from transformers import DynamicCache
+
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.cache = DynamicCache()
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
+                         use_cache=True)
+        self.mask = mask
+        self.next_pos = mask.sum(-1)
+        self.forward_tokens += int(mask.sum())
+        return out.logits[:, -1, :].float()
+
+    @torch.no_grad()
+    def step(self, tokens: Sequence[int], active: Sequence[bool]) -> torch.Tensor:
+        """Append one token per row (inactive rows get a masked pad); return next logits."""
+        assert self.mask is not None and self.next_pos is not None
+        act = torch.tensor(active, dtype=torch.long)
+        ids = torch.tensor([t if a else self.pad_id for t, a in zip(tokens, active, strict=True)],
+                           dtype=torch.long)[:, None]
+        self.mask = torch.cat([self.mask, act[:, None]], dim=1)
+        pos = self.next_pos[:, None].clone()
+        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
+                         position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
+                         use_cache=True)
+        self.next_pos = self.next_pos + act
+        self.forward_tokens += int(act.sum())
+        return out.logits[:, -1, :].float()
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float,
+           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (tokens, log-probabilities under logits/temperature).
+
+    temperature 0 means greedy (log-probabilities then under the raw logits).
+    """
+    if temperature <= 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tok = logits.argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    scaled = logits / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)
+    tok = tok.squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

@@ -1,0 +1,138 @@
+"""The rollout engine: KV-cache exactness, the act/rehearse/real state machine, limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from envace import chat
+from envace.envs.tasks import get_task, split_tasks
+from envace.export import export_real
+from envace.models import build_tiny, load_model
+from envace.rollout import ACT, CONTEXT, REHEARSE, Engine, RolloutConfig, run_episodes
+from envace.turns import derive_turn_task
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    texts = [chat.render([m.dump() for m in t.messages], t.tools)
+             for t in export_real(split_tasks("train")[:40])]
+    path = build_tiny(texts, tmp_path_factory.mktemp("tiny") / "m", seed=0)
+    return load_model(path)
+
+
+def test_cached_logprobs_equal_a_full_forward(tiny):
+    """Lockstep decoding over one kept cache (left padding, masks, forced text in between)
+    gives the same log-probabilities as encoding each finished sequence whole."""
+    model, tok = tiny
+    tasks = [derive_turn_task(get_task("multi_turn_base_0"), 1), get_task("multi_turn_base_1"),
+             get_task("multi_turn_base_10")]
+    eps = run_episodes(model, tok, tasks, RolloutConfig(mode="real", max_new_tokens=24,
+                                                        max_turns=2, max_context=3000, seed=1))
+    assert len({len(e.ids) for e in eps}) > 1  # rows of different lengths were batched
+    for e in eps:
+        ids = torch.tensor([e.ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+        full = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        gen = [i for i, r in enumerate(e.roles) if r != CONTEXT]
+        assert gen, "the policy generated nothing"
+        got = torch.tensor([e.logprobs[i] for i in gen])
+        want = full[torch.tensor(gen) - 1]
+        assert torch.allclose(got, want, atol=2e-4), (got - want).abs().max()
+        # context tokens carry no log-prob; the prompt is exactly the chat encoding
+        assert all(e.logprobs[i] == 0.0 for i, r in enumerate(e.roles) if r == CONTEXT)
+
+
+def test_untrained_policy_ends_cleanly_with_reasons(tiny):
+    model, tok = tiny
+    tasks = split_tasks("dev")[:3]
+    eps = run_episodes(model, tok, tasks, RolloutConfig(mode="rehearse", max_new_tokens=16,
+                                                        max_context=3000))
+    assert [e.task.id for e in eps] == [t.id for t in tasks]
+    for e in eps:
+        assert e.end_reason in {"max_new_tokens", "finished", "malformed_call",
+                                "context_limit", "max_turns"} or e.end_reason.startswith(
+                                    "unknown_tool")
+        assert e.trajectory.meta["end_reason"] == e.end_reason
+        assert len(e.ids) == len(e.roles) == len(e.logprobs) == len(e.step_of_token)
+
+
+def _engine(tiny, mode="rehearse"):
+    model, tok = tiny
+    return Engine(model, tok, RolloutConfig(mode=mode, max_turns=5))
+
+
+def _gen(eng, row, text, kind):
+    """Play `text` as what the model generated (state machine only, no sampling)."""
+    row.gen = kind
+    row.queue.clear()
+    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
+    eng.finish_message(row)
+
+
+def test_state_machine_rehearse_then_act_then_next_turn(tiny):
+    eng = _engine(tiny)
+    task = get_task("multi_turn_base_0")
+    row = eng.start(task)
+    call = chat.format_call("cd", {"folder": "document"})
+    _gen(eng, row, call, "act")
+    assert row.gen == "rehearse" and row.pending[0][1] == "cd"
+    forced = eng.tok.decode([t for t, _, _ in row.queue])
+    assert forced.endswith("<|im_start|>tool\n")
+    _gen(eng, row, '{"current_working_directory": "document"}', "rehearse")
+    tool = row.messages[-1]
+    assert tool["role"] == "tool" and tool["rehearsed"] and tool["tool_call_id"] == "c0"
+    assert row.gen == "act" and not row.pending
+    _gen(eng, row, "", "act")  # no call: the user turn ends, the next one is forced in
+    assert row.turn == 1 and row.done is None
+    assert eng.tok.decode([t for t, _, _ in row.queue]).count(task.turns[1][0]["content"]) == 1
+    assert row.calls_per_turn[0] == [("cd", {"folder": "document"})]
+
+
+def test_state_machine_real_mode_forces_real_responses(tiny):
+    eng = _engine(tiny, "real")
+    row = eng.start(get_task("multi_turn_base_0"))
+    _gen(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
+    tool = row.messages[-1]
+    assert tool["rehearsed"] is False and "document" in tool["content"]
+    roles = {r for _, r, _ in row.queue}
+    assert roles == {CONTEXT} and row.gen == "act"
+
+
+@pytest.mark.parametrize("text,reason", [
+    ('<tool_call>{"name": "cd", "arguments": {', "malformed_call"),
+    ("<tool_call>not json</tool_call>", "malformed_call"),
+    ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown_tool:rm_rf"),
+])
+def test_bad_calls_end_the_episode_and_are_recorded(tiny, text, reason):
+    eng = _engine(tiny)
+    row = eng.start(get_task("multi_turn_base_0"))
+    _gen(eng, row, text, "act")
+    assert row.done == reason
+    ep = eng.episode(row, 0)
+    steps = ep.trajectory.tool_steps()
+    assert len(steps) == 1 and steps[0].response is None  # kept, unanswered
+    if reason == "malformed_call":
+        assert steps[0].malformed is not None
+
+
+def test_max_turns_limit(tiny):
+    model, tok = tiny
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", max_turns=1))
+    row = eng.start(get_task("multi_turn_base_0"))
+    _gen(eng, row, "", "act")
+    assert row.done == "max_turns"
+
+
+def test_roles_of_a_rehearsed_episode_match_the_chat_encoding(tiny):
+    """Token roles produced by the engine agree with encode_with_roles on the trajectory."""
+    model, tok = tiny
+    eps = run_episodes(model, tok, [get_task("multi_turn_base_1")],
+                       RolloutConfig(mode="rehearse", max_new_tokens=12, max_context=3000))
+    e = eps[0]
+    ids, roles = chat.encode_with_roles(tok, [m.dump() for m in e.trajectory.messages],
+                                        e.task.tools(turn=0), desc_chars=60)
+    n = e.prompt_len
+    assert e.ids[:n] == ids[:n] and set(e.roles[:n]) == {CONTEXT}
+    assert set(e.roles[n:]) <= {CONTEXT, ACT, REHEARSE}

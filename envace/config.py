@@ -356,6 +356,10 @@ class TrainConfig:
 
     # tasks and reward
     split: str = opt("train", "task split to train on (a file in data/)")
+    task_unit: Literal["turn", "task"] = opt(
+        "turn", "train on single user turns (denser reward) or on whole multi-turn tasks"
+    )
+    desc_chars: int = opt(60, "tool descriptions in the prompt's tool listing are cut to this")
     reward: Literal["state", "action", "turn_state"] = opt(
         "state",
         "state: final environment state after executing the committed calls equals ground "
@@ -393,7 +397,8 @@ class TrainConfig:
 
     # cold start
     sft_steps: int = opt(0, "supervised cold-start steps on reference trajectories; 0: none")
-    sft_lr: float = opt(1e-5, "learning rate of the cold start")
+    sft_lr: float | None = opt(None, "learning rate of the cold start; null: the preset's")
+    sft_max_minutes: float = opt(5.0, "wall-clock budget of the cold start; 0: none")
 
     # evaluation, fidelity audit, logging, checkpoints
     eval_every: int = opt(50, "evaluate every N steps; 0: never")
@@ -470,7 +475,8 @@ class TrainConfig:
             "or mode=split",
         )
         require(self.sft_steps >= 0, "sft_steps must be >= 0 (0: no cold start)")
-        require(self.sft_lr > 0, f"sft_lr={self.sft_lr}: set a positive learning rate")
+        require(self.sft_lr is None or self.sft_lr > 0,
+                f"sft_lr={self.sft_lr}: set a positive learning rate or null")
         for name in ("eval_every", "eval_tasks", "checkpoint_every"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
         require(self.log_every >= 1, "log_every must be >= 1")

@@ -5,7 +5,7 @@
 Per episode (a BFCL multi-turn task): the prompt (system with the tool listing, first user turn)
 is prefilled; the policy writes an assistant message; each call in it is answered by
 
-- ``rehearse``: the same policy, continuing after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
+- ``rehearse``: the same policy, after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
 - ``real``: the real environment (its text is forced in as CONTEXT and never trained);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 

@@ -1,0 +1,96 @@
+"""Evaluation in the real environment: task success (BFCL's state check), per backend, pass@k.
+
+    summary = evaluate(model, tokenizer, tasks, out_dir, EvalSettings(seeds=2))
+
+Each task is attempted once per seed with the real environment answering the policy's calls
+(mode ``real``); the committed calls are then checked against the ground truth. Writes
+``trajectories.jsonl`` (with reward and success in each record) and ``summary.json`` (success
+rate with a Wilson interval, per backend, pass@k over seeds, end reasons, tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit.compounding import wilson_ci
+from audit.pipeline import write_json_atomic
+from envace.envs.tasks import Task
+from envace.rewards import task_reward
+from envace.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
+from envace.schema import TrajectoryWriter
+
+
+@dataclass
+class EvalSettings:
+    seeds: int = 1
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 128
+    max_turns: int = 8
+    max_context: int = 4096
+    batch_size: int = 16
+    reward: str = "state"
+    mode: str = "real"
+    desc_chars: int = 60
+
+
+def pass_at_k(successes: list[list[bool]], k: int) -> float:
+    """Unbiased pass@k (Chen et al.) averaged over tasks, each with n >= k attempts."""
+    from math import comb
+
+    vals = []
+    for s in successes:
+        n, c = len(s), sum(s)
+        vals.append(1.0 if n - c < k else 1 - comb(n - c, k) / comb(n, k))
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
+             s: EvalSettings, label: str = "eval") -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    rewards, ends, tokens = [], Counter(), Counter()
+    by_backend: dict[str, list[bool]] = defaultdict(list)
+    with TrajectoryWriter(out_dir / "trajectories.jsonl", mode="w") as w:
+        for seed in range(s.seeds):
+            cfg = RolloutConfig(mode=s.mode, temperature=s.temperature, top_p=s.top_p,
+                                max_new_tokens=s.max_new_tokens, max_turns=s.max_turns,
+                                max_context=s.max_context, desc_chars=s.desc_chars,
+                                seed=10_000 + seed)
+            for i in range(0, len(tasks), s.batch_size):
+                for ep in run_episodes(model, tokenizer, tasks[i:i + s.batch_size], cfg):
+                    r = task_reward(s.reward, ep.task, ep.calls_per_turn)
+                    ep.trajectory.reward = r["reward"]
+                    ep.trajectory.id = f"{ep.task.id}-s{seed}"
+                    ep.trajectory.meta.update(seed=seed, success=r["success"], plan="commit",
+                                              verifier=r["detail"], split=label)
+                    w.write(ep.trajectory)
+                    per_task[ep.task.id].append(r["success"])
+                    by_backend[ep.task.primary_backend].append(r["success"])
+                    rewards.append(r["reward"])
+                    ends[ep.end_reason.split(":")[0]] += 1
+                    tokens["act"] += ep.tokens(ACT)
+                    tokens["rehearse"] += ep.tokens(REHEARSE)
+    attempts = [x for v in per_task.values() for x in v]
+    k = sum(attempts)
+    summary = {
+        "label": label, "mode": s.mode, "tasks": len(tasks), "seeds": s.seeds,
+        "attempts": len(attempts), "successes": k,
+        "success_rate": k / len(attempts) if attempts else None,
+        "success_ci": list(wilson_ci(k, len(attempts))),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "pass_at_k": {str(j): pass_at_k(list(per_task.values()), j)
+                      for j in range(1, s.seeds + 1)},
+        "by_backend": {b: {"attempts": len(v), "success_rate": sum(v) / len(v)}
+                       for b, v in sorted(by_backend.items())},
+        "end_reasons": dict(ends), "tokens": dict(tokens),
+        "seconds": time.perf_counter() - t0,
+        "settings": s.__dict__,
+    }
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,243 @@
+"""The EnvACE trainer: role-wise GRPO on rehearsed rollouts, with fidelity logged every step.
+
+    envace train                                   # the tiny preset, end to end, minutes on a CPU
+    envace train --config configs/smollm2.yaml lr=2e-6 steps=50
+    envace train --resume runs/<name>              # continue a killed run exactly
+
+One step: sample tasks (seeded by step), run ``group_size`` episodes each (mode ``envace``: the
+policy acts and rehearses; ``split``: a second model rehearses; ``simulator``: a frozen model
+answers; ``grpo``: the real environment answers), score them with the verifier (never seen by
+the policy), audit the rehearsed responses against reality, compute role-wise advantages and
+take one optimizer step on the clipped loss. Everything lands in the run directory
+(spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace import grpo
+from envace.checkpoint import load_latest, save_checkpoint, set_rng_state
+from envace.config import TrainConfig, dump_yaml, to_dict
+from envace.fidelity import audit_rollouts, fidelity_metrics
+from envace.rewards import task_reward
+from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig, run_episodes
+from envace.schema import TrajectoryWriter
+from envace.train_setup import Policy, build_policy, fitting_tasks, training_tasks
+
+TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
+           "grpo": (ACT,)}
+ROLLOUT_MODE = {"envace": "rehearse", "split": "rehearse", "simulator": "simulator",
+                "grpo": "real"}
+
+
+def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=dtype)
+    return out
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+
+
+def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig
+           ) -> dict[str, float]:
+    """One optimizer step per model on the clipped role-wise loss; returns its statistics."""
+    stats: dict[str, float] = {}
+    for name, model, roles_trained in policy.trainees(cfg.mode):
+        def trained(e: Episode, roles_trained: tuple[int, ...] = roles_trained) -> int:
+            return sum(r in roles_trained for r in e.roles[1:])
+
+        # only episodes with trained tokens; similar lengths together (less padding)
+        order = sorted((i for i, e in enumerate(episodes) if trained(e)),
+                       key=lambda i: len(episodes[i].ids))
+        total = float(sum(trained(episodes[i]) for i in order))
+        if total == 0:
+            continue
+        opt, sched = policy.optimizers[name], policy.schedulers[name]
+        opt.zero_grad(set_to_none=True)
+        acc: dict[str, float] = {}
+        ent_sum = 0.0
+        for k in range(0, len(order), cfg.micro_batch_size):
+            idx = order[k:k + cfg.micro_batch_size]
+            mb = [episodes[i] for i in idx]
+            ids = _pad([e.ids for e in mb], policy.pad_id, torch.long)
+            roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:]
+            old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:]
+            attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long)
+            mask = torch.zeros_like(roles, dtype=torch.bool)
+            for r in roles_trained:
+                mask |= roles == r
+            tok_adv = grpo.token_advantages(adv[idx], roles)
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            logits = logits.float() / cfg.temperature
+            lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
+            ref_lp = None
+            if cfg.kl_coef > 0 and policy.reference is not None:
+                with torch.no_grad():
+                    ref_logits = policy.reference(input_ids=ids, attention_mask=attn)
+                    ref_lp = grpo.logprobs_from_logits(
+                        ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
+            loss, st = grpo.policy_loss(
+                lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
+                cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
+                normalizer=total if cfg.aggregation == "token_mean" else None,
+                named_masks=grpo.role_masks(roles, mask))
+            loss.backward()
+            with torch.no_grad():
+                ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
+            n = float(mask.sum())
+            for k, v in st.items():
+                if isinstance(v, float) and math.isfinite(v) and not k.endswith("tokens"):
+                    acc[k] = acc.get(k, 0.0) + v * (1.0 if k in ("loss", "pg_loss", "kl_ref")
+                                                    else n / total)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        opt.step()
+        sched.step()
+        prefix = "" if name == "policy" else f"{name}/"
+        stats.update({f"{prefix}{k}": v for k, v in acc.items()})
+        stats[f"{prefix}entropy"] = ent_sum / total
+        stats[f"{prefix}grad_norm"] = float(grad_norm)
+        stats[f"{prefix}lr"] = sched.get_last_lr()[0]
+    return stats
+
+
+def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
+                ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """[B, 2] rewards (act, rehearse) and the verifier's verdicts."""
+    verdicts = [task_reward(cfg.reward, e.task, e.calls_per_turn) for e in episodes]
+    task = torch.tensor([v["reward"] for v in verdicts], dtype=torch.float64)
+    rehearse = task.clone()
+    if cfg.grounded_lambda > 0:
+        fid = torch.tensor([0.0 if math.isnan(f) else f for f in fidelity], dtype=torch.float64)
+        rehearse = (1 - cfg.grounded_lambda) * task + cfg.grounded_lambda * fid
+    return torch.stack([task, rehearse], dim=1), verdicts
+
+
+def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path
+               ) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    chosen = rng.sample(tasks, min(cfg.prompts_per_step, len(tasks)))
+    batch = [t for t in chosen for _ in range(cfg.group_size)]
+    rcfg = RolloutConfig(mode=ROLLOUT_MODE[cfg.mode], temperature=cfg.temperature,
+                         top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                         max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
+                         desc_chars=cfg.desc_chars, seed=cfg.seed * 1_000_003 + step)
+    episodes = run_episodes(policy.model, policy.tokenizer, batch, rcfg, policy.simulator,
+                            policy.world_model)
+    t_roll = time.perf_counter()
+    rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
+    rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
+                               cfg.verdict_scorer, None)
+    rewards, verdicts = rewards_for(episodes, cfg, fid)
+    has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
+    adv = grpo.role_advantages(rewards, [e.task.id for e in episodes], has, cfg.scale_by_std)
+    with TrajectoryWriter(rollout_file, mode="w") as w:
+        for i, (e, v) in enumerate(zip(episodes, verdicts, strict=True)):
+            e.trajectory.id = f"s{step}-{i}-{e.task.id}"
+            e.trajectory.reward = v["reward"]
+            e.trajectory.model = str(policy.path)
+            e.trajectory.meta.update(train_step=step, group=e.task.id, success=v["success"],
+                                     verifier=v["detail"], advantage=adv[i].tolist())
+            w.write(e.trajectory)
+    audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
+                   run_dir / "audit" / f"step_{step}", str(rollout_file))
+    t_audit = time.perf_counter()
+    st = update(policy, episodes, adv.float(), cfg)
+    t_end = time.perf_counter()
+    n_act = sum(e.tokens(ACT) for e in episodes)
+    n_reh = sum(e.tokens(REHEARSE) for e in episodes)
+    ends: dict[str, int] = {}
+    for e in episodes:
+        key = f"episodes/end_{e.end_reason.split(':')[0]}"
+        ends[key] = ends.get(key, 0) + 1
+    return {
+        "step": step, "time": time.time(),
+        **{k: v for k, v in st.items() if not k.startswith(("act/tokens", "rehearse/tokens"))},
+        "reward/mean": float(rewards[:, 0].mean()), "reward/act": float(rewards[:, 0].mean()),
+        "reward/rehearse": float(rewards[:, 1].mean()),
+        "success/mean": sum(v["success"] for v in verdicts) / len(verdicts),
+        "adv/act_mean": float(adv[:, 0][has[:, 0]].mean()) if has[:, 0].any() else 0.0,
+        "adv/act_std": float(adv[:, 0][has[:, 0]].std()) if has[:, 0].sum() > 1 else 0.0,
+        "adv/rehearse_mean": float(adv[:, 1][has[:, 1]].mean()) if has[:, 1].any() else 0.0,
+        "adv/rehearse_std": float(adv[:, 1][has[:, 1]].std()) if has[:, 1].sum() > 1 else 0.0,
+        "tokens/act": n_act, "tokens/rehearse": n_reh,
+        "tokens/context": sum(len(e.ids) for e in episodes) - n_act - n_reh,
+        "tokens_per_s": (n_act + n_reh) / (t_end - t0),
+        "seconds/rollout": t_roll - t0, "seconds/audit": t_audit - t_roll,
+        "seconds/update": t_end - t_audit, "calls/per_episode": sum(
+            len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
+        **ends, **fidelity_metrics(rows, cfg.audit_scorers),
+    }
+
+
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> Path:
+    """Run (or resume) training; return the run directory."""
+    from envace.train_report import finish_run
+
+    run_dir = cfg.run_dir
+    state = load_latest(run_dir) if resume else None
+    if resume and (run_dir / "config.yaml").exists():
+        from envace.train_setup import check_same_config
+
+        check_same_config(run_dir, cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+    (run_dir / "RUNNING").write_text(str(time.time()))
+    policy = build_policy(cfg, run_dir, state, progress=progress)
+    tasks = fitting_tasks(training_tasks(cfg), policy.tokenizer, cfg)
+    start = 0
+    metrics = run_dir / "metrics.jsonl"
+    if state is not None:
+        start = state["step"] + 1
+        set_rng_state(state["rng"])
+        _truncate_metrics(metrics, state["step"])
+    elif metrics.exists():
+        metrics.unlink()
+    torch.manual_seed(cfg.seed)
+    for step in range(start, cfg.steps):
+        record = train_step(step, policy, tasks, cfg, run_dir)
+        _append_jsonl(metrics, record)
+        if progress:
+            print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
+                  f"success {record['success/mean']:.2f} divergence "
+                  f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
+                  f"loss {record.get('loss', float('nan')):.4f}", flush=True)
+        last = step == cfg.steps - 1
+        if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
+            policy.save(run_dir, step, {"config": to_dict(cfg)})
+    finish_run(cfg, policy, run_dir, progress=progress)
+    return run_dir
+
+
+def _truncate_metrics(path: Path, upto: int) -> None:
+    """Drop metrics of steps after the checkpoint we resume from (they will be redone)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= upto:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            continue  # a truncated last line from the killed run
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{x}\n" for x in keep))
+    tmp.replace(path)
+
+
+__all__ = ["train", "train_step", "update", "save_checkpoint"]

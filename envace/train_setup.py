@@ -1,0 +1,165 @@
+"""What a training run is made of: the policy (and world model, simulator, reference), its
+optimizers and schedulers, the training tasks; built fresh or restored from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from envace.checkpoint import save_checkpoint
+from envace.config import ConfigError, TrainConfig, to_dict
+from envace.envs.tasks import Task, split_tasks
+from envace.models import default_cache_dir, load_model, resolve_model
+from envace.rollout import ACT, REHEARSE
+
+# keys that may differ between a run and its resumption
+RESUMABLE_CHANGES = {"resume_from", "steps", "checkpoint_every", "eval_every", "log_every",
+                     "report_to"}
+
+
+@dataclass
+class Policy:
+    model: Any
+    tokenizer: Any
+    path: Path
+    world_model: Any | None = None
+    simulator: Any | None = None
+    reference: Any | None = None
+    optimizers: dict[str, Any] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def trainees(self, mode: str) -> list[tuple[str, Any, tuple[int, ...]]]:
+        """(name, model, roles it trains) for this mode."""
+        if mode == "split":
+            return [("policy", self.model, (ACT,)), ("world_model", self.world_model, (REHEARSE,))]
+        if mode == "envace":
+            return [("policy", self.model, (ACT, REHEARSE))]
+        return [("policy", self.model, (ACT,))]
+
+    def save(self, run_dir: Path, step: int, extra: dict[str, Any]) -> Path:
+        models = {"policy": self.model}
+        if self.world_model is not None:
+            models["world_model"] = self.world_model
+        return save_checkpoint(run_dir, step, models, self.tokenizer, self.optimizers,
+                               self.schedulers, extra)
+
+
+def training_tasks(cfg: TrainConfig) -> list[Task]:
+    from envace.turns import turn_tasks
+
+    tasks = split_tasks(cfg.split)
+    return turn_tasks(tasks) if cfg.task_unit == "turn" else tasks
+
+
+def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[Task]:
+    """Tasks whose prompt leaves room for at least two messages within the context limit."""
+    from envace import chat
+
+    room = cfg.max_context_tokens - 2 * cfg.max_new_tokens
+    out = []
+    for t in tasks:
+        msgs = [*t.history, *(t.turns[0] if t.turns else [])]
+        if sum(len(str(m.get("content", ""))) for m in msgs) > 8 * room:
+            continue  # far too long: no need to tokenize
+        ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0),
+                                        generation_prompt="assistant", desc_chars=cfg.desc_chars)
+        if len(ids) <= room:
+            out.append(t)
+    if not out:
+        raise ValueError(f"no task fits max_context_tokens={cfg.max_context_tokens}: raise it")
+    return out
+
+
+def _train_texts() -> list[str]:
+    from envace.sft import load_train_trajectories, training_texts
+
+    return training_texts(load_train_trajectories())
+
+
+def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
+    """The policy to start from: the preset (or path), after the cold start if asked."""
+    cache = default_cache_dir()
+    if cfg.sft_steps > 0:
+        from envace.sft import SFTSettings, run_sft
+
+        settings = SFTSettings(preset=cfg.model, out=str(run_dir / "sft"), max_steps=cfg.sft_steps,
+                               max_minutes=cfg.sft_max_minutes, lr=cfg.sft_lr, seed=cfg.seed)
+        if progress:
+            print(f"[train] cold start: SFT of {cfg.model} for up to {cfg.sft_steps} steps / "
+                  f"{cfg.sft_max_minutes} min", flush=True)
+        return Path(run_sft(settings, quiet=not progress))
+    texts = _train_texts() if cfg.model == "tiny" else None
+    return resolve_model(cfg.model, cache, texts=texts)
+
+
+def _optim(model: Any, cfg: TrainConfig) -> tuple[Any, Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(cfg.warmup_steps, 0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    return opt, sched
+
+
+def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
+                 progress: bool = True) -> Policy:
+    torch.manual_seed(cfg.seed)
+    if state is not None:  # resume: weights from the checkpoint
+        folder = state["folder"]
+        model, tok = load_model(folder / "policy")
+        path = Path(state["info"].get("initial_model", folder / "policy"))
+        wm = load_model(folder / "world_model")[0] if (folder / "world_model").exists() else None
+    else:
+        path = initial_model_path(cfg, run_dir, progress)
+        model, tok = load_model(path)
+        wm = None
+        if cfg.mode == "split":
+            wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
+                if cfg.world_model else copy.deepcopy(model)
+    policy = Policy(model, tok, Path(path), world_model=wm)
+    if cfg.kl_coef > 0:
+        policy.reference = load_model(path)[0].eval()
+    if cfg.mode == "simulator":
+        policy.simulator = make_simulator(cfg)
+    for name, m, _ in policy.trainees(cfg.mode):
+        m.train()
+        policy.optimizers[name], policy.schedulers[name] = _optim(m, cfg)
+    if state is not None:
+        for name, sd in state["optimizers"].items():
+            policy.optimizers[name].load_state_dict(sd)
+        for name, sd in state["schedulers"].items():
+            policy.schedulers[name].load_state_dict(sd)
+    return policy
+
+
+def make_simulator(cfg: TrainConfig) -> Any:
+    from envace.simulators import EndpointSimulator, ModelSimulator
+
+    spec = cfg.simulator_model or ""
+    if spec.startswith(("http://", "https://")):
+        return EndpointSimulator(spec)
+    texts = _train_texts() if spec == "tiny" else None
+    model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
+    return ModelSimulator(model, tok, cfg.max_new_tokens, cfg.desc_chars)
+
+
+def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a run directory made by a different configuration."""
+    old = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    new = to_dict(cfg)
+    diff = sorted(k for k in set(old) | set(new)
+                  if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+        raise ConfigError(f"{run_dir} was made by another configuration ({shown}); resume it "
+                          "with its own config, or start a new run with run_name=...")

@@ -1,0 +1,104 @@
+"""The trainer: rewards, config errors, checkpoints, an end-to-end smoke run of `envace train`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envace.envs.bfcl import BFCLEnv
+from envace.envs.tasks import get_task
+from envace.envs.verify import ground_truth_calls
+from envace.evaluate import pass_at_k
+from envace.rewards import action_f1, task_reward
+from envace.train import _truncate_metrics
+
+ENVACE = [sys.executable, "-m", "envace.cli"]
+calls = st.lists(st.tuples(st.sampled_from(["cd", "ls", "mv"]),
+                           st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 3),
+                                           max_size=2)), max_size=5)
+
+
+def test_action_f1_known_answers():
+    a, b, c = ("cd", {"folder": "x"}), ("ls", {}), ("mv", {"source": "a"})
+    assert action_f1([a, b], [a, b]) == 1.0
+    assert action_f1([], []) == 1.0
+    assert action_f1([a], [a, b]) == pytest.approx(2 / 3)  # p=1, r=1/2
+    assert action_f1([a, c], [a, b]) == pytest.approx(0.5)
+    assert action_f1([a, a], [a]) == pytest.approx(2 / 3)  # duplicates count (multisets)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls, calls)
+def test_action_f1_bounded_symmetric(x, y):
+    v = action_f1(x, y)
+    assert 0.0 <= v <= 1.0 and v == pytest.approx(action_f1(y, x))
+    assert action_f1(x, x) == 1.0
+
+
+def test_task_rewards_on_ground_truth_and_on_nothing():
+    task = get_task("multi_turn_base_0")
+    env = BFCLEnv()
+    env.reset(task)
+    truth = ground_truth_calls(task, env)
+    for kind in ("state", "turn_state", "action"):
+        assert task_reward(kind, task, truth)["reward"] == 1.0
+        assert task_reward(kind, task, [[] for _ in truth])["reward"] == 0.0
+    half = [turn if i < 2 else [] for i, turn in enumerate(truth)]
+    assert task_reward("turn_state", task, half)["reward"] == pytest.approx(2 / 4)
+
+
+def test_pass_at_k_known_answers():
+    assert pass_at_k([[True, False], [False, False]], 1) == pytest.approx(0.25)
+    assert pass_at_k([[True, False], [False, False]], 2) == pytest.approx(0.5)
+
+
+def test_truncate_metrics_drops_redone_steps_and_a_torn_line(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(5)) + '{"step": 5, "lo')
+    _truncate_metrics(p, 2)
+    assert [json.loads(x)["step"] for x in p.read_text().splitlines()] == [0, 1, 2]
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([*ENVACE, *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_config_errors_are_clear(tmp_path):
+    r = _run("train", "lerning_rate=1e-3", f"output_dir={tmp_path}")
+    assert r.returncode == 2 and "lerning_rate" in r.stderr and "lr" in r.stderr
+    r = _run("train", "--config", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "no such config" in r.stderr and "tiny" in r.stderr
+    r = _run("train", "mode=rehearse")
+    assert r.returncode == 2 and "mode" in r.stderr
+    r = _run("train", "--resume", str(tmp_path / "not_a_run"))
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+
+
+def test_train_smoke_end_to_end(tmp_path):
+    """cleanrl-style: the whole entry point with a tiny budget, as a subprocess."""
+    r = _run("train", f"output_dir={tmp_path}", "run_name=smoke", "steps=2",
+             "prompts_per_step=2", "group_size=2", "eval_tasks=2", "max_new_tokens=12",
+             "max_turns=2", "checkpoint_every=1", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "smoke"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [0, 1]
+    for key in ("reward/mean", "tokens/act", "seconds/rollout", "tokens_per_s"):
+        assert key in rows[0]
+    assert (run / "rollouts" / "step_1.jsonl").exists()
+    assert (run / "audit" / "step_1" / "summary.json").exists()
+    assert (run / "eval" / "dev" / "summary.json").exists()
+    assert (run / "eval" / "dev_rehearsed" / "audit" / "summary.json").exists()
+    assert (run / "report.md").exists() and not (run / "RUNNING").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0", "step_1"]
+    # resuming with another configuration is refused, naming what changed
+    r = _run("train", "--resume", str(run), "lr=0.5", "--quiet")
+    assert r.returncode == 2 and "another configuration" in r.stderr and "lr" in r.stderr

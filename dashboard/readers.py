@@ -1,0 +1,236 @@
+"""Plain readers of run and audit files, tolerant of what a live or killed run leaves behind.
+
+No Streamlit here (``dashboard/data.py`` wraps these in ``st.cache_data``), so the benchmark and
+the tests call them directly. Every reader returns data plus *notes*: sentences a page shows the
+user (a truncated last line, bad lines, a missing file), never an exception for bad content.
+
+- :func:`read_jsonl` — records, bad lines, truncated last line.
+- :func:`metrics_frame` — ``metrics.jsonl`` as a numeric DataFrame indexed by row.
+- :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
+  with the byte offset of each line so :func:`read_lines_at` fetches texts on demand.
+- :func:`trajectories_frame` — an audit's ``trajectories.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+STEP_FIELDS = ("trajectory_id", "task_id", "step", "tool", "diverged", "mutates_state",
+               "actual_error", "rehearsed_error", "novelty", "unanswered", "source_rehearsed")
+CATEGORICAL = ("trajectory_id", "task_id", "tool")
+
+
+@dataclass
+class JsonlData:
+    """Records of a JSONL file and what was wrong with it."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # byte offset of each record's line
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, reason)
+    truncated: bool = False  # the last line has no newline and does not parse
+    missing: bool = False
+
+    def notes(self, name: str) -> list[str]:
+        """Sentences for the page: truncation and bad lines, with line numbers."""
+        out = []
+        if self.missing:
+            out.append(f"{name} does not exist yet.")
+        if self.truncated:
+            out.append(f"{name}: the last line is truncated (a run still writing, or killed); "
+                       f"showing the {len(self.records)} complete records before it.")
+        bad = [b for b in self.bad_lines if not (self.truncated and b is self.bad_lines[-1])]
+        if bad:
+            shown = ", ".join(f"line {n} ({why})" for n, why in bad[:5])
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            out.append(f"{name}: skipped {len(bad)} unreadable line(s): {shown}{more}.")
+        return out
+
+
+def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None) -> JsonlData:
+    """Every JSON object of a file, one a line; bad lines and a truncated tail are reported.
+
+    ``keep`` limits each record to those keys (saves memory on big files).
+    """
+    out = JsonlData()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        out.missing = True
+        return out
+    pos, lineno, n = 0, 0, len(data)
+    loads = json.loads
+    while pos < n:
+        end = data.find(b"\n", pos)
+        ended = end != -1
+        stop = end if ended else n
+        lineno += 1
+        raw = data[pos:stop]
+        start = pos
+        pos = stop + 1
+        if not raw.strip():
+            continue
+        try:
+            rec = loads(raw)
+        except (ValueError, RecursionError) as exc:
+            reason = f"invalid JSON: {exc}"[:120]
+            out.bad_lines.append((lineno, reason))
+            if not ended:
+                out.truncated = True
+            continue
+        if not isinstance(rec, dict):
+            out.bad_lines.append((lineno, f"not a JSON object ({type(rec).__name__})"))
+            continue
+        out.records.append({k: rec.get(k) for k in keep} if keep else rec)
+        out.offsets.append(start)
+    return out
+
+
+def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """A whole JSON object file: (data, None) or (None, why it cannot be read)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{Path(path).name} does not exist yet"
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"{Path(path).name} cannot be read: {exc}"[:300]
+    if not isinstance(data, dict):
+        return None, f"{Path(path).name} is not a JSON object"
+    return data, None
+
+
+def read_text(path: str | os.PathLike[str], limit: int = 200_000) -> str | None:
+    """A text file's start (None when absent or unreadable)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+@dataclass
+class Frame:
+    """A DataFrame and the notes its reading produced."""
+
+    frame: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float):
+        return float(v)
+    return None
+
+
+def metrics_frame(path: str | os.PathLike[str]) -> Frame:
+    """``metrics.jsonl`` → one row per record, every numeric key a column (``step`` first).
+
+    Keys are kept as written (flat, '/'-grouped); non-numeric values are dropped, so a new
+    metric appears without code changes.
+    """
+    data = read_jsonl(path)
+    rows = [{k: x for k, v in r.items() if (x := _number(v)) is not None} for r in data.records]
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        if "step" not in frame:
+            frame.insert(0, "step", range(len(frame)))
+        frame = frame.sort_values("step", kind="stable").reset_index(drop=True)
+        cols = ["step"] + sorted(c for c in frame.columns if c != "step")
+        frame = frame[cols]
+    return Frame(frame, data.notes("metrics.jsonl"))
+
+
+def metric_groups(columns: list[str]) -> dict[str, list[str]]:
+    """Group metric names by their prefix before '/' (a key without '/' is its own group).
+
+    Numbered families inside a group get their own chart: ``fidelity/depth_0``,
+    ``fidelity/depth_1``, ... form ``fidelity/depth``.
+    """
+    skip = {"step", "time", "wall_time", "timestamp"}
+    groups: dict[str, list[str]] = {}
+    for c in columns:
+        if c in skip:
+            continue
+        head, _, rest = c.partition("/")
+        m = _NUMBERED.match(rest)
+        groups.setdefault(f"{head}/{m.group(1)}" if m else head, []).append(c)
+    return groups
+
+
+_NUMBERED = re.compile(r"^(\w+?)_\d+$")
+
+
+def steps_frame(path: str | os.PathLike[str]) -> Frame:
+    """An audit's ``steps.jsonl`` without texts: one row per call, ``score/<name>`` columns,
+    ``offset`` (byte position of the line, for :func:`read_lines_at`)."""
+    keep = (*STEP_FIELDS, "scores", "malformed", "references")
+    data = read_jsonl(path, keep=keep)
+    rows = []
+    for rec, off in zip(data.records, data.offsets, strict=True):
+        row = {k: rec.get(k) for k in STEP_FIELDS}
+        row["malformed"] = rec.get("malformed") is not None
+        row["offset"] = off
+        for name, v in (rec.get("scores") or {}).items():
+            row[f"score/{name}"] = v
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=None if rows else [*STEP_FIELDS, "malformed", "offset"])
+    for c in CATEGORICAL:
+        if c in frame:
+            frame[c] = frame[c].astype(str).astype("category")
+    for c in ("diverged", "mutates_state", "unanswered", "malformed", "actual_error"):
+        if c in frame:
+            frame[c] = frame[c].fillna(False).astype(bool)
+    if "step" in frame:
+        frame["step"] = pd.to_numeric(frame["step"], errors="coerce").fillna(-1).astype(int)
+    return Frame(frame, data.notes("steps.jsonl"))
+
+
+def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict[str, Any]]:
+    """The JSON records starting at these byte offsets (a bad one becomes ``{}``)."""
+    out = []
+    with open(path, "rb") as fh:
+        for off in offsets:
+            fh.seek(int(off))
+            try:
+                rec = json.loads(fh.readline())
+            except ValueError:
+                rec = {}
+            out.append(rec if isinstance(rec, dict) else {})
+    return out
+
+
+def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
+    """An audit's ``trajectories.jsonl`` (one row per audited trajectory)."""
+    data = read_jsonl(path)
+    frame = pd.DataFrame(data.records)
+    return Frame(frame, data.notes("trajectories.jsonl"))
+
+
+def line_offsets(path: str | os.PathLike[str]) -> list[int]:
+    """Byte offset of the start of every line (for random access to a trajectory file)."""
+    offsets = [0]
+    with open(path, "rb") as fh:
+        data = fh.read()
+    pos = data.find(b"\n")
+    while pos != -1:
+        offsets.append(pos + 1)
+        pos = data.find(b"\n", pos + 1)
+    if offsets[-1] >= len(data):
+        offsets.pop()
+    return offsets
+
+
+def read_line(path: str | os.PathLike[str], offset: int) -> str:
+    """The text of the line at a byte offset."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.readline().decode("utf-8", errors="replace")

@@ -1,0 +1,204 @@
+"""Finding runs under the dashboard's root, and what each holds.
+
+A *run* is a training run directory (``spec/run_dir.md``: ``config.yaml``, ``metrics.jsonl``,
+``rollouts/``, ``audit/step_<N>/``, ``eval/<name>/``, ``report.md``), a plain audit directory
+made by ``envace-audit replay`` (``steps.jsonl`` and ``summary.json``), which opens as a run with
+one audit, or an evaluation directory made by ``envace eval`` (``summary.json`` beside
+``trajectories.jsonl``, its plans' audit in ``audit/``). Status is read from the files:
+*finished* when ``report.md`` exists, *running* when a ``RUNNING`` file exists or
+``metrics.jsonl`` (or a heartbeat) changed in the last two minutes, otherwise *died*. Paths
+outside the root are refused (:func:`resolve_inside`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "report.md", "rollouts", "audit", "eval",
+               "checkpoints", "RUNNING")
+AUDIT_MARKERS = ("summary.json", "steps.jsonl")
+HEARTBEATS = ("metrics.jsonl", "heartbeat", "HEARTBEAT", "heartbeat.json")
+RUNNING_WINDOW_S = 120.0
+MAX_DEPTH = 3
+_STEP = re.compile(r"step_(\d+)$")
+
+
+class OutsideRoot(ValueError):
+    """A path that lies outside the directory the dashboard was started on."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """One audit directory: a label for menus and its path."""
+
+    label: str
+    path: Path
+    step: int | None = None  # the training step, for ``audit/step_<N>``
+
+
+@dataclass
+class Run:
+    """A run (training run or plain audit directory) found under the root."""
+
+    name: str  # path relative to the root ("." for the root itself)
+    path: Path
+    kind: str  # "training", "audit", "eval" or "empty"
+    status: str  # "finished", "running", "died", "audit", "eval", "empty"
+    audits: list[Audit] = field(default_factory=list)  # oldest step first
+    evals: list[Path] = field(default_factory=list)
+    rollouts: dict[int, Path] = field(default_factory=dict)
+    modified: float = 0.0
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def latest_audit(self) -> Audit | None:
+        return self.audits[-1] if self.audits else None
+
+
+def is_audit_dir(p: Path) -> bool:
+    return any((p / m).is_file() for m in AUDIT_MARKERS) and not is_eval_dir(p)
+
+
+def is_eval_dir(p: Path) -> bool:
+    """``envace eval``'s output: summary.json beside trajectories (plans, commits), no steps."""
+    return ((p / "summary.json").is_file() and not (p / "steps.jsonl").is_file()
+            and not (p / "metrics.jsonl").exists()
+            and any((p / f).is_file() for f in ("trajectories.jsonl", "plans.jsonl")))
+
+
+def is_run_dir(p: Path) -> bool:
+    return any((p / m).exists() for m in RUN_MARKERS)
+
+
+def resolve_inside(root: Path, candidate: str | os.PathLike[str]) -> Path:
+    """``candidate`` (absolute, or relative to root) resolved; raises OutsideRoot if it escapes."""
+    root = Path(root).resolve()
+    p = Path(candidate)
+    p = (p if p.is_absolute() else root / p).resolve()
+    if p != root and root not in p.parents:
+        raise OutsideRoot(f"{candidate} is outside the dashboard root {root}; "
+                          "start the dashboard on a directory that contains it.")
+    return p
+
+
+def is_inside(root: Path, p: Path) -> bool:
+    try:
+        resolve_inside(root, p)
+    except OutsideRoot:
+        return False
+    return True
+
+
+def _step_of(name: str) -> int | None:
+    m = _STEP.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _subdirs(p: Path) -> list[Path]:
+    try:
+        return sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def run_status(p: Path, now: float | None = None) -> str:
+    """finished / running / died, read from the files (see the module docstring)."""
+    if (p / "report.md").is_file():
+        return "finished"
+    if (p / "RUNNING").exists():
+        return "running"
+    now = time.time() if now is None else now
+    if any(now - _mtime(p / h) < RUNNING_WINDOW_S for h in HEARTBEATS if (p / h).exists()):
+        return "running"
+    return "died"
+
+
+def describe(root: Path, p: Path) -> Run:
+    """What a directory holds, as a :class:`Run`."""
+    name = "." if p == root else str(p.relative_to(root))
+    if is_eval_dir(p):
+        audits = [Audit("audit", p / "audit")] if is_audit_dir(p / "audit") else []
+        return Run(name, p, "eval", "eval", audits, [p], modified=_mtime(p))
+    if is_audit_dir(p) and not (p / "audit").is_dir():
+        return Run(name, p, "audit", "audit", [Audit("audit", p)], modified=_mtime(p))
+    if not is_run_dir(p):
+        return Run(name, p, "empty", "empty", modified=_mtime(p))
+    audits = [Audit("audit", p / "audit")] if is_audit_dir(p / "audit") else []
+    for d in _subdirs(p / "audit"):
+        if is_audit_dir(d):
+            audits.append(Audit(d.name, d, _step_of(d.name)))
+    audits.sort(key=lambda a: (a.step is None, a.step if a.step is not None else 0, a.label))
+    rollouts = {}
+    if (p / "rollouts").is_dir():
+        for f in sorted((p / "rollouts").glob("step_*.jsonl")):
+            if (s := _step_of(f.stem)) is not None:
+                rollouts[s] = f
+    evals = [d for d in _subdirs(p / "eval")]
+    mod = max([_mtime(p)] + [_mtime(p / h) for h in HEARTBEATS])
+    return Run(name, p, "training", run_status(p), audits, evals, rollouts, mod)
+
+
+def discover(root: Path, max_depth: int = MAX_DEPTH) -> list[Run]:
+    """Every run under ``root`` (the root itself included when it is one), by name.
+
+    Empty directories directly under the root are listed (kind "empty") so the user sees them.
+    """
+    root = Path(root).resolve()
+    if not root.is_dir():
+        return []
+    if is_run_dir(root) or is_audit_dir(root) or is_eval_dir(root):
+        return [describe(root, root)]
+    found: list[Run] = []
+
+    def walk(d: Path, depth: int) -> None:
+        for sub in _subdirs(d):
+            if not is_inside(root, sub):  # a symlink leading out of the root
+                continue
+            if is_run_dir(sub) or is_audit_dir(sub) or depth == 1 and not any(sub.iterdir()):
+                found.append(describe(root, sub))
+            elif depth < max_depth:
+                walk(sub, depth + 1)
+
+    walk(root, 1)
+    return sorted(found, key=lambda r: r.name)
+
+
+def audit_source_file(root: Path, run: Run, audit: Audit, file: str | None) -> Path | None:
+    """Where the trajectory file an audit read lies, trying the places it may be relative to.
+
+    ``trajectories.jsonl`` stores the input path as given on the audit's command line.
+    Returns None when nothing is found; raises OutsideRoot when the only match is outside.
+    """
+    cands: list[Path] = []
+    if file:
+        f = Path(file)
+        if f.is_absolute():
+            cands.append(f)
+        else:
+            for base in (run.path, audit.path.parent, audit.path, root, Path.cwd()):
+                cands.append(base / f)
+    if audit.step is not None and audit.step in run.rollouts:
+        cands.append(run.rollouts[audit.step])
+    outside = None
+    for c in cands:
+        if c.is_file():
+            if is_inside(root, c):
+                return c.resolve()
+            outside = c
+    if outside is not None:
+        raise OutsideRoot(f"the trajectory file {outside} is outside the dashboard root {root}")
+    return None

@@ -1,0 +1,1 @@
+"""The dashboard pages (Streamlit page scripts run by ``dashboard/app.py``)."""

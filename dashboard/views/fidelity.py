@@ -1,0 +1,190 @@
+"""Fidelity page: how faithful the rehearsed tool responses are, from an audit's summary.json.
+
+Divergence rate and scores by depth with confidence bands; the first-divergence survival curve
+and hazard; the compounding ratio; per tool; read versus write tools; novelty; skill against
+reference world models; and, for a training run, fidelity across its audited steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, ui
+from dashboard.runs import Run
+
+
+def strata(table: dict[str, dict[str, Any]], label: str) -> pd.DataFrame:
+    """A ``{label: row}`` block of summary.json as a frame with CI columns and score means."""
+    rows = []
+    for key, r in (table or {}).items():
+        lo, hi = (r.get("divergence_ci") or [None, None])[:2]
+        row = {label: key, "n": r.get("n"), "diverged": r.get("diverged"),
+               "divergence_rate": r.get("divergence_rate"), "lo": lo, "hi": hi}
+        for name, v in (r.get("scores") or {}).items():
+            row[f"mean {name}"] = v.get("mean")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def headline(s: dict[str, Any], run: Run, audit_label: str) -> None:
+    c = s.get("counts") or {}
+    comp = s.get("compounding") or {}
+    cols = st.columns(5)
+    cols[0].metric("Divergence rate", ui.pct(s.get("divergence_rate")),
+                   help=ui.ci(s.get("divergence_ci")))
+    cols[1].metric("Audited tool calls", c.get("answered_steps", c.get("steps", "–")))
+    cols[2].metric("Trajectories", c.get("trajectories", "–"))
+    cols[3].metric("Compounding ratio", ui.num(comp.get("ratio"), 2),
+                   help=ui.ci(comp.get("ci"), as_pct=False))
+    cols[4].metric("Median first divergence", s.get("median_first_divergence", "–")
+                   if s.get("median_first_divergence") is not None else "none")
+    verdict = s.get("verdict") or {}
+    st.caption(f"{run.name} · {audit_label}: divergence {ui.pct(s.get('divergence_rate'))} "
+               f"{ui.ci(s.get('divergence_ci'))}; diverged = `{verdict.get('scorer')}` < "
+               f"{verdict.get('threshold')}; {c.get('malformed_calls', 0)} malformed, "
+               f"{c.get('unanswered_steps', 0)} unanswered, {c.get('skipped', 0)} records skipped.")
+
+
+def by_depth(s: dict[str, Any]) -> None:
+    rows = s.get("by_depth") or []
+    if not rows:
+        st.info("No answered steps: nothing to show by depth.")
+        return
+    df = pd.DataFrame([{"depth": r["depth"], "n": r["n"], "divergence_rate": r["divergence_rate"],
+                        "lo": (r.get("divergence_ci") or [None, None])[0],
+                        "hi": (r.get("divergence_ci") or [None, None])[1]} for r in rows])
+    left, right = st.columns(2)
+    left.altair_chart(charts.band(df, "depth", "divergence_rate", "lo", "hi",
+                                  "Divergence rate by step depth", "divergence"), width="stretch")
+    scorers = list(s.get("scores") or {})
+    if scorers:
+        name = right.selectbox("Score", scorers, key="fid_scorer",
+                               index=scorers.index("json_f1") if "json_f1" in scorers else 0)
+        sc = pd.DataFrame([{"depth": r["depth"], "mean": r["scores"][name]["mean"],
+                            "lo": r["scores"][name]["ci"][0], "hi": r["scores"][name]["ci"][1]}
+                           for r in rows if name in (r.get("scores") or {})
+                           and r["scores"][name].get("ci")])
+        right.altair_chart(charts.band(sc, "depth", "mean", "lo", "hi", f"Mean {name} by depth",
+                                       name, percent=False), width="stretch")
+    st.dataframe(df, hide_index=True)
+
+
+def first_divergence(s: dict[str, Any]) -> None:
+    fd = s.get("first_divergence") or {}
+    rows = fd.get("rows") or []
+    if not rows:
+        st.info("No trajectories: no survival curve.")
+        return
+    st.write(f"{fd.get('n_events', 0)} of {fd.get('n_trajectories', 0)} trajectories diverge at "
+             f"least once; median depth of the first divergence: "
+             f"**{fd.get('median') if fd.get('median') is not None else 'not reached'}**.")
+    left, right = st.columns(2)
+    left.altair_chart(charts.survival(rows), width="stretch")
+    right.altair_chart(charts.hazard(rows), width="stretch")
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+
+
+def compounding(s: dict[str, Any]) -> None:
+    comp = s.get("compounding") or {}
+    cols = st.columns(3)
+    cols[0].metric("P(div | earlier div) / P(div | none)", ui.num(comp.get("ratio"), 3),
+                   help="P(diverge | an earlier divergence) / P(diverge | none)")
+    cols[1].metric("P(diverge | earlier divergence)", ui.pct(comp.get("p_after_divergence")))
+    cols[2].metric("P(diverge | no earlier divergence)", ui.pct(comp.get("p_no_prior_divergence")))
+    st.caption(f"Ratio {ui.ci(comp.get('ci'), as_pct=False)} ({comp.get('ci_method', '')}); "
+               f"{comp.get('n_steps', 0)} steps after the first of "
+               f"{comp.get('n_trajectories', 0)} trajectories."
+               + (f" Note: {comp['note']}" if comp.get("note") else ""))
+    t = comp.get("table") or {}
+    if t:
+        st.dataframe(pd.DataFrame(
+            {"diverged": [t.get("prior_diverged"), t.get("no_prior_diverged")],
+             "matched": [t.get("prior_matched"), t.get("no_prior_matched")]},
+            index=["after an earlier divergence", "no earlier divergence"]))
+    if comp.get("by_depth"):
+        st.altair_chart(charts.conditional(comp["by_depth"]), width="stretch")
+    lg = s.get("logistic") or {}
+    if lg.get("odds_ratio_prior_divergence") is not None:
+        st.caption(f"Logistic model over {', '.join(lg.get('features', []))}: odds ratio of a "
+                   f"prior divergence {ui.num(lg['odds_ratio_prior_divergence'], 2)} "
+                   f"{ui.ci(lg.get('odds_ratio_ci'), as_pct=False)}.")
+
+
+def stratum(s: dict[str, Any], key: str, label: str, title: str) -> None:
+    df = strata(s.get(key) or {}, label)
+    if df.empty:
+        st.info(f"No {title.lower()} in this audit.")
+        return
+    st.altair_chart(charts.strata_bars(df, label, title), width="stretch")
+    st.dataframe(df.sort_values("divergence_rate", ascending=False), hide_index=True)
+
+
+def skill(s: dict[str, Any]) -> None:
+    sk = (s.get("skill") or {}).get("by_scorer") or {}
+    if not sk:
+        st.info("No reference world models in this audit: run `envace-audit replay ... "
+                "--reference train.jsonl` to see skill against a lookup table and the most "
+                "common response.")
+        return
+    rows = [{"scorer": n, "model": v.get("f_model"), "best reference": v.get("best_reference"),
+             "reference": v.get("f_ref"), "skill": v.get("point"), "lo": v.get("lo"),
+             "hi": v.get("hi"), **{f"ref {k}": x for k, x in (v.get("reference_means")
+                                                               or {}).items()}}
+            for n, v in sk.items()]
+    st.write("Skill = (F − F_ref) / (1 − F_ref) against the best trivial reference world model.")
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+
+
+def counts(s: dict[str, Any]) -> None:
+    st.json({k: s.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
+                                   "inputs", "audited_model", "reconciles")}, expanded=False)
+    for w in s.get("warnings") or []:
+        st.warning(str(w))
+    skipped = s.get("skipped_records") or []
+    if skipped:
+        st.warning(f"{len(skipped)} record(s) skipped by the audit:")
+        st.dataframe(pd.DataFrame(skipped), hide_index=True)
+
+
+def page(run: Run) -> None:
+    audit = ui.pick_audit(run, key="fid_audit")
+    if audit is None:
+        return
+    s, err = data.summary(audit.path)
+    if s is None:
+        st.warning(f"{audit.label}: {err}. The audit may still be writing; its steps are on the "
+                   "Trajectories page.")
+        return
+    headline(s, run, audit.label)
+    tabs = ["By depth", "First divergence", "Compounding", "By tool", "Read vs write",
+            "Novelty", "Skill", "Counts"]
+    trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
+    if not trend.empty:
+        tabs.insert(0, "Over training")
+    t = dict(zip(tabs, st.tabs(tabs), strict=True))
+    if "Over training" in t:
+        with t["Over training"]:
+            st.altair_chart(charts.band(trend, "step", "divergence_rate", "lo", "hi",
+                                        "Divergence rate per audited training step",
+                                        "divergence"), width="stretch")
+            st.dataframe(trend, hide_index=True)
+    parts = [("By depth", by_depth), ("First divergence", first_divergence),
+             ("Compounding", compounding), ("Skill", skill), ("Counts", counts)]
+    for name, fn in parts:
+        with t[name], ui.guard(name.lower()):
+            fn(s)
+    for name, key, label, title in (
+            ("By tool", "by_tool", "tool", "Divergence by tool"),
+            ("Read vs write", "by_mutates_state", "kind", "Divergence of read vs write tools"),
+            ("Novelty", "by_novelty", "novelty", "Divergence by novelty of the true response")):
+        with t[name], ui.guard(name.lower()):
+            stratum(s, key, label, title)
+
+
+ctx, run = ui.require_run()
+st.title("Fidelity")
+with ui.guard("the fidelity figures"):
+    page(run)

@@ -1,0 +1,140 @@
+"""Runs page: every run under the root, its status, config and headline figures.
+
+A run in progress (``RUNNING`` file, or metrics written in the last two minutes) refreshes itself
+every few seconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, ui
+from dashboard.readers import read_text
+from dashboard.runs import Run, describe
+
+
+def headline(run: Run) -> dict[str, Any]:
+    """The figures a person looks at first: steps, last reward, latest divergence."""
+    out: dict[str, Any] = {"steps logged": None, "last reward": None, "latest divergence": None,
+                           "divergence CI": None, "compounding ratio": None, "audited calls": None}
+    if run.metrics.is_file():
+        m = data.metrics(run.metrics).frame
+        if not m.empty:
+            out["steps logged"] = len(m)
+            if "reward/mean" in m and m["reward/mean"].notna().any():
+                out["last reward"] = float(m["reward/mean"].dropna().iloc[-1])
+    if run.latest_audit is not None:
+        s, _ = data.summary(run.latest_audit.path)
+        if s:
+            out["latest divergence"] = s.get("divergence_rate")
+            out["divergence CI"] = s.get("divergence_ci")
+            out["compounding ratio"] = (s.get("compounding") or {}).get("ratio")
+            out["audited calls"] = (s.get("counts") or {}).get("answered_steps")
+    return out
+
+
+def runs_table(runs: list[Run]) -> pd.DataFrame:
+    rows = []
+    for r in runs:
+        h = headline(r)
+        steps = h["steps logged"]
+        rows.append({"run": r.name, "status": r.status,
+                     "kind": r.kind, "steps logged": "–" if steps is None else str(steps),
+                     "last reward": ui.num(h["last reward"]), "audits": len(r.audits),
+                     "latest divergence": ui.pct(h["latest divergence"]),
+                     "evals": len(r.evals),
+                     "modified": dt.datetime.fromtimestamp(r.modified).strftime("%Y-%m-%d %H:%M")})
+    return pd.DataFrame(rows)
+
+
+def details(run: Run) -> None:
+    st.subheader(f"{ui.label(run)}")
+    if run.kind == "empty":
+        st.info(f"`{run.name}` holds nothing the dashboard can read yet: no config.yaml, "
+                "metrics.jsonl, audit/ or summary.json.")
+        return
+    h = headline(run)
+    cols = st.columns(5)
+    cols[0].metric("Status", run.status)
+    cols[1].metric("Steps logged", h["steps logged"] if h["steps logged"] is not None else "–")
+    cols[2].metric("Last reward", ui.num(h["last reward"]))
+    cols[3].metric("Latest divergence rate", ui.pct(h["latest divergence"]),
+                   help=ui.ci(h["divergence CI"]))
+    cols[4].metric("Compounding ratio", ui.num(h["compounding ratio"], 2))
+    if h["divergence CI"]:
+        st.caption(f"Latest audit ({run.latest_audit.label}): {h['audited calls']} audited calls, "
+                   f"divergence {ui.pct(h['latest divergence'])} {ui.ci(h['divergence CI'])}.")
+    if run.metrics.is_file():
+        ui.notes(data.metrics(run.metrics).notes)
+    elif run.kind == "training":
+        st.info("No metrics.jsonl yet: the run has not finished its first step.")
+    if run.kind == "eval":
+        s, err = data.json_file(run.path / "summary.json")
+        if s:
+            st.write(f"Evaluation: success {ui.pct(s.get('success_rate'))} "
+                     f"{ui.ci(s.get('success_ci'))} over {s.get('attempts', '–')} attempts, "
+                     f"rehearsal `{s.get('strategy', '–')}` n={s.get('n', '–')}; plans and "
+                     "commits are on the Test-time rehearsal page.")
+        elif err:
+            st.warning(err)
+    if run.kind == "audit":
+        s, err = data.summary(run.path)
+        if err:
+            st.warning(err)
+        elif s:
+            st.write(f"Audit of {', '.join(map(str, s.get('inputs', [])))} · verdict "
+                     f"`{(s.get('verdict') or {}).get('scorer')}` · audited model "
+                     f"{s.get('audited_model') or 'the trajectories’ own rehearsals'}")
+    left, right = st.columns(2)
+    with left:
+        cfg = read_text(run.path / "config.yaml")
+        with st.expander("config.yaml", expanded=cfg is not None):
+            st.code(cfg or "(no config.yaml)", language="yaml")
+    with right, st.expander("Contents", expanded=True):
+        st.markdown("\n".join([
+            f"- rollouts: {', '.join(f'step {s}' for s in sorted(run.rollouts)) or 'none'}",
+            f"- audits: {', '.join(a.label for a in run.audits) or 'none yet'}",
+            f"- evaluations: {', '.join(e.name for e in run.evals) or 'none'}",
+            f"- checkpoints: {_checkpoints(run) or 'none'}"]))
+    report = read_text(run.path / "report.md")
+    if report:
+        with st.expander("report.md"):
+            st.markdown(report)
+
+
+def _checkpoints(run: Run) -> str:
+    d = run.path / "checkpoints"
+    if not d.is_dir():
+        return ""
+    return ", ".join(sorted(p.name for p in d.iterdir() if p.is_dir()))
+
+
+ctx = ui.context()
+st.title("Runs")
+if ctx.problem:
+    st.error(ctx.problem)
+if not ctx.runs:
+    if not ctx.problem:
+        st.info(f"No runs found under `{ctx.root}`: it is empty or holds no run directory "
+                "(config.yaml, metrics.jsonl, audit/) and no audit directory (summary.json, "
+                "steps.jsonl).")
+    st.stop()
+
+with ui.guard("the list of runs"):
+    st.table(runs_table(ctx.runs).set_index("run"))
+if ctx.run is not None and not ctx.problem:
+    run = ctx.run
+
+    @st.fragment(run_every=ui.refresh_every(run))
+    def _live() -> None:
+        fresh = describe(ctx.root.resolve(), run.path)  # re-read the files on each refresh
+        with ui.guard("this run"):
+            details(fresh)
+        if fresh.status == "running":
+            st.caption(f"Refreshing every {ui.REFRESH_S} s while the run is in progress.")
+
+    _live()

@@ -112,6 +112,7 @@ class BFCLEnv:
     """One BFCL task's backend instances, reset from the task's initial configuration."""
 
     name = "bfcl"
+    executed_total = 0  # calls executed by every instance in this process (instrumentation)
 
     def __init__(self, timeout_s: float | None = 10.0) -> None:
         self.timeout_s = timeout_s
@@ -200,6 +201,7 @@ class BFCLEnv:
         if self.task is None:
             raise RuntimeError("reset() the environment before execute()")
         self.calls += 1
+        BFCLEnv.executed_total += 1
         if not isinstance(tool, str) or tool not in self._allowed:
             offered = "excluded from this task" if tool in self._methods else "not offered"
             return ToolResult(f"{ERROR_PREFIX}unknown tool {str(tool)[:100]!r} ({offered})", True)

@@ -131,9 +131,11 @@ class Engine:
                                             generation_prompt="assistant",
                                             desc_chars=self.cfg.desc_chars)
         n = len(ids)  # the prompt (incl. earlier turns of a per-turn task) is never trained
-        return _Row(task, env, [dict(m) for m in messages], ids, [CONTEXT] * n, [0.0] * n,
-                    [-1] * n,
-                    [[] for _ in task.turns])
+        row = _Row(task, env, [dict(m) for m in messages], ids, [CONTEXT] * n, [0.0] * n,
+                   [-1] * n, [[] for _ in task.turns])
+        # call ids (and step indices) continue after the calls of earlier turns in the history
+        row.steps = sum(len(m.get("tool_calls") or []) for m in messages)
+        return row
 
     def _offered(self, row: _Row) -> set[str]:
         return {s["function"]["name"] for s in row.task.tools(turn=row.turn)}

@@ -136,3 +136,17 @@ def test_roles_of_a_rehearsed_episode_match_the_chat_encoding(tiny):
     n = e.prompt_len
     assert e.ids[:n] == ids[:n] and set(e.roles[:n]) == {CONTEXT}
     assert set(e.roles[n:]) <= {CONTEXT, ACT, REHEARSE}
+
+
+def test_call_ids_continue_after_the_history_of_a_per_turn_task(tiny):
+    eng = _engine(tiny)
+    task = derive_turn_task(get_task("multi_turn_base_0"), 2)
+    row = eng.start(task)
+    prior = [c["id"] for m in task.history for c in m.get("tool_calls") or []]
+    _gen(eng, row, chat.format_call("ls", {}), "act")
+    _gen(eng, row, "{}", "rehearse")
+    ep = eng.episode(row, 0)
+    ids = [s.call_id for s in ep.trajectory.tool_steps()]
+    assert ids[: len(prior)] == prior and len(set(ids)) == len(ids)
+    last = ep.trajectory.tool_steps()[-1]
+    assert last.tool == "ls" and last.response.rehearsed and last.step == len(prior)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job, on a fresh machine: set up (idempotent), then train the tiny preset end to end
+# (role-wise GRPO with world rehearsal, fidelity logged every step, evaluation in the real BFCL
+# environment, an audit of the rehearsals, runs/tiny-demo/report.md). About 10 minutes on 2 cores.
+#   bash scripts/demo.sh [key=value ...]      (overrides for configs/tiny.yaml)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/envace train --config configs/tiny.yaml "$@"
+echo
+echo "Open the dashboard:  .venv/bin/envace-dashboard runs/   (then http://127.0.0.1:8501)"

@@ -1,0 +1,87 @@
+"""Test-time rehearsal: the real environment is untouched while rehearsing, the commit makes
+exactly its own calls, the memory stays within budget, bad plans still lead to a commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from envace import chat
+from envace.envs.bfcl import BFCLEnv
+from envace.envs.tasks import get_task
+from envace.models import load_model
+from envace.rehearsal import (
+    FOOTER,
+    HEADER,
+    RehearsalSettings,
+    build_memory,
+    plan_text,
+    rehearse_and_commit,
+)
+from envace.rollout import Engine, RolloutConfig, run_episodes
+from tests.conftest import ROOT
+
+MODEL = ROOT / "data" / "models" / "tiny-sft"
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return load_model(MODEL)
+
+
+TASKS = ["multi_turn_base_2", "multi_turn_base_7", "multi_turn_base_31"]
+
+
+def test_rehearsal_touches_no_environment_and_commit_only_its_own(trained):
+    model, tok = trained
+    tasks = [get_task(t) for t in TASKS]
+    before = BFCLEnv.executed_total
+    eps = run_episodes(model, tok, tasks * 2, RolloutConfig(mode="rehearse", max_new_tokens=64,
+                                                            max_turns=4, seed=3))
+    assert BFCLEnv.executed_total == before, "rehearsal executed a real call"
+    assert any(e.trajectory.tool_steps() for e in eps), "the trained model made no call"
+    for strategy in ("parallel", "sequential"):
+        before = BFCLEnv.executed_total
+        res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(
+            strategy=strategy, n=2, max_new_tokens=64, max_turns=4))
+        commit_calls = sum(len(r["commit"].trajectory.tool_steps()) for r in res)
+        assert BFCLEnv.executed_total - before == commit_calls
+        assert all(r["budget"]["real_env_calls"] == len(r["commit"].trajectory.tool_steps())
+                   for r in res)
+        for r in res:
+            assert len(r["plans"]) == 2 and r["memory"]["text"].startswith(HEADER)
+            mem = [m for m in r["commit"].trajectory.messages if m.role == "system"]
+            assert mem and mem[-1].content == r["memory"]["text"]
+            assert all(t.source == "rehearsal" for t in (p.trajectory for p in r["plans"]))
+            assert r["commit"].trajectory.source == "real"
+        if strategy == "sequential":
+            assert all(len(r["critiques"]) == 2 for r in res)
+
+
+def test_memory_drops_oldest_plans_and_says_so(trained):
+    _, tok = trained
+    plans = [f"Plan {i}: " + "cd(folder=\"x\") -> {} ; " * 30 for i in range(1, 5)]
+    full, dropped = build_memory(plans, [], tok, 10_000)
+    assert dropped == 0 and full.endswith(FOOTER)
+    text, dropped = build_memory(plans, [], tok, 400)
+    assert dropped > 0 and f"({dropped} earlier plan(s) dropped" in text
+    assert "Plan 4:" in text and "Plan 1:" not in text
+    assert len(chat.encode_text(tok, text)) <= 400
+    cut, _ = build_memory(["Plan 1: " + "y" * 5000], [], tok, 50)
+    assert len(chat.encode_text(tok, cut)) <= 51
+
+
+def test_a_malformed_plan_is_bounded_recorded_and_the_commit_happens(trained):
+    model, tok = trained
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse"))
+    row = eng.start(get_task("multi_turn_base_2"))
+    row.gen, row.buf = "act", chat.encode_text(tok, "<tool_call>{oops") + [eng.im_end]
+    eng.finish_message(row)
+    ep = eng.episode(row, 0)
+    assert "[ended: malformed_call]" in plan_text(ep, 1, 100)
+    res = rehearse_and_commit(model, tok, [get_task("multi_turn_base_2")], RehearsalSettings(
+        strategy="parallel", n=1, max_new_tokens=8, max_turns=1))  # plans cut short
+    plan, commit = res[0]["plans"][0], res[0]["commit"]
+    assert plan.end_reason.split(":")[0] in {"max_new_tokens", "max_turns", "malformed_call",
+                                             "finished", "unknown_tool"}
+    assert commit.trajectory.source == "real" and commit.end_reason  # the commit still ran
+    assert commit.trajectory.messages[-1].role in ("assistant", "tool")

@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.bfcl_replay import run_bfcl

@@ -35,6 +35,7 @@ from envace.schema import Message, Trajectory
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
 MODES = ("rehearse", "real", "simulator")
+FORCED_CHUNK = 256  # forced tokens appended per forward and row
 Simulator = Callable[[list[dict[str, Any]], list[dict[str, Any]], str, dict[str, Any]], str]
 
 
@@ -270,40 +271,43 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
             use_wm = torch.tensor([not r.queue and r.gen == "rehearse" for r in rows])
             logits = torch.where(use_wm[:, None], all_logits[1], all_logits[0])
         toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
-        feed, active = [], []
+        chunks: list[list[int]] = []
         for i, r in enumerate(rows):
             if r.done is not None:
-                feed.append(eng.pad)
-                active.append(False)
+                chunks.append([])
                 continue
-            if r.queue:
-                tok, role, step = r.queue.popleft()
-                lp = 0.0
+            if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
+                chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
+                chunks.append([t for t, _, _ in chunk])
+                for t, role, step in chunk:
+                    r.ids.append(t)
+                    r.roles.append(role)
+                    r.logprobs.append(0.0)
+                    r.step_of_token.append(step)
             else:
                 tok, role, lp = int(toks[i]), ACT if r.gen == "act" else REHEARSE, float(logps[i])
                 step = getattr(r, "current_step", -1) if role == REHEARSE else -1
                 r.buf.append(tok)
                 r.buf_logp += lp
-            r.ids.append(tok)
-            r.roles.append(role)
-            r.logprobs.append(lp)
-            r.step_of_token.append(step)
-            feed.append(tok)
-            active.append(True)
-            if role != CONTEXT and tok == eng.im_end:
-                eng.finish_message(r)
-            elif role != CONTEXT and len(r.buf) >= cfg.max_new_tokens:
-                r.done = "max_new_tokens"
-                r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
-                                   "content": tokenizer.decode(r.buf), "truncated": True,
-                                   **({} if r.gen == "act" else {
-                                       "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
-                                       "rehearsed": True})})
+                r.ids.append(tok)
+                r.roles.append(role)
+                r.logprobs.append(lp)
+                r.step_of_token.append(step)
+                chunks.append([tok])
+                if tok == eng.im_end:
+                    eng.finish_message(r)
+                elif len(r.buf) >= cfg.max_new_tokens:
+                    r.done = "max_new_tokens"
+                    r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
+                                       "content": tokenizer.decode(r.buf), "truncated": True,
+                                       **({} if r.gen == "act" else {
+                                           "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
+                                           "rehearsed": True})})
             if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
                 r.done = "context_limit"
-        if not any(active):
+        if not any(chunks):
             break
-        all_logits = [s.step(feed, active) for s in steppers]
+        all_logits = [s.extend(chunks) for s in steppers]
     for m, flag in zip(models, was_training, strict=True):
         m.train(flag)
     return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]

@@ -10,8 +10,9 @@ generated text. Finished rows are masked out (their pads are never attended).
     logits = stepper.prefill([[1, 2, 3], [4, 5]])        # [B, V] next-token logits
     logits = stepper.step([7, 8], active=[True, False])  # one token per row
 
-``reencode=True`` drops the cache before each call to ``restart`` (the benchmark's "plain tool
-loop" that encodes the whole sequence again at every message).
+Forced text is appended in chunks (``extend``): a real response or a user turn costs one forward,
+not one per token. bench/rollout_engine.py compares this with re-encoding the whole sequence at
+every message (what a plain tool loop does).
 """
 
 from __future__ import annotations
@@ -67,33 +68,45 @@ class HFStepper:
         self.forward_tokens += int(mask.sum())
         return out.logits[:, -1, :].float()
 
-    @torch.no_grad()
     def step(self, tokens: Sequence[int], active: Sequence[bool]) -> torch.Tensor:
-        """Append one token per row (inactive rows get a masked pad); return next logits.
+        """Append one token per active row; return next logits."""
+        return self.extend([[t] if a else [] for t, a in zip(tokens, active, strict=True)])
 
-        Decoding runs on ``decode_threads`` threads: one-token matmuls are too small to share,
-        and on a busy machine OpenMP threads waiting for a core cost 100x (measured here).
+    @torch.no_grad()
+    def extend(self, chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Append a chunk of tokens per row (rows may differ in length; [] for a row that waits
+        or is done): one forward of width max(len); shorter rows are padded with masked slots.
+        Returns each row's logits after its own last appended token.
+
+        Runs on ``decode_threads`` threads: one-token matmuls are too small to share, and on a
+        busy machine OpenMP threads waiting for a core cost 100x (measured here).
         """
         threads = torch.get_num_threads()
         torch.set_num_threads(self.decode_threads)
         try:
-            return self._step(tokens, active)
+            return self._extend(chunks)
         finally:
             torch.set_num_threads(threads)
 
-    def _step(self, tokens: Sequence[int], active: Sequence[bool]) -> torch.Tensor:
+    def _extend(self, chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         assert self.mask is not None and self.next_pos is not None
-        act = torch.tensor(active, dtype=torch.long)
-        ids = torch.tensor([t if a else self.pad_id for t, a in zip(tokens, active, strict=True)],
-                           dtype=torch.long)[:, None]
-        self.mask = torch.cat([self.mask, act[:, None]], dim=1)
-        pos = self.next_pos[:, None].clone()
+        width = max(1, max(len(c) for c in chunks))
+        n = torch.tensor([len(c) for c in chunks], dtype=torch.long)
+        ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((len(chunks), width), dtype=torch.long)
+        for i, c in enumerate(chunks):
+            if c:
+                ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+                new_mask[i, : len(c)] = 1
+        self.mask = torch.cat([self.mask, new_mask], dim=1)
+        pos = self.next_pos[:, None] + torch.arange(width)[None, :]
         out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
                          position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
                          use_cache=True)
-        self.next_pos = self.next_pos + act
-        self.forward_tokens += int(act.sum())
-        return out.logits[:, -1, :].float()
+        self.next_pos = self.next_pos + n
+        self.forward_tokens += int(n.sum())
+        last = (n - 1).clamp(min=0)
+        return out.logits[torch.arange(len(chunks)), last].float()
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float,

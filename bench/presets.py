@@ -1,0 +1,308 @@
+"""Benchmark: the model presets as actors and as world models, before and after the SFT cold start.
+
+    .venv/bin/python -m bench.presets                      # trains what is missing (~20 min)
+    .venv/bin/python -m bench.presets --tiny-sft DIR --smollm2-sft DIR --steps 150
+
+On a fixed random sample of dev steps (same for every model; scenario-level held-out split), each
+model is probed one step at a time on the *real* history:
+
+- act: given the history up to a ground-truth call, it writes the assistant turn greedily; we
+  count the steps where a call parses and where it is the ground-truth call (name + arguments);
+- rehearse (teacher-forced, `audit.probe`): given the history including the call, it writes the
+  tool response; scored against the real response with the audit's `exact` and `json_f1`.
+
+Shares carry 95 % Wilson intervals (`audit.compounding.wilson_ci`), json_f1 a t interval;
+rehearsal skill against the lookup / majority reference world models (built from the train
+split) carries a paired bootstrap interval over trajectories; trained tiny vs untrained tiny is a
+paired bootstrap difference. Missing SFT checkpoints are trained by the project's own command
+(`envace sft`) in a subprocess, so the recorded wall time is the command's. Writes
+bench/results/presets.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audit.compounding import mean_ci, wilson_ci
+from audit.pipeline import AuditOptions
+from audit.reference import build_reference, skill_with_ci
+from audit.scorers import ScoreContext, score_step
+from bench.machine import RESULTS, table, write_result
+from envace.envs.tasks import split_tasks
+from envace.export import export_real
+from envace.schema import TrajectoryWriter
+
+SCORERS = ["exact", "json_f1", "error_agreement"]
+REFS = ("lookup", "majority")
+ROWS = ("tiny (untrained)", "tiny + SFT", "smollm2 zero-shot", "smollm2 + SFT")
+
+
+def sample_steps(trajs: list[Any], n: int, seed: int) -> dict[str, list[int]]:
+    """A fixed uniform sample of `n` (trajectory, step) pairs, as {trajectory id: steps}."""
+    pairs = [(t.id, s.step) for t in trajs for s in t.tool_steps()]
+    chosen = sorted(random.Random(seed).sample(pairs, min(n, len(pairs))))
+    out: dict[str, list[int]] = {}
+    for tid, step in chosen:
+        out.setdefault(tid, []).append(step)
+    return out
+
+
+def share(k: int, n: int) -> dict[str, Any]:
+    lo, hi = wilson_ci(k, n)
+    return {"k": k, "n": n, "rate": k / n if n else None, "ci": [lo, hi]}
+
+
+def paired_diff(a: list[float], b: list[float], groups: list[str], n_boot: int = 2000,
+                seed: int = 0) -> dict[str, Any]:
+    """mean(a) - mean(b) on the same steps, with a bootstrap CI resampling trajectories."""
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    _, codes = np.unique(np.asarray(groups), return_inverse=True)
+    g = codes.max() + 1
+    sx, sy = np.bincount(codes, x, g), np.bincount(codes, y, g)
+    size = np.bincount(codes, minlength=g).astype(float)
+    idx = np.random.default_rng(seed).integers(0, g, size=(n_boot, g))
+    d = (sx[idx].sum(1) - sy[idx].sum(1)) / size[idx].sum(1)
+    lo, hi = np.quantile(d, [0.025, 0.975])
+    return {"diff": float(x.mean() - y.mean()), "ci": [float(lo), float(hi)],
+            "significant": bool(lo > 0 or hi < 0)}
+
+
+def train_sft(preset: str, out: Path, extra: list[str]) -> Path:
+    """Run `envace sft` as a subprocess (its own wall clock; reused when up to date)."""
+    cmd = [sys.executable, "-m", "envace.cli", "sft", "--preset", preset, "--out", str(out),
+           "--quiet", *extra]
+    print("$", " ".join(cmd[1:]), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"envace sft failed:\n{r.stderr[-3000:]}")
+    print(r.stdout.strip(), flush=True)
+    return out
+
+
+def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path,
+             steps: dict[str, list[int]], refs: dict[str, Any], args: argparse.Namespace,
+             keep: Path | None) -> dict[str, Any]:
+    from envace.models import load_model
+    from envace.probe_cli import act_probe, act_requests, probe_model
+
+    model, tok = load_model(path)
+    t0 = time.perf_counter()
+    act = act_probe(model, tok, act_requests(dev, steps), context, args.act_tokens, args.batch)
+    t_act = time.perf_counter() - t0
+    out_dir = (keep / name) if keep else Path(tempfile.mkdtemp(prefix=f"probe-{name}-"))
+    opts = AuditOptions(scorers=list(SCORERS), progress=False, plots=keep is not None)
+    t0 = time.perf_counter()
+    probe_model(model, tok, [str(dev_file)], out_dir, opts, context, args.rehearse_tokens,
+                steps=steps, label=name, batch_size=args.batch)
+    t_reh = time.perf_counter() - t0
+    rows = [json.loads(x) for x in (out_dir / "steps.jsonl").read_text().splitlines()]
+    n = len(rows)
+    groups = [r["trajectory_id"] for r in rows]
+    res: dict[str, Any] = {
+        "model": str(path),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "context": context,
+        "steps": n,
+        "parsed_call": share(sum(r["parsed_call"] for r in act), len(act)),
+        "tool_name_match": share(sum(r["name_match"] for r in act), len(act)),
+        "exact_call": share(sum(r["exact_call"] for r in act), len(act)),
+        "rehearse_exact": share(sum(int(r["scores"]["exact"]) for r in rows), n),
+        "rehearse_json_f1": mean_ci(r["scores"]["json_f1"] for r in rows),
+        "skill": {},
+        "seconds": {"act_probe": round(t_act, 1), "rehearse_probe": round(t_reh, 1)},
+        "examples": [{"step": r["step"], "tool": r["tool"], "actual": r["actual"][:160],
+                      "rehearsed": r["rehearsed"][:160]} for r in rows[:3]],
+        "act_examples": [a["generated"][:200] for a in act[:3]],
+        "_per_step": {"act": act, "rows": [{"trajectory_id": r["trajectory_id"],
+                                            "step": r["step"], "scores": r["scores"]}
+                                           for r in rows]},
+    }
+    for ref_name, ref in refs.items():
+        ref_scores = {s: [] for s in ("exact", "json_f1")}
+        for r in rows:
+            text = ref(r["tool"], r["arguments"] if isinstance(r["arguments"], dict) else {})
+            sc = score_step(text, r["actual"], ScoreContext(tool=r["tool"]), ["exact", "json_f1"])
+            for s in ref_scores:
+                ref_scores[s].append(sc[s])
+        res["skill"][ref_name] = {
+            s: skill_with_ci([r["scores"][s] for r in rows], ref_scores[s], groups=groups,
+                             n_boot=2000, seed=0)
+            for s in ref_scores
+        }
+    if not keep:
+        import shutil
+
+        shutil.rmtree(out_dir, ignore_errors=True)
+    del model
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=150, help="dev steps sampled (same for all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny-sft", help="trained tiny folder (default: run `envace sft`)")
+    ap.add_argument("--smollm2-sft", help="trained smollm2 folder (default: run `envace sft`)")
+    ap.add_argument("--smollm2-sft-args", default="--max-minutes 10 --seq-len 1024",
+                    help="flags of the smollm2 SFT run when it must be trained")
+    ap.add_argument("--tiny-sft-args", default="", help="flags of the tiny SFT run")
+    ap.add_argument("--only", nargs="+", choices=ROWS, help="evaluate only these rows")
+    ap.add_argument("--act-tokens", type=int, default=128)
+    ap.add_argument("--rehearse-tokens", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = auto)")
+    ap.add_argument("--keep", help="keep each model's probe audit directory under this folder")
+    args = ap.parse_args()
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    import torch
+
+    from envace.sft import auto_threads
+
+    threads = auto_threads(args.threads)
+    torch.set_num_threads(threads)
+
+    from audit.pipeline import reference_triples
+    from envace.models import default_cache_dir, resolve_model
+    from envace.sft import read_sft_meta, training_texts
+
+    train = list(export_real(split_tasks("train")))
+    dev = list(export_real(split_tasks("dev")))
+    scratch = Path(tempfile.mkdtemp(prefix="bench-presets-"))
+    dev_file, train_file = scratch / "dev.jsonl", scratch / "train.jsonl"
+    for path, trajs in ((dev_file, dev), (train_file, train)):
+        with TrajectoryWriter(path, mode="w") as w:
+            for t in trajs:
+                w.write(t)
+    triples = reference_triples(train_file)
+    refs = {n: build_reference(n, triples) for n in REFS}
+    steps = sample_steps(dev, args.steps, args.seed)
+
+    cache = default_cache_dir()
+    wanted = set(args.only or ROWS)
+
+    def trained(preset: str) -> tuple[Path, dict]:
+        given = getattr(args, f"{preset}_sft")
+        extra = getattr(args, f"{preset}_sft_args").split()
+        path = Path(given) if given else train_sft(preset, cache / f"bench-sft-{preset}", extra)
+        return path, read_sft_meta(path)
+
+    plan = []
+    if wanted & {ROWS[0], ROWS[1]}:
+        tiny_sft, tiny_meta = trained("tiny")
+        tiny_base = resolve_model("tiny", cache, training_texts(train))
+        ctx = tiny_meta["settings"]["seq_len"]
+        plan += [(ROWS[0], tiny_base, ctx, None), (ROWS[1], tiny_sft, ctx, tiny_meta)]
+    if wanted & {ROWS[2], ROWS[3]}:
+        smol_sft, smol_meta = trained("smollm2")
+        ctx = smol_meta["settings"]["seq_len"]
+        plan += [(ROWS[2], resolve_model("smollm2", cache), ctx, None),
+                 (ROWS[3], smol_sft, ctx, smol_meta)]
+    keep = Path(args.keep) if args.keep else None
+    results: dict[str, Any] = {}
+    for name, path, ctx, meta in plan:
+        if name not in wanted:
+            continue
+        print(f"== {name}: {path} (context {ctx})", flush=True)
+        res = evaluate(name, path, ctx, dev, dev_file, steps, refs, args, keep)
+        if meta:
+            res["sft"] = {k: meta.get(k) for k in ("steps", "tokens_seen", "train_seconds",
+                                                   "wall_seconds", "tokens_per_s", "stopped_by",
+                                                   "initial_loss", "final_loss", "command")}
+            res["sft"]["settings"] = meta.get("settings")
+            res["sft"]["data"] = meta.get("data")
+        results[name] = res
+        print(f"   act parse {res['parsed_call']['rate']:.1%}, exact call "
+              f"{res['exact_call']['rate']:.1%}, rehearse exact {res['rehearse_exact']['rate']:.1%}"
+              f", json_f1 {res['rehearse_json_f1']['mean']:.3f}", flush=True)
+
+    # the references on the same steps
+    ref_rows = {}
+    any_res = next(iter(results.values()))
+    groups = [r["trajectory_id"] for r in any_res["_per_step"]["rows"]]
+    # trained vs untrained tiny, paired on the same steps
+    comparison = {}
+    if "tiny + SFT" in results and "tiny (untrained)" in results:
+        a, b = results["tiny + SFT"]["_per_step"], results["tiny (untrained)"]["_per_step"]
+        ga = [r["trajectory_id"] for r in a["act"]]
+        for key in ("parsed_call", "exact_call"):
+            comparison[key] = paired_diff([float(r[key]) for r in a["act"]],
+                                          [float(r[key]) for r in b["act"]], ga)
+        for s in ("exact", "json_f1"):
+            comparison[f"rehearse_{s}"] = paired_diff([r["scores"][s] for r in a["rows"]],
+                                                      [r["scores"][s] for r in b["rows"]], groups)
+    for ref_name in REFS:
+        first = any_res["skill"][ref_name]
+        ref_rows[ref_name] = {s: first[s]["f_ref"] for s in ("exact", "json_f1")}
+    for res in results.values():
+        res.pop("_per_step")
+
+    header = ["model", "params", "parse call", "exact call", "rehearse exact", "json_f1",
+              "skill exact vs lookup", "skill json_f1 vs lookup", "SFT s", "SFT tok/s"]
+
+    def pct(x: dict) -> str:
+        return f"{x['rate']:.1%} [{x['ci'][0]:.0%}, {x['ci'][1]:.0%}]"
+
+    def sk(x: dict) -> str:
+        if x["point"] is None:
+            return "n/a"
+        lo = "?" if x["lo"] is None else f"{x['lo']:+.2f}"
+        hi = "?" if x["hi"] is None else f"{x['hi']:+.2f}"
+        return f"{x['point']:+.2f} [{lo}, {hi}]"
+
+    rows = []
+    for name, r in results.items():
+        f1 = r["rehearse_json_f1"]
+        rows.append([name, f"{r['num_parameters'] / 1e6:.1f}M", pct(r["parsed_call"]),
+                     pct(r["exact_call"]), pct(r["rehearse_exact"]),
+                     f"{f1['mean']:.3f} [{f1['ci'][0]:.2f}, {f1['ci'][1]:.2f}]",
+                     sk(r["skill"]["lookup"]["exact"]), sk(r["skill"]["lookup"]["json_f1"]),
+                     r.get("sft", {}).get("wall_seconds", "-"),
+                     r.get("sft", {}).get("tokens_per_s", "-")])
+    for ref_name, v in ref_rows.items():
+        rows.append([f"reference: {ref_name}", "-", "-", "-", f"{v['exact']:.1%}",
+                     f"{v['json_f1']:.3f}", "0", "0", "-", "-"])
+    text = table(rows, header)
+    print(text)
+    for key, v in comparison.items():
+        print(f"tiny + SFT minus untrained, {key}: {v['diff']:+.3f} "
+              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" + (" *" if v["significant"] else ""))
+    previous = RESULTS / "presets.json"
+    if args.only and previous.is_file():  # keep the rows not measured this time
+        old = json.loads(previous.read_text())
+        results = {**{k: v for k, v in old.get("models", {}).items() if k not in results},
+                   **results}
+        comparison = comparison or old.get("tiny_sft_vs_untrained", {})
+    out = write_result("presets", {
+        "split": "dev (scenario-level held out)",
+        "sampled_steps": sum(len(v) for v in steps.values()),
+        "sampled_trajectories": len(steps),
+        "seed": args.seed,
+        "probe": {"act_max_new_tokens": args.act_tokens,
+                  "rehearse_max_new_tokens": args.rehearse_tokens, "decoding": "greedy",
+                  "history": "real (teacher-forced)", "prompt": "envace.sft.prompt_ids"},
+        "references": {"built_from": "train split real trajectories", "on_sampled_steps": ref_rows},
+        "models": results,
+        "tiny_sft_vs_untrained": comparison,
+        "table": text,
+        "load_average": {"start": load0, "end": os.getloadavg()},
+        "probe_threads": threads,
+        "seconds": round(time.perf_counter() - t_start, 1),
+        "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
+    })
+    print("->", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Benchmark: rehearsal-rollout throughput of our engine against a plain tool loop that re-encodes.
+
+    .venv/bin/python -m bench.rollout_engine                 # tiny + smollm2, ~5 min when quiet
+    .venv/bin/python -m bench.rollout_engine --only tiny --tasks 2 --max-turns 4   # smoke
+
+Dev tasks with >= 6 ground-truth calls, mode ``rehearse``, one batch, same model, greedy decoding
+(temperature 0: both sides follow the same token path; identical episodes are counted). ``ours``:
+``envace.rollout.run_episodes`` (lockstep batch over one kept KV cache). ``reencode``: a plain tool
+loop over the same episode logic (``Engine``: same parser, stop rule, limits) that, for every
+message, encodes the whole sequence so far of each live episode from scratch (fresh cache, same
+``HFStepper`` kernels and threads), decodes the message and waits for the batch's longest one.
+
+Guidance: no preset acts well enough yet for long episodes (the cold-started tiny mostly emits a
+malformed call and stops; zero-shot SmolLM2 answers in prose), so ``Probe`` masks the logits to
+steer greedy decoding along each task's real trajectory: the forward pass is the model's own,
+only the winning token is scripted. ``act`` steers assistant messages, the model rehearses freely
+(tiny: the cold start of ``envace sft --preset tiny``, cached as ``<cache>/bench-sft-tiny`` as
+``bench.presets`` does, trained if missing); ``all`` also steers tool responses to the real ones
+(smollm2: zero-shot unless ``<cache>/bench-sft-smollm2`` exists). Ceiling: copy bandwidth (read +
+write bytes of a 256 MiB ``copy_``, best of 5, on the decode thread count) / parameter bytes per
+decode step = decode steps/s, against ours (one-token forwards only, and end to end). Writes
+bench/results/rollout_engine.json (``quiet_machine``: 1-min load average < 1.5) and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.machine import table, write_result
+from envace import chat
+from envace.backends.hf import HFStepper, sample
+from envace.envs.tasks import split_tasks
+from envace.export import real_trajectory
+from envace.models import default_cache_dir, load_model, read_marker, resolve_model
+from envace.rollout import ACT, CONTEXT, REHEARSE, Engine, Episode, RolloutConfig, run_episodes
+
+# max_new_tokens caps every message; the real messages of these tasks need up to 73 tokens.
+PLAN = {"tiny": {"tasks": 8, "max_new_tokens": 96, "max_turns": 30, "guide": "act"},
+        "smollm2": {"tasks": 2, "max_new_tokens": 96, "max_turns": 6, "guide": "all"}}
+
+
+class Probe:
+    """Wraps ``model.forward``: times decode (one-token) and prefill calls; with a guide, masks
+    the last logits of a row writing an assistant (or tool) message to the real message's next
+    token. Rows are recognised by their prompt, messages by the ChatML headers."""
+
+    def __init__(self, model: Any, tok: Any, tasks: list, guide: str, cfg: RolloutConfig) -> None:
+        self.model, self.orig, self.rows = model, model.forward, []
+        self.decode_calls, self.decode_s, self.prefill_s = 0, 0.0, 0.0
+        self.end = chat.marker_id(tok, chat.IM_END)
+        start = chat.marker_id(tok, chat.IM_START)
+        self.headers = {k: [start, *chat.encode_text(tok, f"{k}\n")] for k in ("assistant", "tool")}
+        kinds = {"act": ("assistant",), "all": ("assistant", "tool"), "none": ()}[guide]
+        text = {"assistant": chat.assistant_text, "tool": lambda m: str(m["content"] or "")}
+        self.prompts = [Engine(model, tok, cfg).start(t).ids for t in tasks]
+        reals = [real_trajectory(t).dump()["messages"] for t in tasks]
+        self.targets = [{k: [chat.encode_text(tok, text[k](m)) + [self.end] for m in real
+                             if m["role"] == k] for k in kinds} for real in reals]
+        model.forward = self  # type: ignore[method-assign]
+
+    def _feed(self, row: dict[str, Any], token: int) -> None:
+        if row["cur"] is not None:
+            kind, k, pos = row["cur"]
+            row["cur"] = None if token == self.end else (kind, k, pos + 1)
+        row["win"] = (row["win"] + [token])[-4:]
+        for kind, hdr in self.headers.items():
+            if row["win"][-len(hdr):] == hdr:
+                row["cur"] = (kind, row["n"][kind], 0)
+                row["n"][kind] += 1
+
+    def _row(self, ids: list[int]) -> dict[str, Any]:
+        task = next((i for i, p in enumerate(self.prompts) if ids[:len(p)] == p), None)
+        row = {"task": task, "cur": None, "win": [], "n": {"assistant": 0, "tool": 0}}
+        for t in ids:
+            self._feed(row, t)
+        return row
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        ids, mask = kw["input_ids"], kw["attention_mask"]
+        t = time.perf_counter()
+        out = self.orig(*args, **kw)
+        dt = time.perf_counter() - t
+        if ids.shape[1] == 1:
+            self.decode_calls, self.decode_s = self.decode_calls + 1, self.decode_s + dt
+            for row, tok, on in zip(self.rows, ids[:, 0].tolist(), mask[:, -1].tolist(),
+                                    strict=True):
+                if on:
+                    self._feed(row, tok)
+        else:
+            self.prefill_s += dt
+            self.rows = [self._row(r[m.bool()].tolist()) for r, m in zip(ids, mask, strict=True)]
+        logits = out.logits[:, -1, :]
+        for i, row in enumerate(self.rows):
+            if row["cur"] is None or row["task"] is None:
+                continue
+            kind, k, pos = row["cur"]
+            msgs = self.targets[row["task"]].get(kind, [])
+            if k < len(msgs) and pos < len(msgs[k]):
+                logits[i] = torch.finfo(logits.dtype).min
+                logits[i, msgs[k][pos]] = 0.0
+        return out
+
+
+def _push(eng: Engine, r: Any, tok: int, lp: float, cfg: RolloutConfig) -> bool:
+    """Append one token to a row exactly as ``run_episodes`` does; True when a message ended."""
+    if r.queue:
+        tok, role, step = r.queue.popleft()
+        lp = 0.0
+    else:
+        role = ACT if r.gen == "act" else REHEARSE
+        step = getattr(r, "current_step", -1) if role == REHEARSE else -1
+        r.buf.append(tok)
+        r.buf_logp += lp
+    r.ids.append(tok)
+    r.roles.append(role)
+    r.logprobs.append(lp)
+    r.step_of_token.append(step)
+    ended = role != CONTEXT and (tok == eng.im_end or len(r.buf) >= cfg.max_new_tokens)
+    if role != CONTEXT and tok == eng.im_end:
+        eng.finish_message(r)
+    elif ended:
+        r.done = "max_new_tokens"
+        extra = {} if r.gen == "act" else {"tool_call_id": r.pending[0][0],
+                                           "name": r.pending[0][1], "rehearsed": True}
+        r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
+                           "content": eng.tok.decode(r.buf), "truncated": True, **extra})
+    if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
+        r.done = "context_limit"
+    return ended or r.done is not None
+
+
+@torch.no_grad()
+def reencode_episodes(model: Any, tok: Any, tasks: list, cfg: RolloutConfig
+                      ) -> tuple[list[Episode], int]:
+    """The plain tool loop: every message starts from a full re-encode of its episode so far."""
+    eng = Engine(model, tok, cfg)
+    rows = [eng.start(t) for t in tasks]
+    prompt_lens = [len(r.ids) for r in rows]
+    for r in rows:
+        r.done = "context_limit" if len(r.ids) >= cfg.max_context else None
+    gen, forward = torch.Generator().manual_seed(cfg.seed), 0
+    while True:
+        for r in rows:  # forced text is plain text here: it is encoded with the next message
+            while r.done is None and r.queue:
+                _push(eng, r, 0, 0.0, cfg)
+        live = [r for r in rows if r.done is None]
+        if not live:
+            break
+        stepper = HFStepper(model, eng.pad)  # fresh cache: the whole sequence again
+        logits = stepper.prefill([r.ids for r in live])
+        writing = [True] * len(live)
+        while True:
+            toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
+            for i, r in enumerate(live):
+                if writing[i] and _push(eng, r, int(toks[i]), float(logps[i]), cfg):
+                    writing[i] = False
+            if not any(writing):
+                break
+            logits = stepper.step([r.ids[-1] for r in live], writing)
+        forward += stepper.forward_tokens
+    return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)], forward
+
+
+def copy_bandwidth(threads: int, mib: int = 256, reps: int = 5) -> float:
+    """GB/s of a large tensor copy (read + write bytes), best of ``reps``, on ``threads``."""
+    old, x = torch.get_num_threads(), torch.ones(mib * 2**20 // 4)
+    y = torch.empty_like(x).copy_(x)  # touch the pages first
+    torch.set_num_threads(threads)
+    best = min(_timed(lambda: y.copy_(x)) for _ in range(reps))
+    torch.set_num_threads(old)
+    return 2 * x.numel() * x.element_size() / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def model_path(name: str, given: str | None) -> tuple[Path, str]:
+    """The folder to benchmark and a note on what it is (see the module docstring)."""
+    if given:
+        return Path(given), "given on the command line"
+    sft = default_cache_dir() / f"bench-sft-{name}"
+    if not read_marker(sft) and name == "tiny":
+        cmd = [sys.executable, "-m", "envace.cli", "sft", "--preset", "tiny", "--out", str(sft)]
+        print("$", " ".join(cmd[1:]), "--quiet  (once, ~9 min)", flush=True)
+        subprocess.run([*cmd, "--quiet"], check=True)
+    if read_marker(sft):
+        return sft, f"cold start by `envace sft --preset {name} --out {sft}`"
+    return resolve_model(name, default_cache_dir()), "zero-shot preset (no cold start cached)"
+
+
+def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: str
+                ) -> dict[str, Any]:
+    model, tok = load_model(path)
+    model.eval()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    run_episodes(model, tok, tasks[:1], RolloutConfig(**{**vars(cfg), "max_turns": 1,
+                                                         "max_new_tokens": 2}))  # warm-up
+    probe = Probe(model, tok, tasks, guide, cfg)
+    t = time.perf_counter()
+    ours = run_episodes(model, tok, tasks, cfg)
+    t_ours = time.perf_counter() - t
+    del model.forward  # unwrap; a fresh probe for the reference
+    Probe(model, tok, tasks, guide, cfg)
+    t = time.perf_counter()
+    ref, ref_forward = reencode_episodes(model, tok, tasks, cfg)
+    t_ref = time.perf_counter() - t
+    del model.forward
+    g_ours, g_ref = (sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in x) for x in (ours, ref))
+    ceiling = bw * 1e9 / param_bytes
+    fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
+    return {
+        "model": str(path), "parameters": sum(p.numel() for p in model.parameters()),
+        "param_bytes_per_decode_step": param_bytes, "episodes": len(tasks), "guide": guide,
+        "ours": {"seconds": t_ours, "generated_tokens": g_ours, "tokens_per_s": g_ours / t_ours,
+                 "forward_tokens": sum(len(e.ids) for e in ours), "prefill_s": probe.prefill_s,
+                 "decode_steps": probe.decode_calls, "decode_forward_s": probe.decode_s},
+        "reencode": {"seconds": t_ref, "generated_tokens": g_ref, "tokens_per_s": g_ref / t_ref,
+                     "forward_tokens": ref_forward},
+        "speedup": (g_ours / t_ours) / (g_ref / t_ref) if g_ref and g_ours else None,
+        "identical_episodes": sum(a.ids == b.ids for a, b in zip(ours, ref, strict=True)),
+        "act_tokens": sum(e.tokens(ACT) for e in ours),
+        "rehearse_tokens": sum(e.tokens(REHEARSE) for e in ours),
+        "messages_per_episode": sum(len(e.trajectory.messages) for e in ours) / len(ours),
+        "tool_calls_per_episode": sum(len(c) for e in ours for c in e.calls_per_turn) / len(ours),
+        "end_reasons": dict(Counter(e.end_reason.split(":")[0] for e in ours)),
+        "ceiling": {"copy_bandwidth_gb_s": bw, "decode_steps_per_s": ceiling,
+                    "achieved_forward_steps_per_s": fwd_rate,
+                    "achieved_end_to_end_steps_per_s": e2e_rate,
+                    "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="+", choices=sorted(PLAN), default=["tiny", "smollm2"])
+    ap.add_argument("--tiny", help="tiny model folder (default: the cached cold start)")
+    ap.add_argument("--smollm2", help="smollm2 model folder (default: cold start or zero-shot)")
+    ap.add_argument("--tasks", type=int, help="episodes per batch (default: tiny 8, smollm2 2)")
+    ap.add_argument("--max-new-tokens", type=int, help="per message (default 96)")
+    ap.add_argument("--max-turns", type=int, help="assistant messages per episode (30 / 6)")
+    ap.add_argument("--guide", choices=["act", "all", "none"],
+                    help="steer acting (act), also rehearsing (all) or nothing (none) along the "
+                         "real trajectory (default: tiny act, smollm2 all)")
+    ap.add_argument("--min-calls", type=int, default=6, help="ground-truth calls per task")
+    args = ap.parse_args(argv)
+    load = os.getloadavg()[0]
+    quiet = load < 1.5
+    print(f"1-minute load average {load:.2f}: {'quiet' if quiet else 'BUSY (figures noisy)'}")
+    long = [t for t in split_tasks("dev") if sum(len(g) for g in t.ground_truth) >= args.min_calls]
+    decode_threads = inspect.signature(HFStepper).parameters["decode_threads"].default
+    bw, bw_all = copy_bandwidth(decode_threads), copy_bandwidth(torch.get_num_threads())
+    results: dict[str, Any] = {}
+    for name in args.only:
+        plan = {k: getattr(args, k) or v for k, v in PLAN[name].items()}
+        path, note = model_path(name, getattr(args, name))
+        cfg = RolloutConfig(mode="rehearse", temperature=0.0, max_new_tokens=plan["max_new_tokens"],
+                            max_turns=plan["max_turns"], max_context=4096, seed=0)
+        print(f"[{name}] {path} ({note}): {plan}", flush=True)
+        results[name] = {"note": note, "plan": plan,
+                         **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"])}
+    rows = [[n, r["episodes"], r["guide"], r["ours"]["generated_tokens"],
+             r["reencode"]["generated_tokens"], r["identical_episodes"], r["rehearse_tokens"],
+             r["messages_per_episode"], r["ours"]["tokens_per_s"], r["reencode"]["tokens_per_s"],
+             r["speedup"] or float("nan"), r["ceiling"]["decode_steps_per_s"],
+             r["ceiling"]["ratio_forward"], r["ceiling"]["ratio_end_to_end"]]
+            for n, r in results.items()]
+    print(table(rows, ["model", "eps", "guide", "gen ours", "gen ref", "same", "rehearse tok",
+                       "msgs/ep", "ours tok/s", "reencode tok/s", "speedup", "ceiling steps/s",
+                       "fwd/ceil", "e2e/ceil"]))
+    path = write_result("rollout_engine", {
+        "quiet_machine": quiet, "load_avg_1min": load, "load_avg_1min_end": os.getloadavg()[0],
+        "command": " ".join(["python -m bench.rollout_engine", *(argv or sys.argv[1:])]),
+        "guide": "act: assistant messages steered to the real ones by logit masking, the model "
+                 "rehearses freely; all: tool responses steered too (module docstring)",
+        "torch_threads": torch.get_num_threads(), "decode_threads": decode_threads,
+        "copy_bandwidth_gb_s": {"decode_threads": bw, "all_threads": bw_all},
+        "sampling": "greedy (temperature 0), seed 0", "min_ground_truth_calls": args.min_calls,
+        "models": results})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Benchmark: rollout throughput of the vLLM backend against the transformers backend.
 
-    bash scripts/setup_vllm.sh && .venv-vllm/bin/python -m bench.vllm_rollout   # ~6 min on 2 CPUs
+    bash scripts/setup_vllm.sh && .venv-vllm/bin/python -m bench.vllm_rollout   # ~8 min on 2 CPUs
     .venv-vllm/bin/python -m bench.vllm_rollout --only tiny --out vllm_rollout_smoke   # smoke
 
 Same model, same episodes (dev tasks with 6 or more ground-truth calls, mode ``rehearse``: the
@@ -20,8 +20,12 @@ same tokens, checked as ``identical_episodes``) and ``group`` (the training shap
 the figure is generated tokens per second). Engine start-up is reported apart and not timed in
 the throughput; a small warm-up rollout precedes each timed one. Models: the tiny cold start
 (``<cache>/bench-sft-tiny`` when present, else the vLLM lane's 40-step one) and SmolLM2-135M
-(zero-shot preset; answers in prose, so its episodes are short). Writes
-bench/results/<out>.json (default vllm_rollout) with ratios vLLM / transformers.
+(zero-shot preset). Neither writes well-formed tool calls yet: tiny episodes mostly end at
+their first message (a malformed call), so its figures weigh prompt prefill and batched decoding;
+SmolLM2 answers each user turn in prose, so with room to finish (``greedy``: 128 tokens) the next
+user turn is forced in and an episode takes several requests (``requests_per_episode``), where
+the prefix cache earns its keep. Writes bench/results/<out>.json (default vllm_rollout) with
+ratios vLLM / transformers (``ratio_vllm_over_hf``) and prefix cache on / off.
 """
 
 from __future__ import annotations

@@ -50,7 +50,9 @@ def pass_at_k(successes: list[list[bool]], k: int) -> float:
 
 
 def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
-             s: EvalSettings, label: str = "eval") -> dict[str, Any]:
+             s: EvalSettings, label: str = "eval", rollout: Any | None = None) -> dict[str, Any]:
+    """Evaluate; ``rollout``: run_episodes' signature on another backend (default: HF)."""
+    rollout = rollout or run_episodes
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     per_task: dict[str, list[bool]] = defaultdict(list)
@@ -63,7 +65,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
                                 max_context=s.max_context, desc_chars=s.desc_chars,
                                 seed=10_000 + seed)
             for i in range(0, len(tasks), s.batch_size):
-                for ep in run_episodes(model, tokenizer, tasks[i:i + s.batch_size], cfg):
+                for ep in rollout(model, tokenizer, tasks[i:i + s.batch_size], cfg):
                     r = task_reward(s.reward, ep.task, ep.calls_per_turn)
                     ep.trajectory.reward = r["reward"]
                     ep.trajectory.id = f"{ep.task.id}-s{seed}"

@@ -254,6 +254,11 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"envace-audit probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    import torch
+
+    from envace.sft import auto_threads
+
+    torch.set_num_threads(auto_threads())
     model, tokenizer = load_model(path)
     opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=not args.quiet,

@@ -256,7 +256,7 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     for r in rows:
         if len(r.ids) >= cfg.max_context:
             r.done = "context_limit"
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     models = [model] + ([world_model] if world_model is not None else [])
     was_training = [m.training for m in models]
     for m in models:

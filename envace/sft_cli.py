@@ -20,7 +20,7 @@ from typing import Any
 _FLAGS = {
     "preset": "preset", "out": "out", "roles": "roles", "max_minutes": "max_minutes",
     "max_steps": "max_steps", "lr": "lr", "seq_len": "seq_len", "batch_size": "batch_size",
-    "epochs": "epochs", "seed": "seed", "data": "data", "force": "force",
+    "epochs": "epochs", "seed": "seed", "data": "data", "force": "force", "threads": "threads",
 }
 
 
@@ -37,6 +37,7 @@ def add_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="windows per step (preset default)")
     p.add_argument("--epochs", type=float, help="passes over the data (3)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--threads", type=int, help="torch CPU threads (0 = auto from the load)")
     p.add_argument("--data", help="a trajectory JSONL to train on instead of the train split")
     p.add_argument("--force", action="store_true", default=None, help="retrain even if up to date")
     p.add_argument("--config", help="YAML file of SFTSettings fields")

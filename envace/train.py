@@ -28,7 +28,7 @@ from envace.checkpoint import load_latest, save_checkpoint, set_rng_state
 from envace.config import TrainConfig, dump_yaml, to_dict
 from envace.fidelity import audit_rollouts, fidelity_metrics
 from envace.rewards import task_reward
-from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig, run_episodes
+from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
 from envace.train_setup import Policy, build_policy, fitting_tasks, training_tasks
 
@@ -73,14 +73,15 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         for k in range(0, len(order), cfg.micro_batch_size):
             idx = order[k:k + cfg.micro_batch_size]
             mb = [episodes[i] for i in idx]
-            ids = _pad([e.ids for e in mb], policy.pad_id, torch.long)
-            roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:]
-            old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:]
-            attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long)
+            dev = next(model.parameters()).device
+            ids = _pad([e.ids for e in mb], policy.pad_id, torch.long).to(dev)
+            roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:].to(dev)
+            old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:].to(dev)
+            attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long).to(dev)
             mask = torch.zeros_like(roles, dtype=torch.bool)
             for r in roles_trained:
                 mask |= roles == r
-            tok_adv = grpo.token_advantages(adv[idx], roles)
+            tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
             logits = logits.float() / cfg.temperature
             lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
@@ -137,8 +138,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars, seed=cfg.seed * 1_000_003 + step)
-    episodes = run_episodes(policy.model, policy.tokenizer, batch, rcfg, policy.simulator,
-                            policy.world_model)
+    episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg, policy.simulator,
+                                   policy.world_model)
     t_roll = time.perf_counter()
     rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
     rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
@@ -185,8 +186,10 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     }
 
 
-def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> Path:
-    """Run (or resume) training; return the run directory."""
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
+          rollout: Any | None = None) -> Path:
+    """Run (or resume) training; return the run directory. ``rollout``: run_episodes' signature
+    on another backend (the vLLM engines); by default ``cfg.backend`` decides."""
     from envace.train_report import finish_run
 
     run_dir = cfg.run_dir
@@ -199,6 +202,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> Path
     dump_yaml(cfg, run_dir / "config.yaml")
     (run_dir / "RUNNING").write_text(str(time.time()))
     policy = build_policy(cfg, run_dir, state, progress=progress)
+    if rollout is not None:
+        policy.rollout = rollout
     tasks = fitting_tasks(training_tasks(cfg), policy.tokenizer, cfg)
     start = 0
     metrics = run_dir / "metrics.jsonl"
@@ -209,6 +214,17 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> Path
     elif metrics.exists():
         metrics.unlink()
     torch.manual_seed(cfg.seed)
+    try:
+        _loop(cfg, policy, tasks, run_dir, start, metrics, progress)
+        finish_run(cfg, policy, run_dir, progress=progress)
+    finally:
+        if rollout is None:  # engines we started; a caller's stay running
+            policy.close()
+    return run_dir
+
+
+def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
+          metrics: Path, progress: bool) -> None:
     for step in range(start, cfg.steps):
         record = train_step(step, policy, tasks, cfg, run_dir)
         _append_jsonl(metrics, record)
@@ -220,8 +236,6 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> Path
         last = step == cfg.steps - 1
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
             policy.save(run_dir, step, {"config": to_dict(cfg)})
-    finish_run(cfg, policy, run_dir, progress=progress)
-    return run_dir
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:

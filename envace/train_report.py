@@ -40,10 +40,12 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
         print(f"[train] evaluating on {len(tasks)} {cfg.eval_split} tasks (real environment, "
               "then rehearsed)", flush=True)
     real = evaluate(policy.model, policy.tokenizer, tasks, run_dir / "eval" / cfg.eval_split,
-                    EvalSettings(mode="real", **base), label=cfg.eval_split)
+                    EvalSettings(mode="real", **base), label=cfg.eval_split,
+                    rollout=policy.rollout)
     reh_dir = run_dir / "eval" / f"{cfg.eval_split}_rehearsed"
     reh = evaluate(policy.model, policy.tokenizer, tasks, reh_dir,
-                   EvalSettings(mode="rehearse", **base), label=f"{cfg.eval_split}_rehearsed")
+                   EvalSettings(mode="rehearse", **base), label=f"{cfg.eval_split}_rehearsed",
+                   rollout=policy.rollout)
     audit = run_audit([str(reh_dir / "trajectories.jsonl")], reh_dir / "audit",
                       AuditOptions(scorers=list(cfg.audit_scorers),
                                    verdict_scorer=cfg.verdict_scorer, progress=False))

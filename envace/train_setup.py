@@ -33,6 +33,16 @@ class Policy:
     reference: Any | None = None
     optimizers: dict[str, Any] = field(default_factory=dict)
     schedulers: dict[str, Any] = field(default_factory=dict)
+    rollout: Any | None = None  # run_episodes' signature on another backend (vLLM); None: HF
+
+    def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
+        from envace.rollout import run_episodes
+
+        return (self.rollout or run_episodes)(*args, **kwargs)
+
+    def close(self) -> None:
+        if self.rollout is not None and hasattr(self.rollout, "close"):
+            self.rollout.close()
 
     @property
     def pad_id(self) -> int:
@@ -126,7 +136,14 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         if cfg.mode == "split":
             wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
                 if cfg.world_model else copy.deepcopy(model)
+    if torch.cuda.is_available():  # one device per process; multi-GPU: see README, Scaling
+        model = model.cuda()
+        wm = wm.cuda() if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
+    if cfg.backend == "vllm":  # engines start lazily, on the first rollout
+        from envace.backends.vllm_backend import VLLMRollouts
+
+        policy.rollout = VLLMRollouts.for_config(cfg, model_path=path)
     if cfg.kl_coef > 0:
         policy.reference = load_model(path)[0].eval()
     if cfg.mode == "simulator":

@@ -86,8 +86,22 @@ def build_memory(plans: list[str], critiques: list[str], tokenizer: Any, budget:
         if len(ids) <= budget:
             return text, dropped
         if dropped >= len(items) - 1:  # even the newest plan alone is too long: cut it
-            return tokenizer.decode(ids[: max(budget - 1, 1)]) + "…", dropped
+            keep = budget - 1
+            while keep > 0:  # decoding then encoding again may merge or split a token
+                cut = tokenizer.decode(ids[:keep]) + "…"
+                if len(chat.encode_text(tokenizer, cut)) <= budget:
+                    return cut, dropped
+                keep -= 1
+            return "", dropped
         dropped += 1
+
+
+def executed_calls(ep: Episode) -> int:
+    """Calls the real environment executed for this episode (answered by it, after the task's
+    history; a malformed call or an unknown tool is recorded but never executed)."""
+    answered = sum(1 for st in ep.trajectory.tool_steps()
+                   if st.response is not None and st.response.rehearsed is False)
+    return answered - sum(len(m.get("tool_calls") or []) for m in ep.task.history)
 
 
 def with_messages(task: Task, extra: list[dict[str, str]]) -> Task:
@@ -162,7 +176,7 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
     out = []
     for i, t in enumerate(tasks):
         reh_tokens = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in plans[i])
-        real_calls = sum(len(c) for c in commits[i].calls_per_turn)
+        real_calls = executed_calls(commits[i])
         out.append({
             "task": t, "plans": plans[i], "critiques": critiques[i], "memory": memories[i],
             "commit": commits[i],

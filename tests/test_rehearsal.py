@@ -43,10 +43,10 @@ def test_rehearsal_touches_no_environment_and_commit_only_its_own(trained):
         before = BFCLEnv.executed_total
         res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(
             strategy=strategy, n=2, max_new_tokens=64, max_turns=4))
-        commit_calls = sum(len(r["commit"].trajectory.tool_steps()) for r in res)
-        assert BFCLEnv.executed_total - before == commit_calls
-        assert all(r["budget"]["real_env_calls"] == len(r["commit"].trajectory.tool_steps())
-                   for r in res)
+        answered = [sum(1 for s in r["commit"].trajectory.tool_steps() if s.response is not None)
+                    for r in res]
+        assert BFCLEnv.executed_total - before == sum(answered)  # the commits' own, no more
+        assert [r["budget"]["real_env_calls"] for r in res] == answered
         for r in res:
             assert len(r["plans"]) == 2 and r["memory"]["text"].startswith(HEADER)
             mem = [m for m in r["commit"].trajectory.messages if m.role == "system"]
@@ -67,7 +67,7 @@ def test_memory_drops_oldest_plans_and_says_so(trained):
     assert "Plan 4:" in text and "Plan 1:" not in text
     assert len(chat.encode_text(tok, text)) <= 400
     cut, _ = build_memory(["Plan 1: " + "y" * 5000], [], tok, 50)
-    assert len(chat.encode_text(tok, cut)) <= 51
+    assert 0 < len(chat.encode_text(tok, cut)) <= 50
 
 
 def test_a_malformed_plan_is_bounded_recorded_and_the_commit_happens(trained):

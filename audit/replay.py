@@ -117,47 +117,57 @@ def replay_trajectory(
             rehearsed = resp.content if resp is not None else None
             written_error = resp.error if resp is not None else None
             flag = resp.rehearsed if resp is not None else None
-        kind = env.tool_kind(st.tool)
-        rec: dict[str, Any] = {
-            "trajectory_id": traj.id,
-            "task_id": traj.task_id,
-            "step": st.step,
-            "tool": st.tool,
-            "arguments": st.arguments if st.arguments is not None else st.raw_arguments,
-            "rehearsed": rehearsed,
-            "actual": actual_text,
-            "actual_error": actual_error,
-            "mutates_state": None if kind is None else kind == "write",
-            "source_rehearsed": flag,
-            "malformed": st.malformed,
-            "unanswered": rehearsed is None,
-        }
         history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
-        rec["novelty"] = novelty(actual_text, history_text)
-        if rehearsed is None:
-            rec.update(scores={}, diverged=True, rehearsed_error=None)
-        else:
-            ctx = ScoreContext(tool=st.tool, arguments=st.arguments or {}, step=st.step,
-                               mutates_state=rec["mutates_state"], actual_error=actual_error,
-                               rehearsed_error=written_error, history_text=history_text)
-            rec["rehearsed_error"] = (written_error if written_error is not None
-                                      else is_error_response(rehearsed))
-            rec["scores"] = score_step(rehearsed, actual_text, ctx, settings.scorers)
-            rec["diverged"] = settings.verdict(rec["scores"])
-            if settings.references:
-                rec["references"] = {}
-                for name, ref in settings.references.items():
-                    text = ref(st.tool, st.arguments or {})
-                    rec["references"][name] = {
-                        "response": text,
-                        "scores": score_step(text, actual_text, ctx, settings.scorers),
-                    }
+        rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
+                          env, history_text, settings)
         records.append(rec)
     warnings = []
     if unknown_tools:
         names = ", ".join(sorted(set(unknown_tools)))
         warnings.append(f"calls tools the task does not have: {names}")
     return TrajectoryAudit(records, warnings, trajectory_row(traj, records))
+
+
+def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,
+                source_rehearsed: bool | None, actual_text: str, actual_error: bool,
+                env: Environment, history_text: str, settings: AuditSettings
+                ) -> dict[str, Any]:
+    """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references."""
+    kind = env.tool_kind(st.tool)
+    rec: dict[str, Any] = {
+        "trajectory_id": traj.id,
+        "task_id": traj.task_id,
+        "step": st.step,
+        "tool": st.tool,
+        "arguments": st.arguments if st.arguments is not None else st.raw_arguments,
+        "rehearsed": rehearsed,
+        "actual": actual_text,
+        "actual_error": actual_error,
+        "mutates_state": None if kind is None else kind == "write",
+        "source_rehearsed": source_rehearsed,
+        "malformed": st.malformed,
+        "unanswered": rehearsed is None,
+        "novelty": novelty(actual_text, history_text),
+    }
+    if rehearsed is None:
+        rec.update(scores={}, diverged=True, rehearsed_error=None)
+        return rec
+    ctx = ScoreContext(tool=st.tool, arguments=st.arguments or {}, step=st.step,
+                       mutates_state=rec["mutates_state"], actual_error=actual_error,
+                       rehearsed_error=written_error, history_text=history_text)
+    rec["rehearsed_error"] = (written_error if written_error is not None
+                              else is_error_response(rehearsed))
+    rec["scores"] = score_step(rehearsed, actual_text, ctx, settings.scorers)
+    rec["diverged"] = settings.verdict(rec["scores"])
+    if settings.references:
+        rec["references"] = {}
+        for name, ref in settings.references.items():
+            text = ref(st.tool, st.arguments or {})
+            rec["references"][name] = {
+                "response": text,
+                "scores": score_step(text, actual_text, ctx, settings.scorers),
+            }
+    return rec
 
 
 def trajectory_row(traj: Trajectory, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -95,6 +95,13 @@ class _Row:
     assistant_messages: int = 0
     done: str | None = None
 
+    def push(self, tok: int, role: int, logprob: float, step: int) -> None:
+        """Record one token of the episode (forced or sampled)."""
+        self.ids.append(tok)
+        self.roles.append(role)
+        self.logprobs.append(logprob)
+        self.step_of_token.append(step)
+
 
 class Engine:
     """Holds the tokenizer-level pieces of the format (marker ids, forced texts)."""
@@ -280,19 +287,13 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
                 chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
                 chunks.append([t for t, _, _ in chunk])
                 for t, role, step in chunk:
-                    r.ids.append(t)
-                    r.roles.append(role)
-                    r.logprobs.append(0.0)
-                    r.step_of_token.append(step)
+                    r.push(t, role, 0.0, step)
             else:
                 tok, role, lp = int(toks[i]), ACT if r.gen == "act" else REHEARSE, float(logps[i])
                 step = getattr(r, "current_step", -1) if role == REHEARSE else -1
                 r.buf.append(tok)
                 r.buf_logp += lp
-                r.ids.append(tok)
-                r.roles.append(role)
-                r.logprobs.append(lp)
-                r.step_of_token.append(step)
+                r.push(tok, role, lp, step)
                 chunks.append([tok])
                 if tok == eng.im_end:
                     eng.finish_message(r)

@@ -428,22 +428,28 @@ def run_sft(
     examples, stats = build_examples(tokenizer, trajs, s.seq_len, s.roles)
     require(bool(examples), "no training window holds a trained token")
     budget = s.max_minutes * 60 if s.max_minutes else None
-    deadline = t0 + budget - 3.0 if budget else None  # a few seconds for saving
+    n_params = sum(p.numel() for p in model.parameters())
+    # seconds kept for saving: 3, plus about 5 per 100M parameters (float32 shards)
+    deadline = t0 + budget - 3.0 - 5.0 * n_params / 1e8 if budget else None
     steps_per_epoch = math.ceil(len(examples) / s.batch_size)
     total = s.max_steps or math.ceil(steps_per_epoch * s.epochs)
     warmup = min(s.warmup_steps, max(1, total // 10))
+    probe_set = examples[: min(len(examples), 16)]
+    start = time.perf_counter()
+    loss0 = mean_loss(model, probe_set)
+    loss_s = time.perf_counter() - start
+    # training stops early enough for the same loss measurement after it
+    train_deadline = deadline - 1.2 * loss_s if deadline is not None else None
     with atomic_dir(out) as tmp:
         log_path = tmp / SFT_LOG
         log_path.write_text("")
-        budget_cb, log_cb = cbs = _callbacks(deadline, log_path, t0)
+        budget_cb, log_cb = cbs = _callbacks(train_deadline, log_path, t0)
         trainer = build_trainer(model, tokenizer, examples, s, tmp / "trainer", cbs,
-                                _clock_lambda(warmup, total, deadline), quiet)
-        probe_set = examples[: min(len(examples), 16)]
-        loss0 = mean_loss(model, probe_set)
+                                _clock_lambda(warmup, total, train_deadline), quiet)
         train_start = time.perf_counter()
         result = trainer.train()
         train_s = time.perf_counter() - train_start
-        in_time = not deadline or time.perf_counter() < deadline
+        in_time = deadline is None or time.perf_counter() + loss_s < deadline
         loss1 = mean_loss(model, probe_set) if in_time else None
         model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(IM_END)
         trainer.save_model(str(tmp))
@@ -461,7 +467,7 @@ def run_sft(
             "settings": dataclasses.asdict(s),
             "data": {"source": s.data or "train split (real trajectories)",
                      "fingerprint": data_key, **stats},
-            "num_parameters": sum(p.numel() for p in model.parameters()),
+            "num_parameters": n_params,
             "steps": state.global_step,
             "epochs_done": state.epoch,
             "stopped_by": stop,

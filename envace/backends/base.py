@@ -136,10 +136,7 @@ def _push(eng: Any, r: Any, tok: int, lp: float, cfg: RolloutConfig, tokenizer: 
         step = getattr(r, "current_step", -1) if role == REHEARSE else -1
         r.buf.append(tok)
         r.buf_logp += lp
-    r.ids.append(tok)
-    r.roles.append(role)
-    r.logprobs.append(lp)
-    r.step_of_token.append(step)
+    r.push(tok, role, lp, step)
     ended = False
     if role != CONTEXT and tok == eng.im_end:
         eng.finish_message(r)

@@ -1,0 +1,223 @@
+"""The teacher-forced one-step audit: a world model rehearses each call given the *real* history.
+
+    from audit.probe import run_probe
+    opts = AuditOptions(reference="train.jsonl")
+    summary = run_probe(["dev.jsonl"], "probe_out", rehearser, opts)
+
+For every trajectory the real environment is reset and its calls are executed in order, as
+`audit.replay` does. Before each call is executed, the rehearser is asked what the call will
+return, seeing the conversation up to and including the assistant message that makes the call,
+with every earlier tool response replaced by the *real* one. Its answer is scored against the
+real response exactly as replay scores a recorded rehearsal (same step-record fields,
+`source_rehearsed: true`), so the directory written (`steps.jsonl`, `trajectories.jsonl`,
+`summary.json`, `report.md`) reads like any audit. Comparing it with the free-running audit of the
+same model's own rollouts separates one-step error from the error that self-conditioning adds.
+
+A rehearser is any callable `(messages, tools, tool_name, arguments) -> str`; a neural one
+lives in `envace.probe_cli` (this module never imports torch). A reference world model fits
+through `reference_rehearser`; since it ignores the history, its probe fidelity equals its
+baseline audit fidelity.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from audit.pipeline import AuditOptions, _Writer, reference_triples, write_json_atomic
+from audit.replay import (
+    MAX_HISTORY_CHARS,
+    AuditSettings,
+    ReplayError,
+    TrajectoryAudit,
+    _message_text,
+    _reset,
+    step_record,
+    trajectory_row,
+)
+from audit.summary import build_summary, compact
+from envace.envs.base import Environment
+from envace.schema import Message, Trajectory, read_trajectories
+
+#: (messages so far with real responses, tool schemas, tool name, arguments) -> response text
+Rehearser = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]], str]
+
+
+def reference_rehearser(reference: Callable[[str, dict], str]) -> Rehearser:
+    """A `(tool, arguments) -> text` reference world model as a rehearser (ignores history)."""
+    return lambda messages, tools, tool, arguments: reference(tool, arguments)
+
+
+def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
+    d = m.dump()
+    d.update(content=content, rehearsed=False)
+    d.pop("logprob", None)
+    d.pop("num_tokens", None)
+    if error:
+        d["error"] = True
+    else:
+        d.pop("error", None)
+    return d
+
+
+def probe_trajectory(
+    traj: Trajectory,
+    rehearser: Rehearser,
+    settings: AuditSettings,
+    env_cache: dict[str, Environment] | None = None,
+    steps: Iterable[int] | None = None,
+) -> TrajectoryAudit:
+    """Teacher-forced audit of one trajectory; raises `ReplayError` if it cannot start.
+
+    `steps`: only ask the rehearser at these step indices (all calls are still executed, in
+    order, so the state and the history stay real); None asks at every call.
+    """
+    env = _reset(env_cache if env_cache is not None else {}, traj)
+    wanted = None if steps is None else set(steps)
+    tool_steps = traj.tool_steps()
+    answer_of = {id(st.response): st for st in tool_steps if st.response is not None}
+    calls_of: dict[int, list[Any]] = defaultdict(list)
+    for st in tool_steps:
+        calls_of[st.message_index].append(st)
+    history: list[dict[str, Any]] = []  # the messages so far, tool answers made real
+    texts: list[str] = []
+    real: dict[int, tuple[str, bool]] = {}  # step -> (actual response, error)
+    records: list[dict[str, Any]] = []
+    unknown: list[str] = []
+    offered = env.tool_names() if hasattr(env, "tool_names") else None
+    for index, m in enumerate(traj.messages):
+        answered = answer_of.get(id(m))
+        if answered is not None and answered.step in real:
+            history.append(_real_tool_message(m, *real[answered.step]))
+        else:
+            history.append(m.dump())
+        texts.append(_message_text(m))
+        for st in calls_of.get(index, []):
+            # earlier calls of the same message are answered (really) before this one is asked
+            so_far = history + [_real_tool_message(s.response, *real[s.step])
+                                for s in calls_of[index]
+                                if s.step < st.step and s.response is not None]
+            asked = wanted is None or st.step in wanted
+            rehearsed = (rehearser(so_far, traj.tools, st.tool, dict(st.arguments or {}))
+                         if asked else None)
+            if st.malformed is not None:
+                actual_text = f"Error during execution: malformed call: {st.malformed}"
+                actual_error = True
+            else:
+                if offered is not None and st.tool not in offered:
+                    unknown.append(st.tool)
+                res = env.execute(st.tool, st.arguments)
+                actual_text, actual_error = res.content, res.error
+            real[st.step] = (actual_text, actual_error)
+            if asked:
+                history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
+                records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
+                                       history_text, settings))
+    warnings = []
+    if unknown:
+        warnings.append(f"calls tools the task does not have: {', '.join(sorted(set(unknown)))}")
+    return TrajectoryAudit(records, warnings, trajectory_row(traj, records))
+
+
+def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
+            actual_error: bool, env: Environment, history_text: str,
+            settings: AuditSettings) -> dict[str, Any]:
+    """One step record with the fields and scoring of `audit.replay` (marked as a probe)."""
+    rehearsed = None if rehearsed is None else str(rehearsed)
+    rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
+                      history_text, settings)
+    rec["probe"] = "teacher_forced"
+    return rec
+
+
+def probe_settings(opts: AuditOptions) -> AuditSettings:
+    """Audit settings of `opts`, with reference world models when `opts.reference` is set."""
+    from audit.reference import REFERENCE_NAMES, build_reference
+
+    refs = {}
+    if opts.reference:
+        triples = reference_triples(opts.reference)
+        refs = {n: build_reference(n, triples) for n in REFERENCE_NAMES}
+    return AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold,
+                         references=refs)
+
+
+def run_probe(
+    paths: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    rehearser: Rehearser,
+    opts: AuditOptions | None = None,
+    limit: int = 0,
+    label: str | None = None,
+    steps: Mapping[str, Iterable[int]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
+
+    `steps`: trajectory id -> step indices to probe (trajectories not named are skipped
+    silently); `label` names the audited model in the summary. Returns the summary. Unreadable
+    or unreplayable records are reported with file and line, never fatal.
+    """
+    opts = opts or AuditOptions()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = probe_settings(opts)
+    env_cache: dict[str, Environment] = {}
+    skipped: list[dict[str, Any]] = []
+    warnings: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    read = done = 0
+    t0 = time.perf_counter()
+    steps_w, traj_w = _Writer(out / "steps.jsonl"), _Writer(out / "trajectories.jsonl")
+    inputs = [str(p) for p in paths]
+    for path in inputs:
+        if not Path(path).exists():
+            skipped.append({"file": path, "line": None, "reason": "file not found"})
+            continue
+        for item in read_trajectories(path):
+            if limit and done >= limit:
+                break
+            if item.trajectory is None:
+                read += 1
+                skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                continue
+            traj = item.trajectory
+            if steps is not None and traj.id not in steps:
+                continue
+            read += 1
+            try:
+                res = probe_trajectory(traj, rehearser, settings, env_cache,
+                                       None if steps is None else steps[traj.id])
+            except ReplayError as exc:
+                skipped.append({"file": item.path, "line": item.line,
+                                "reason": f"cannot replay: {exc}"})
+                continue
+            except Exception as exc:  # a bug or a hostile record must not stop the audit
+                skipped.append({"file": item.path, "line": item.line,
+                                "reason": f"probe failed: {type(exc).__name__}: {exc}"})
+                continue
+            done += 1
+            for w in res.warnings:
+                warnings.append({"file": item.path, "line": item.line,
+                                 "trajectory_id": traj.id, "message": w})
+            for rec in res.steps:
+                steps_w.write(rec)
+                rows.append(compact(rec))
+            traj_w.write({**res.summary, "file": item.path, "line": item.line})
+            if progress is not None:
+                progress(len(res.steps))
+    steps_w.finish()
+    traj_w.finish()
+    summary = build_summary(rows, opts, trajectories=done, read=read, skipped=skipped,
+                            warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
+    summary["audited_model"] = label
+    summary["probe"] = "teacher_forced"
+    write_json_atomic(out / "summary.json", summary)
+    from audit.report import write_report
+
+    write_report(out, summary, plots=opts.plots)
+    return summary

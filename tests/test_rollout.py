@@ -150,3 +150,26 @@ def test_call_ids_continue_after_the_history_of_a_per_turn_task(tiny):
     assert ids[: len(prior)] == prior and len(set(ids)) == len(ids)
     last = ep.trajectory.tool_steps()[-1]
     assert last.tool == "ls" and last.response.rehearsed and last.step == len(prior)
+
+
+def test_rollout_cli_output_audits_cleanly(tmp_path):
+    """`envace rollout` writes trajectories that `envace-audit replay` reads: real-mode
+    responses replay with zero divergence (the environment is deterministic)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "real.jsonl"
+    r = subprocess.run([sys.executable, "-m", "envace.cli", "rollout", "--model",
+                        str(ROOT / "data" / "models" / "tiny-sft"), "--split", "dev", "--tasks",
+                        "4", "--mode", "real", "--max-new-tokens", "48", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-1500:]
+    r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "replay", str(out),
+                        "--out", str(tmp_path / "audit")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-1500:]
+    s = json.loads((tmp_path / "audit" / "summary.json").read_text())
+    assert s["counts"]["trajectories"] == 4
+    assert s["by_source"]["real"]["diverged"] == 0

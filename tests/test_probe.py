@@ -1,0 +1,157 @@
+"""Tests for the teacher-forced probe (audit.probe) and its model side (envace.probe_cli)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from audit.pipeline import AuditOptions, reference_triples, run_audit
+from audit.probe import probe_trajectory, reference_rehearser, run_probe
+from audit.reference import build_reference
+from audit.replay import AuditSettings
+from envace.envs.tasks import split_tasks
+from envace.export import export_real
+from envace.schema import TrajectoryWriter
+
+QUIET = {"progress": False, "plots": False}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe")
+    paths = {}
+    for name, tasks in (("train", split_tasks("train")[:40]), ("dev", split_tasks("dev")[:4])):
+        paths[name] = d / f"{name}.jsonl"
+        with TrajectoryWriter(paths[name], mode="w") as w:
+            for t in export_real(tasks):
+                w.write(t)
+    return paths
+
+
+def _rehearsed_copy(traj):
+    """The trajectory with every tool response replaced by a wrong rehearsal."""
+    data = traj.dump()
+    for m in data["messages"]:
+        if m["role"] == "tool":
+            m.update(content="WRONG", rehearsed=True)
+    return type(traj).model_validate(data)
+
+
+@pytest.fixture
+def quick_summary(monkeypatch):
+    """Fewer bootstrap resamples in the summaries (the same for both audits compared)."""
+    import functools
+
+    import audit.summary
+
+    monkeypatch.setattr(audit.summary, "summarize",
+                        functools.partial(audit.summary.summarize, n_boot=50, logistic_boot=5))
+
+
+def test_lookup_probe_equals_baseline_audit(files, tmp_path, quick_summary):
+    ref = build_reference("lookup", reference_triples(files["train"]))
+    probe = run_probe([str(files["dev"])], tmp_path / "p", reference_rehearser(ref),
+                      AuditOptions(**QUIET))
+    base = run_audit([str(files["dev"])], tmp_path / "b",
+                     AuditOptions(reference=str(files["train"]), override="lookup", **QUIET))
+    assert probe["counts"]["steps"] == base["counts"]["steps"] > 0
+    assert probe["divergence_rate"] == base["divergence_rate"]
+    for s in ("exact", "json_f1", "fuzzy"):
+        assert probe["scores"][s]["mean"] == pytest.approx(base["scores"][s]["mean"])
+    rows = [json.loads(x) for x in (tmp_path / "p" / "steps.jsonl").read_text().splitlines()]
+    brows = [json.loads(x) for x in (tmp_path / "b" / "steps.jsonl").read_text().splitlines()]
+    keys = set(brows[0])
+    assert keys <= set(rows[0]) and all(r["source_rehearsed"] is True for r in rows)
+    assert [r["scores"] for r in rows] == [r["scores"] for r in brows]
+    for name in ("summary.json", "trajectories.jsonl", "report.md"):
+        assert (tmp_path / "p" / name).is_file()
+
+
+def test_history_holds_real_responses(files):
+    from envace.schema import read_trajectories
+
+    traj = next(i.trajectory for i in read_trajectories(files["dev"]))
+    wrong = _rehearsed_copy(traj)
+    seen = []
+
+    def spy(messages, tools, tool, arguments):
+        seen.append((messages, tool, arguments))
+        return "{}"
+
+    res = probe_trajectory(wrong, spy, AuditSettings(), {})
+    steps = traj.tool_steps()
+    assert len(seen) == len(res.steps) == len(steps)
+    for k, (messages, tool, arguments) in enumerate(seen):
+        assert (tool, arguments) == (steps[k].tool, steps[k].arguments)
+        last = messages[-1]
+        assert last["role"] == "assistant" and last["tool_calls"][0]["function"]["name"] == tool
+        tools_seen = [m for m in messages if m["role"] == "tool"]
+        assert len(tools_seen) == k
+        real = [s.response.content for s in steps[:k]]
+        assert [m["content"] for m in tools_seen] == real
+        assert all(m["rehearsed"] is False for m in tools_seen)
+    # the recorded rehearsals are ignored: the probe scores the rehearser's answers
+    assert all(r["rehearsed"] == "{}" for r in res.steps)
+    # a subset of steps: all calls still executed, only the chosen ones asked
+    seen.clear()
+    part = probe_trajectory(wrong, spy, AuditSettings(), {}, steps=[1])
+    assert [r["step"] for r in part.steps] == [1] and len(seen) == 1
+    assert part.steps[0]["actual"] == res.steps[1]["actual"]
+
+
+def test_probe_skips_bad_records(files, tmp_path, quick_summary):
+    bad = tmp_path / "bad.jsonl"
+    lines = files["dev"].read_text().splitlines()[:2]
+    bad.write_text(lines[0] + "\n{not json\n" + lines[1] + "\n")
+    s = run_probe([str(bad)], tmp_path / "o", lambda *a: "{}", AuditOptions(**QUIET))
+    assert s["counts"]["trajectories"] == 2 and s["counts"]["skipped"] == 1
+    assert s["reconciles"] and s["skipped_records"][0]["line"] == 2
+
+
+def test_audit_probe_does_not_import_torch():
+    code = ("import sys, audit.probe; "
+            "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_same_call():
+    from envace.probe_cli import same_call
+
+    assert same_call("cd", {"folder": "a"}, "cd", {"folder": "a"})
+    assert same_call("f", {"x": 5.0, "y": [1, 2]}, "f", {"y": (1, 2), "x": 5})
+    assert not same_call("f", {"x": 5}, "f", {"x": "5"})
+    assert not same_call("ls", {}, "cd", {})
+
+
+def test_probe_cli_end_to_end(files, tmp_path):
+    from envace.models import build_tiny
+    from envace.probe_cli import act_probe, act_requests
+    from envace.sft import training_texts
+
+    trajs = list(export_real(split_tasks("train")[:4]))
+    model_dir = build_tiny(training_texts(trajs), tmp_path / "tiny")
+    out = tmp_path / "probe"
+    r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "probe", "--model",
+                        str(model_dir), str(files["dev"]), "--out", str(out), "--limit", "2",
+                        "--max-new-tokens", "6"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["trajectories"] == 2 and summary["probe"] == "teacher_forced"
+    rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["counts"]["steps"] > 0
+    assert all(isinstance(x["rehearsed"], str) for x in rows)
+    bad = subprocess.run([sys.executable, "-m", "audit.cli", "probe", "--model", str(model_dir),
+                          str(tmp_path / "missing.jsonl"), "--out", str(out)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    # the act probe on the same (untrained) model: one row per chosen step, fields present
+    from envace.models import load_model
+
+    model, tok = load_model(model_dir)
+    dev = list(export_real(split_tasks("dev")[:1]))
+    reqs = act_requests(dev, {dev[0].id: [0, 1]})
+    rows = act_probe(model, tok, reqs, context=1024, max_new_tokens=4, batch_size=2)
+    assert [(x["step"], x["exact_call"]) for x in rows] == [(0, False), (1, False)]

@@ -90,6 +90,20 @@ def train_sft(preset: str, out: Path, extra: list[str]) -> Path:
     return out
 
 
+def per_step(act: list[dict], rows: list[dict]) -> dict[str, list]:
+    """Per sampled step, in one order: what paired comparisons between models need."""
+    by_key = {(r["trajectory_id"], r["step"]): r for r in rows}
+    keys = [(a["trajectory_id"], a["step"]) for a in act]
+    assert set(keys) == set(by_key), "act and rehearse probes saw different steps"
+    return {
+        "ids": [list(k) for k in keys],
+        "parsed_call": [int(a["parsed_call"]) for a in act],
+        "exact_call": [int(a["exact_call"]) for a in act],
+        "rehearse_exact": [by_key[k]["scores"]["exact"] for k in keys],
+        "rehearse_json_f1": [round(by_key[k]["scores"]["json_f1"], 4) for k in keys],
+    }
+
+
 def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path,
              steps: dict[str, list[int]], refs: dict[str, Any], args: argparse.Namespace,
              keep: Path | None) -> dict[str, Any]:
@@ -124,9 +138,7 @@ def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path
         "examples": [{"step": r["step"], "tool": r["tool"], "actual": r["actual"][:160],
                       "rehearsed": r["rehearsed"][:160]} for r in rows[:3]],
         "act_examples": [a["generated"][:200] for a in act[:3]],
-        "_per_step": {"act": act, "rows": [{"trajectory_id": r["trajectory_id"],
-                                            "step": r["step"], "scores": r["scores"]}
-                                           for r in rows]},
+        "per_step": per_step(act, rows),
     }
     for ref_name, ref in refs.items():
         ref_scores = {s: [] for s in ("exact", "json_f1")}
@@ -148,6 +160,45 @@ def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path
     return res
 
 
+def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
+                 threads: int) -> dict[str, Any]:
+    """Free-running fidelity: `envace rollout --mode rehearse` on dev tasks, then the audit.
+
+    The model acts and rehearses on its own (sampling as `envace rollout` defaults, seed 0);
+    `envace-audit replay` pairs each rehearsed response with the real one. Returns the audit's
+    counts, divergence (Wilson CI), exact and json_f1 means and skill against the references.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    roll = work / "rollouts.jsonl"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "envace.cli", "rollout", "--model", str(path),
+                        "--split", "dev", "--mode", "rehearse", "--tasks", str(tasks),
+                        "--max-context", str(ctx), "--out", str(roll)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return {"error": f"envace rollout failed: {r.stderr[-800:]}"}
+    t_roll = time.perf_counter() - t0
+    audit_dir = work / "audit"
+    r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "replay", str(roll),
+                        "--reference", str(train_file), "--scorers", *SCORERS,
+                        "--out", str(audit_dir)], capture_output=True, text=True, env=env)
+    if r.returncode not in (0, 3):
+        return {"error": f"envace-audit replay failed: {r.stderr[-800:]}"}
+    s = json.loads((audit_dir / "summary.json").read_text())
+    c = s["counts"]
+    sk = (s.get("skill") or {}).get("by_scorer") or {}
+    return {
+        "tasks": tasks, "trajectories": c["trajectories"], "steps": c["steps"],
+        "answered_steps": c["answered_steps"], "malformed_calls": c["malformed_calls"],
+        "divergence_rate": s.get("divergence_rate"), "divergence_ci": s.get("divergence_ci"),
+        "exact": (s.get("scores") or {}).get("exact"),
+        "json_f1": (s.get("scores") or {}).get("json_f1"),
+        "skill": {k: {x: v.get(x) for x in ("point", "lo", "hi", "best_reference", "f_ref")}
+                  for k, v in sk.items() if k in ("exact", "json_f1")},
+        "rollout_seconds": round(t_roll, 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=150, help="dev steps sampled (same for all)")
@@ -157,11 +208,16 @@ def main() -> None:
     ap.add_argument("--smollm2-sft-args", default="--max-minutes 10 --seq-len 1024",
                     help="flags of the smollm2 SFT run when it must be trained")
     ap.add_argument("--tiny-sft-args", default="", help="flags of the tiny SFT run")
-    ap.add_argument("--only", nargs="+", choices=ROWS, help="evaluate only these rows")
+    ap.add_argument("--only", nargs="+", choices=ROWS, default=None,
+                    help="evaluate only these rows (the others kept from the last results)")
+    ap.add_argument("--extra", nargs="+", default=[], metavar="LABEL=PATH",
+                    help="more trained folders to evaluate (e.g. a longer-trained checkpoint)")
     ap.add_argument("--act-tokens", type=int, default=128)
     ap.add_argument("--rehearse-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = auto)")
+    ap.add_argument("--free-running", type=int, default=0, metavar="TASKS",
+                    help="also roll out this many dev tasks per model and audit them (0: skip)")
     ap.add_argument("--keep", help="keep each model's probe audit directory under this folder")
     args = ap.parse_args()
     load0 = os.getloadavg()
@@ -190,7 +246,7 @@ def main() -> None:
     steps = sample_steps(dev, args.steps, args.seed)
 
     cache = default_cache_dir()
-    wanted = set(args.only or ROWS)
+    wanted = set(args.only if args.only is not None else ([] if args.extra else ROWS))
 
     def trained(preset: str) -> tuple[Path, dict]:
         given = getattr(args, f"{preset}_sft")
@@ -209,6 +265,10 @@ def main() -> None:
         ctx = smol_meta["settings"]["seq_len"]
         plan += [(ROWS[2], resolve_model("smollm2", cache), ctx, None),
                  (ROWS[3], smol_sft, ctx, smol_meta)]
+    for item in args.extra:
+        label, _, folder = item.partition("=")
+        meta = read_sft_meta(folder)
+        plan.append((label, Path(folder), meta["settings"]["seq_len"], meta))
     keep = Path(args.keep) if args.keep else None
     results: dict[str, Any] = {}
     for name, path, ctx, meta in plan:
@@ -216,6 +276,11 @@ def main() -> None:
             continue
         print(f"== {name}: {path} (context {ctx})", flush=True)
         res = evaluate(name, path, ctx, dev, dev_file, steps, refs, args, keep)
+        if args.free_running:
+            work = Path(tempfile.mkdtemp(prefix="free-", dir=scratch))
+            res["free_running"] = free_running(path, args.free_running, train_file, work, ctx,
+                                               threads)
+            print(f"   free-running: {json.dumps(res['free_running'])[:300]}", flush=True)
         if meta:
             res["sft"] = {k: meta.get(k) for k in ("steps", "tokens_seen", "train_seconds",
                                                    "wall_seconds", "tokens_per_s", "stopped_by",
@@ -227,29 +292,30 @@ def main() -> None:
               f"{res['exact_call']['rate']:.1%}, rehearse exact {res['rehearse_exact']['rate']:.1%}"
               f", json_f1 {res['rehearse_json_f1']['mean']:.3f}", flush=True)
 
-    # the references on the same steps
-    ref_rows = {}
+    previous = RESULTS / "presets.json"
+    if wanted != set(ROWS) and previous.is_file():  # keep the rows not measured this time
+        old = json.loads(previous.read_text())
+        if old.get("sampled") == steps:
+            results = {**{k: v for k, v in old.get("models", {}).items() if k not in results},
+                       **results}
     any_res = next(iter(results.values()))
-    groups = [r["trajectory_id"] for r in any_res["_per_step"]["rows"]]
-    # trained vs untrained tiny, paired on the same steps
-    comparison = {}
-    if "tiny + SFT" in results and "tiny (untrained)" in results:
-        a, b = results["tiny + SFT"]["_per_step"], results["tiny (untrained)"]["_per_step"]
-        ga = [r["trajectory_id"] for r in a["act"]]
-        for key in ("parsed_call", "exact_call"):
-            comparison[key] = paired_diff([float(r[key]) for r in a["act"]],
-                                          [float(r[key]) for r in b["act"]], ga)
-        for s in ("exact", "json_f1"):
-            comparison[f"rehearse_{s}"] = paired_diff([r["scores"][s] for r in a["rows"]],
-                                                      [r["scores"][s] for r in b["rows"]], groups)
-    for ref_name in REFS:
-        first = any_res["skill"][ref_name]
-        ref_rows[ref_name] = {s: first[s]["f_ref"] for s in ("exact", "json_f1")}
-    for res in results.values():
-        res.pop("_per_step")
+    ref_rows = {n: {s: any_res["skill"][n][s]["f_ref"] for s in ("exact", "json_f1")}
+                for n in REFS}
+    # every trained tiny against the untrained one, paired on the same steps
+    comparison: dict[str, Any] = {}
+    base = results.get(ROWS[0])
+    for name, res in results.items():
+        if base is None or name == ROWS[0] or not name.startswith("tiny"):
+            continue
+        a, b = res["per_step"], base["per_step"]
+        groups = [tid for tid, _ in a["ids"]]
+        comparison[name] = {
+            key: paired_diff([float(x) for x in a[key]], [float(x) for x in b[key]], groups)
+            for key in ("parsed_call", "exact_call", "rehearse_exact", "rehearse_json_f1")}
 
     header = ["model", "params", "parse call", "exact call", "rehearse exact", "json_f1",
-              "skill exact vs lookup", "skill json_f1 vs lookup", "SFT s", "SFT tok/s"]
+              "skill exact vs lookup", "skill json_f1 vs lookup", "free-run exact (steps)",
+              "SFT s", "SFT tok/s"]
 
     def pct(x: dict) -> str:
         return f"{x['rate']:.1%} [{x['ci'][0]:.0%}, {x['ci'][1]:.0%}]"
@@ -261,6 +327,13 @@ def main() -> None:
         hi = "?" if x["hi"] is None else f"{x['hi']:+.2f}"
         return f"{x['point']:+.2f} [{lo}, {hi}]"
 
+    def free(x: dict | None) -> str:
+        if not x:
+            return "-"
+        if "error" in x or not (x.get("exact") or {}).get("n"):
+            return "n/a" if "error" not in x else "failed"
+        return f"{x['exact']['mean']:.1%} ({x['exact']['n']})"
+
     rows = []
     for name, r in results.items():
         f1 = r["rehearse_json_f1"]
@@ -268,33 +341,32 @@ def main() -> None:
                      pct(r["exact_call"]), pct(r["rehearse_exact"]),
                      f"{f1['mean']:.3f} [{f1['ci'][0]:.2f}, {f1['ci'][1]:.2f}]",
                      sk(r["skill"]["lookup"]["exact"]), sk(r["skill"]["lookup"]["json_f1"]),
-                     r.get("sft", {}).get("wall_seconds", "-"),
-                     r.get("sft", {}).get("tokens_per_s", "-")])
+                     free(r.get("free_running")),
+                     (r.get("sft") or {}).get("wall_seconds", "-"),
+                     (r.get("sft") or {}).get("tokens_per_s", "-")])
     for ref_name, v in ref_rows.items():
         rows.append([f"reference: {ref_name}", "-", "-", "-", f"{v['exact']:.1%}",
-                     f"{v['json_f1']:.3f}", "0", "0", "-", "-"])
+                     f"{v['json_f1']:.3f}", "0", "0", "-", "-", "-"])
     text = table(rows, header)
     print(text)
-    for key, v in comparison.items():
-        print(f"tiny + SFT minus untrained, {key}: {v['diff']:+.3f} "
-              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" + (" *" if v["significant"] else ""))
-    previous = RESULTS / "presets.json"
-    if args.only and previous.is_file():  # keep the rows not measured this time
-        old = json.loads(previous.read_text())
-        results = {**{k: v for k, v in old.get("models", {}).items() if k not in results},
-                   **results}
-        comparison = comparison or old.get("tiny_sft_vs_untrained", {})
+    for name, diffs in comparison.items():
+        for key, v in diffs.items():
+            print(f"{name} minus untrained, {key}: {v['diff']:+.3f} "
+                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" + (" *" if v["significant"] else ""))
     out = write_result("presets", {
         "split": "dev (scenario-level held out)",
         "sampled_steps": sum(len(v) for v in steps.values()),
         "sampled_trajectories": len(steps),
         "seed": args.seed,
+        "sampled": steps,
         "probe": {"act_max_new_tokens": args.act_tokens,
                   "rehearse_max_new_tokens": args.rehearse_tokens, "decoding": "greedy",
                   "history": "real (teacher-forced)", "prompt": "envace.sft.prompt_ids"},
         "references": {"built_from": "train split real trajectories", "on_sampled_steps": ref_rows},
         "models": results,
         "tiny_sft_vs_untrained": comparison,
+        "note": "trained vs untrained: paired bootstrap over trajectories of the difference in "
+                "means on the same steps; * = the 95% interval excludes 0",
         "table": text,
         "load_average": {"start": load0, "end": os.getloadavg()},
         "probe_threads": threads,

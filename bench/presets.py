@@ -164,7 +164,9 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
                  threads: int) -> dict[str, Any]:
     """Free-running fidelity: `envace rollout --mode rehearse` on dev tasks, then the audit.
 
-    The model acts and rehearses on its own (sampling as `envace rollout` defaults, seed 0);
+    The model acts and rehearses on its own from each task's first turn (`--unit task`;
+    sampling as `envace rollout` defaults, seed 0); an episode ends at a malformed call or an
+    unknown tool, so weak models leave few answered steps;
     `envace-audit replay` pairs each rehearsed response with the real one. Returns the audit's
     counts, divergence (Wilson CI), exact and json_f1 means and skill against the references.
     """
@@ -172,7 +174,8 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
     roll = work / "rollouts.jsonl"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "envace.cli", "rollout", "--model", str(path),
-                        "--split", "dev", "--mode", "rehearse", "--tasks", str(tasks),
+                        "--split", "dev", "--mode", "rehearse", "--unit", "task",
+                        "--tasks", str(tasks),
                         "--max-context", str(ctx), "--out", str(roll)],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -191,6 +194,7 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
         "tasks": tasks, "trajectories": c["trajectories"], "steps": c["steps"],
         "answered_steps": c["answered_steps"], "malformed_calls": c["malformed_calls"],
         "divergence_rate": s.get("divergence_rate"), "divergence_ci": s.get("divergence_ci"),
+        "by_source": s.get("by_source"),
         "exact": (s.get("scores") or {}).get("exact"),
         "json_f1": (s.get("scores") or {}).get("json_f1"),
         "skill": {k: {x: v.get(x) for x in ("point", "lo", "hi", "best_reference", "f_ref")}

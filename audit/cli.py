@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", required=True)
     pr.add_argument("--max-new-tokens", type=int, default=256)
     pr.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
+    pr.add_argument("--reference", help="training trajectories: skill against reference models")
     _add_scoring(pr)
     pr.set_defaults(func=cmd_probe)
     return p

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.presets                      # trains what is missing (~20 min)
     .venv/bin/python -m bench.presets --tiny-sft DIR --smollm2-sft DIR --steps 150
+    .venv/bin/python -m bench.presets --only "tiny (untrained)" "tiny + SFT" --free-running 120
+    .venv/bin/python -m bench.presets --extra "tiny 30 min=data/models/tiny-sft"
 
 On a fixed random sample of dev steps (same for every model; scenario-level held-out split), each
 model is probed one step at a time on the *real* history:
@@ -14,7 +16,10 @@ model is probed one step at a time on the *real* history:
 Shares carry 95 % Wilson intervals (`audit.compounding.wilson_ci`), json_f1 a t interval;
 rehearsal skill against the lookup / majority reference world models (built from the train
 split) carries a paired bootstrap interval over trajectories; trained tiny vs untrained tiny is a
-paired bootstrap difference. Missing SFT checkpoints are trained by the project's own command
+paired bootstrap difference. With `--free-running N`, each model also rolls out N dev tasks on
+its own (`envace rollout --mode rehearse --unit task`) and `envace-audit replay` scores what it
+rehearsed. Rows not measured in a run are kept from the previous results when the sampled
+steps are the same. Missing SFT checkpoints are trained by the project's own command
 (`envace sft`) in a subprocess, so the recorded wall time is the command's. Writes
 bench/results/presets.json and prints the table.
 """
@@ -273,6 +278,7 @@ def main() -> None:
         label, _, folder = item.partition("=")
         meta = read_sft_meta(folder)
         plan.append((label, Path(folder), meta["settings"]["seq_len"], meta))
+        wanted.add(label)
     keep = Path(args.keep) if args.keep else None
     results: dict[str, Any] = {}
     for name, path, ctx, meta in plan:
@@ -297,9 +303,11 @@ def main() -> None:
               f", json_f1 {res['rehearse_json_f1']['mean']:.3f}", flush=True)
 
     previous = RESULTS / "presets.json"
-    if wanted != set(ROWS) and previous.is_file():  # keep the rows not measured this time
+    history: list[dict[str, Any]] = []
+    if not set(ROWS) <= wanted and previous.is_file():  # keep the rows not measured this time
         old = json.loads(previous.read_text())
         if old.get("sampled") == steps:
+            history = old.get("history", [])
             results = {**{k: v for k, v in old.get("models", {}).items() if k not in results},
                        **results}
     any_res = next(iter(results.values()))
@@ -376,6 +384,10 @@ def main() -> None:
         "probe_threads": threads,
         "seconds": round(time.perf_counter() - t_start, 1),
         "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
+        "history": [*history, {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
+                               "rows": [n for n, *_ in plan], "probe_threads": threads,
+                               "load_average": {"start": load0, "end": os.getloadavg()}}],
     })
     print("->", out)
 

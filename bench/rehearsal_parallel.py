@@ -2,15 +2,18 @@
 
     .venv/bin/python -m bench.rehearsal_parallel [--model PATH] [--tasks 4]
 
-Parallel rehearsal runs the N plans of a task as N rows of one lockstep batch over one KV cache
-(the prompt is encoded in one batched prefill); the reference runs each plan on its own. Same
-model, tasks, sampling and token budget; wall time for N = 1..4 and the ratio
-batched / (N x one plan). Writes bench/results/rehearsal_parallel.json.
+Parallel rehearsal runs the N plans of a task as N rows of one lockstep batch over one KV cache:
+the shared prompt (system, tool listing, request) is encoded once and its cache copied to the N
+rows, and a plan that ends leaves the batch. The reference runs each plan on its own (N prefills
+of the same prompt). Per task, same model, sampling and token budget; wall time for N = 1..4,
+the ratio batched / (N independent), and the same ratio per generated token (sampled plans differ
+in length). Writes bench/results/rehearsal_parallel.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from bench.machine import table, write_result
@@ -24,7 +27,7 @@ DEFAULT_MODEL = "data/models/tiny-sft"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
     model, tok = load_model(args.model)
@@ -34,22 +37,25 @@ def main() -> None:
     run_episodes(model, tok, tasks[:1], cfg)  # warm up
     rows, res = [], {"model": args.model, "tasks": len(tasks), "runs": {}}
     for n in range(1, 5):
-        t = time.perf_counter()
-        batched = run_episodes(model, tok, [x for x in tasks for _ in range(n)], cfg)
-        t_batched = time.perf_counter() - t
-        t = time.perf_counter()
-        single = []
-        for x in tasks:
-            for _ in range(n):
-                single += run_episodes(model, tok, [x], cfg)
-        t_single = time.perf_counter() - t
+        t_batched = t_single = 0.0
+        batched, single = [], []
+        for k, x in enumerate(tasks):
+            t = time.perf_counter()
+            batched += run_episodes(model, tok, [x] * n, cfg)
+            t_batched += time.perf_counter() - t
+            t = time.perf_counter()
+            for j in range(n):
+                c = dataclasses.replace(cfg, seed=1000 * k + j)
+                single += run_episodes(model, tok, [x], c)
+            t_single += time.perf_counter() - t
         toks = [sum(len(e.ids) - e.prompt_len for e in eps) for eps in (batched, single)]
+        per_tok = (t_batched / max(1, toks[0])) / (t_single / max(1, toks[1]))
         res["runs"][str(n)] = {"batched_s": t_batched, "independent_s": t_single,
-                               "ratio": t_batched / t_single, "tokens_batched": toks[0],
-                               "tokens_independent": toks[1]}
-        rows.append([n, t_batched, t_single, t_batched / t_single, toks[0], toks[1]])
-    print(table(rows, ["N plans", "batched s", "N independent s", "ratio", "tokens (batched)",
-                       "tokens (indep.)"]))
+                               "ratio": t_batched / t_single, "ratio_per_token": per_tok,
+                               "tokens_batched": toks[0], "tokens_independent": toks[1]}
+        rows.append([n, t_batched, t_single, t_batched / t_single, per_tok, toks[0], toks[1]])
+    print(table(rows, ["N plans", "batched s", "N independent s", "ratio", "ratio per token",
+                       "tokens (batched)", "tokens (indep.)"]))
     print("->", write_result("rehearsal_parallel", res))
 
 

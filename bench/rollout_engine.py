@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from bench.machine import table, write_result
 from envace import chat
-from envace.backends.hf import HFStepper, sample
+from envace.backends.hf import CACHE_KW, HFStepper, sample
 from envace.envs.tasks import split_tasks
 from envace.export import real_trajectory
 from envace.models import default_cache_dir, load_model, read_marker, resolve_model
@@ -56,7 +57,7 @@ class Probe:
 
     def __init__(self, model: Any, tok: Any, tasks: list, guide: str, cfg: RolloutConfig) -> None:
         self.model, self.orig, self.rows = model, model.forward, []
-        self.decode_calls, self.decode_s, self.prefill_s = 0, 0.0, 0.0
+        self.decode_calls, self.decode_s, self.prefill_s, self.forced_s = 0, 0.0, 0.0, 0.0
         self.end = chat.marker_id(tok, chat.IM_END)
         start = chat.marker_id(tok, chat.IM_START)
         self.headers = {k: [start, *chat.encode_text(tok, f"{k}\n")] for k in ("assistant", "tool")}
@@ -67,6 +68,10 @@ class Probe:
         self.targets = [{k: [chat.encode_text(tok, text[k](m)) + [self.end] for m in real
                              if m["role"] == k] for k in kinds} for real in reals]
         model.forward = self  # type: ignore[method-assign]
+        self.orig_select = DynamicCache.batch_select_indices
+        probe = self
+        DynamicCache.batch_select_indices = (  # type: ignore[method-assign]
+            lambda cache, indices: probe._select(cache, indices))
 
     def _feed(self, row: dict[str, Any], token: int) -> None:
         if row["cur"] is not None:
@@ -87,28 +92,44 @@ class Probe:
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
         ids, mask = kw["input_ids"], kw["attention_mask"]
+        prefill = kw[CACHE_KW].get_seq_length() == 0
         t = time.perf_counter()
         out = self.orig(*args, **kw)
         dt = time.perf_counter() - t
-        if ids.shape[1] == 1:
-            self.decode_calls, self.decode_s = self.decode_calls + 1, self.decode_s + dt
-            for row, tok, on in zip(self.rows, ids[:, 0].tolist(), mask[:, -1].tolist(),
-                                    strict=True):
-                if on:
-                    self._feed(row, tok)
-        else:
+        if prefill:
             self.prefill_s += dt
             self.rows = [self._row(r[m.bool()].tolist()) for r, m in zip(ids, mask, strict=True)]
-        logits = out.logits[:, -1, :]
+            last = [ids.shape[1] - 1] * len(self.rows)  # left-padded: each row ends last
+        else:
+            n = mask[:, -ids.shape[1]:].sum(-1).tolist()  # a row's chunk is left-aligned
+            if ids.shape[1] == 1:
+                self.decode_calls, self.decode_s = self.decode_calls + 1, self.decode_s + dt
+            else:
+                self.forced_s += dt
+            for row, toks, k in zip(self.rows, ids.tolist(), n, strict=True):
+                for tok in toks[:k]:
+                    self._feed(row, tok)
+            last = [max(k - 1, 0) for k in n]
         for i, row in enumerate(self.rows):
             if row["cur"] is None or row["task"] is None:
                 continue
             kind, k, pos = row["cur"]
             msgs = self.targets[row["task"]].get(kind, [])
             if k < len(msgs) and pos < len(msgs[k]):
-                logits[i] = torch.finfo(logits.dtype).min
-                logits[i, msgs[k][pos]] = 0.0
+                logits = out.logits[i, last[i]]
+                logits[:] = torch.finfo(logits.dtype).min
+                logits[msgs[k][pos]] = 0.0
         return out
+
+    def _select(self, cache: Any, indices: torch.Tensor) -> None:
+        """Rows leaving the batch (or copied from a shared prompt) leave the probe too."""
+        self.rows = [dict(self.rows[i], n=dict(self.rows[i]["n"]), win=list(self.rows[i]["win"]))
+                     for i in indices.tolist()]
+        self.orig_select(cache, indices)
+
+    def close(self) -> None:
+        del self.model.forward
+        DynamicCache.batch_select_indices = self.orig_select  # type: ignore[method-assign]
 
 
 def _push(eng: Engine, r: Any, tok: int, lp: float, cfg: RolloutConfig) -> bool:
@@ -212,12 +233,12 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
     t = time.perf_counter()
     ours = run_episodes(model, tok, tasks, cfg)
     t_ours = time.perf_counter() - t
-    del model.forward  # unwrap; a fresh probe for the reference
-    Probe(model, tok, tasks, guide, cfg)
+    probe.close()  # unwrap; a fresh probe for the reference
+    ref_probe = Probe(model, tok, tasks, guide, cfg)
     t = time.perf_counter()
     ref, ref_forward = reencode_episodes(model, tok, tasks, cfg)
     t_ref = time.perf_counter() - t
-    del model.forward
+    ref_probe.close()
     g_ours, g_ref = (sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in x) for x in (ours, ref))
     ceiling = bw * 1e9 / param_bytes
     fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
@@ -226,6 +247,7 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
         "param_bytes_per_decode_step": param_bytes, "episodes": len(tasks), "guide": guide,
         "ours": {"seconds": t_ours, "generated_tokens": g_ours, "tokens_per_s": g_ours / t_ours,
                  "forward_tokens": sum(len(e.ids) for e in ours), "prefill_s": probe.prefill_s,
+                 "forced_chunk_s": probe.forced_s,
                  "decode_steps": probe.decode_calls, "decode_forward_s": probe.decode_s},
         "reencode": {"seconds": t_ref, "generated_tokens": g_ref, "tokens_per_s": g_ref / t_ref,
                      "forward_tokens": ref_forward},

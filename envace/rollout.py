@@ -269,27 +269,26 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     for m in models:
         m.eval()
     steppers = [HFStepper(m, eng.pad) for m in models]
-    # a row already over the context limit is not encoded at all (one placeholder token)
-    prompts = [r.ids if r.done is None else r.ids[:1] for r in rows]
-    all_logits = [s.prefill(prompts) for s in steppers]
-    while any(r.done is None for r in rows):
+    # the batch holds only live rows (``live``: their indices); a row over the context limit is
+    # never encoded, a finished row leaves the batch
+    live = [i for i, r in enumerate(rows) if r.done is None]
+    all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
+    while live:
         logits = all_logits[0]
         if world_model is not None:  # rows that rehearse next sample from the world model
-            use_wm = torch.tensor([not r.queue and r.gen == "rehearse" for r in rows])
+            use_wm = torch.tensor([not rows[i].queue and rows[i].gen == "rehearse" for i in live])
             logits = torch.where(use_wm[:, None], all_logits[1], all_logits[0])
         toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
         chunks: list[list[int]] = []
-        for i, r in enumerate(rows):
-            if r.done is not None:
-                chunks.append([])
-                continue
+        for j, i in enumerate(live):
+            r = rows[i]
             if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
                 chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
                 chunks.append([t for t, _, _ in chunk])
                 for t, role, step in chunk:
                     r.push(t, role, 0.0, step)
             else:
-                tok, role, lp = int(toks[i]), ACT if r.gen == "act" else REHEARSE, float(logps[i])
+                tok, role, lp = int(toks[j]), ACT if r.gen == "act" else REHEARSE, float(logps[j])
                 step = getattr(r, "current_step", -1) if role == REHEARSE else -1
                 r.buf.append(tok)
                 r.buf_logp += lp
@@ -306,8 +305,13 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
                                            "rehearsed": True})})
             if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
                 r.done = "context_limit"
-        if not any(chunks):
-            break
+        keep = [j for j, i in enumerate(live) if rows[i].done is None]
+        if len(keep) < len(live):  # what a finished row would append is never needed
+            live, chunks = [live[j] for j in keep], [chunks[j] for j in keep]
+            if not live:
+                break
+            for s in steppers:
+                s.select(keep)
         all_logits = [s.extend(chunks) for s in steppers]
     for m, flag in zip(models, was_training, strict=True):
         m.train(flag)

@@ -8,6 +8,7 @@ import torch
 from envace import chat
 from envace.envs.tasks import get_task, split_tasks
 from envace.export import export_real
+from envace.backends.hf import HFStepper
 from envace.models import build_tiny, load_model
 from envace.rollout import ACT, CONTEXT, REHEARSE, Engine, RolloutConfig, run_episodes
 from envace.turns import derive_turn_task
@@ -25,11 +26,15 @@ def test_cached_logprobs_equal_a_full_forward(tiny):
     """Lockstep decoding over one kept cache (left padding, masks, forced text in between)
     gives the same log-probabilities as encoding each finished sequence whole."""
     model, tok = tiny
-    tasks = [derive_turn_task(get_task("multi_turn_base_0"), 1), get_task("multi_turn_base_1"),
-             get_task("multi_turn_base_10")]
+    b1 = get_task("multi_turn_base_1")
+    tasks = [derive_turn_task(get_task("multi_turn_base_0"), 1), b1,
+             get_task("multi_turn_base_10"), b1, b1]
     eps = run_episodes(model, tok, tasks, RolloutConfig(mode="real", max_new_tokens=24,
                                                         max_turns=2, max_context=3000, seed=1))
-    assert len({len(e.ids) for e in eps}) > 1  # rows of different lengths were batched
+    # rows of different lengths were batched (finished rows left the batch early) and the three
+    # rows of one prompt, encoded once, went their own ways
+    assert len({len(e.ids) for e in eps}) > 1
+    assert len({tuple(e.ids) for e in eps[1::2]}) > 1
     for e in eps:
         ids = torch.tensor([e.ids])
         with torch.no_grad():
@@ -42,6 +47,27 @@ def test_cached_logprobs_equal_a_full_forward(tiny):
         assert torch.allclose(got, want, atol=2e-4), (got - want).abs().max()
         # context tokens carry no log-prob; the prompt is exactly the chat encoding
         assert all(e.logprobs[i] == 0.0 for i, r in enumerate(e.roles) if r == CONTEXT)
+
+
+def test_identical_prompts_are_encoded_once(tiny):
+    """The stepper prefills each distinct prompt once; the copies give the same logits as
+    encoding each row on its own, and dropping rows keeps the others' state."""
+    model, tok = tiny
+
+    def alone(ids):
+        return HFStepper(model, 0).prefill([ids])[0]
+
+    a, b = list(range(5, 40)), list(range(50, 70))
+    st = HFStepper(model, 0)
+    got = st.prefill([a, b, a, a])
+    assert st.forward_tokens == len(a) + len(b)  # not 3 * len(a) + len(b)
+    for row, ids in zip(got, [a, b, a, a], strict=True):
+        assert torch.allclose(row, alone(ids), atol=1e-4)
+    st.select([3, 1])
+    got = st.extend([[7, 8], [9]])
+    assert got.shape[0] == 2
+    assert torch.allclose(got[0], alone(a + [7, 8]), atol=1e-4)
+    assert torch.allclose(got[1], alone(b + [9]), atol=1e-4)
 
 
 def test_untrained_policy_ends_cleanly_with_reasons(tiny):

@@ -13,6 +13,10 @@ generated text. Finished rows are masked out (their pads are never attended).
 Forced text is appended in chunks (``extend``): a real response or a user turn costs one forward,
 not one per token. bench/rollout_engine.py compares this with re-encoding the whole sequence at
 every message (what a plain tool loop does).
+
+Identical prompts (the members of a GRPO group, the N plans of test-time rehearsal) are encoded
+once and their cache rows copied (``prefill``); finished rows leave the batch (``select``), so
+the batch never carries an episode that has ended.
 """
 
 from __future__ import annotations
@@ -49,7 +53,31 @@ class HFStepper:
 
     @torch.no_grad()
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Encode left-padded prompts; return the last position's logits per row."""
+        """Encode left-padded prompts; return the last position's logits per row.
+
+        Each distinct prompt is encoded once; rows with the same prompt get copies of its cache.
+        """
+        keys = [tuple(r) for r in rows]
+        first: dict[tuple[int, ...], int] = {}
+        for k in keys:
+            first.setdefault(k, len(first))
+        if len(first) == len(rows):
+            return self._prefill(rows)
+        logits = self._prefill([list(k) for k in first])
+        return self._gather(torch.tensor([first[k] for k in keys], dtype=torch.long), logits)
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only these rows of the batch (in this order); the others are dropped."""
+        self._gather(torch.tensor(list(keep), dtype=torch.long))
+
+    def _gather(self, idx: torch.Tensor, logits: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
+        assert self.cache is not None and self.mask is not None and self.next_pos is not None
+        self.cache.batch_select_indices(idx.to(self.device))
+        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+        return None if logits is None else logits[idx.to(logits.device)]
+
+    def _prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         from transformers import DynamicCache
 
         width = max(len(r) for r in rows)

@@ -360,11 +360,12 @@ class TrainConfig:
         "turn", "train on single user turns (denser reward) or on whole multi-turn tasks"
     )
     desc_chars: int = opt(60, "tool descriptions in the prompt's tool listing are cut to this")
-    reward: Literal["state", "action", "turn_state"] = opt(
+    reward: Literal["state", "action", "turn_state", "action_partial"] = opt(
         "state",
         "state: final environment state after executing the committed calls equals ground "
-        "truth; action: committed calls match ground-truth calls; turn_state: fraction of user "
-        "turns whose end state matches",
+        "truth; action: committed calls match ground-truth calls (F1); action_partial: the same "
+        "F1 with partial credit for the right function and each right argument; turn_state: "
+        "fraction of user turns whose end state matches",
     )
     grounded_lambda: float = opt(
         0.0, "rehearse reward = (1 - lambda) * task reward + lambda * measured fidelity; 0: paper"

@@ -17,6 +17,8 @@ import random
 import sys
 from pathlib import Path
 
+from envace.rewards import REWARDS
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="evaluate in the real environment (optionally rehearsing)",
@@ -28,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--unit", default="turn", choices=["turn", "task"])
     p.add_argument("--rehearsal", default="none", choices=["none", "parallel", "sequential"])
     p.add_argument("--n", type=int, default=2, help="rehearsed plans per task")
-    p.add_argument("--reward", default="state", choices=["state", "turn_state", "action"])
+    p.add_argument("--reward", default="state", choices=list(REWARDS))
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-memory-tokens", type=int, default=768)

@@ -10,6 +10,9 @@ answers; ``grpo``: the real environment answers), score them with the verifier (
 the policy), audit the rehearsed responses against reality, compute role-wise advantages and
 take one optimizer step on the clipped loss. Everything lands in the run directory
 (spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md.
+
+Launched on several processes (``accelerate launch``), each rank takes a share of the step's
+groups and the gradients are summed: see ``envace.distributed``. Rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 
 from envace import grpo
 from envace.checkpoint import load_latest, save_checkpoint, set_rng_state
-from envace.config import TrainConfig, dump_yaml, to_dict
+from envace.config import ConfigError, TrainConfig, dump_yaml, to_dict
+from envace.distributed import Dist, init
 from envace.fidelity import audit_rollouts, fidelity_metrics
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
@@ -52,9 +56,12 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.flush()
 
 
-def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig
-           ) -> dict[str, float]:
-    """One optimizer step per model on the clipped role-wise loss; returns its statistics."""
+def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig,
+           dist: Dist = Dist()) -> dict[str, float]:
+    """One optimizer step per model on the clipped role-wise loss; returns its statistics.
+
+    Under data parallelism ``episodes`` are this rank's share: the loss is normalised by the
+    count over all ranks and the gradients are summed across ranks before the step."""
     stats: dict[str, float] = {}
     for name, model, roles_trained in policy.trainees(cfg.mode):
         def trained(e: Episode, roles_trained: tuple[int, ...] = roles_trained) -> int:
@@ -63,9 +70,11 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         # only episodes with trained tokens; similar lengths together (less padding)
         order = sorted((i for i, e in enumerate(episodes) if trained(e)),
                        key=lambda i: len(episodes[i].ids))
-        total = float(sum(trained(episodes[i]) for i in order))
+        total = dist.sum(sum(trained(episodes[i]) for i in order))
         if total == 0:
             continue
+        # the loss is a sum over micro-batches (and ranks): divide by the global count
+        norm = total if cfg.aggregation == "token_mean" else dist.sum(len(order))
         opt, sched = policy.optimizers[name], policy.schedulers[name]
         opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
@@ -94,7 +103,7 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             loss, st = grpo.policy_loss(
                 lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
                 cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
-                normalizer=total if cfg.aggregation == "token_mean" else None,
+                normalizer=norm,
                 named_masks=grpo.role_masks(roles, mask))
             loss.backward()
             with torch.no_grad():
@@ -104,6 +113,11 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
                 if isinstance(v, float) and math.isfinite(v) and not k.endswith("tokens"):
                     acc[k] = acc.get(k, 0.0) + v * (1.0 if k in ("loss", "pg_loss", "kl_ref")
                                                     else n / total)
+        dist.sum_grads(model.parameters())
+        if dist.active:  # statistics of the whole batch
+            parts = dist.gather(acc)
+            acc = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(set().union(*parts))}
+            ent_sum = dist.sum(ent_sum)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
@@ -128,16 +142,18 @@ def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
     return torch.stack([task, rehearse], dim=1), verdicts
 
 
-def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path
-               ) -> dict[str, Any]:
+def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path,
+               dist: Dist = Dist()) -> dict[str, Any] | None:
+    """One step; returns its metrics record (on rank 0; None on the other ranks)."""
     t0 = time.perf_counter()
     rng = random.Random(cfg.seed * 1_000_003 + step)
-    chosen = rng.sample(tasks, min(cfg.prompts_per_step, len(tasks)))
+    chosen = dist.shard(rng.sample(tasks, min(cfg.prompts_per_step, len(tasks))))
     batch = [t for t in chosen for _ in range(cfg.group_size)]
     rcfg = RolloutConfig(mode=ROLLOUT_MODE[cfg.mode], temperature=cfg.temperature,
                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
-                         desc_chars=cfg.desc_chars, seed=cfg.seed * 1_000_003 + step)
+                         desc_chars=cfg.desc_chars,
+                         seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank)
     episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg, policy.simulator,
                                    policy.world_model)
     t_roll = time.perf_counter()
@@ -147,6 +163,20 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     rewards, verdicts = rewards_for(episodes, cfg, fid)
     has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
     adv = grpo.role_advantages(rewards, [e.task.id for e in episodes], has, cfg.scale_by_std)
+    t_audit = time.perf_counter()
+    st = update(policy, episodes, adv.float(), cfg, dist)
+    t_end = time.perf_counter()
+    if dist.active:  # rank 0 writes and logs the whole batch, groups in their sampled order
+        g = cfg.group_size
+        mine = [(episodes[k:k + g], verdicts[k:k + g], rewards[k:k + g], has[k:k + g],
+                 adv[k:k + g]) for k in range(0, len(episodes), g)]
+        groups = dist.gather_ordered(mine)
+        rows = [r for part in dist.gather(rows) for r in part]
+        if not dist.is_main:
+            return None
+        episodes = [e for grp in groups for e in grp[0]]
+        verdicts = [v for grp in groups for v in grp[1]]
+        rewards, has, adv = (torch.cat([grp[i] for grp in groups]) for i in (2, 3, 4))
     with TrajectoryWriter(rollout_file, mode="w") as w:
         for i, (e, v) in enumerate(zip(episodes, verdicts, strict=True)):
             e.trajectory.id = f"s{step}-{i}-{e.task.id}"
@@ -157,9 +187,6 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             w.write(e.trajectory)
     audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
                    run_dir / "audit" / f"step_{step}", str(rollout_file))
-    t_audit = time.perf_counter()
-    st = update(policy, episodes, adv.float(), cfg)
-    t_end = time.perf_counter()
     n_act = sum(e.tokens(ACT) for e in episodes)
     n_reh = sum(e.tokens(REHEARSE) for e in episodes)
     ends: dict[str, int] = {}
@@ -180,7 +207,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
         "tokens/context": sum(len(e.ids) for e in episodes) - n_act - n_reh,
         "tokens_per_s": (n_act + n_reh) / (t_end - t0),
         "seconds/rollout": t_roll - t0, "seconds/audit": t_audit - t_roll,
-        "seconds/update": t_end - t_audit, "calls/per_episode": sum(
+        "seconds/update": t_end - t_audit, "ranks": dist.world, "calls/per_episode": sum(
             len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
         **ends, **fidelity_metrics(rows, cfg.audit_scorers),
     }
@@ -192,16 +219,23 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     on another backend (the vLLM engines); by default ``cfg.backend`` decides."""
     from envace.train_report import finish_run
 
+    dist = init()
+    if cfg.prompts_per_step < dist.world:
+        raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} is fewer than the "
+                          f"{dist.world} processes: every rank needs at least one group")
+    progress = progress and dist.is_main
     run_dir = cfg.run_dir
     state = load_latest(run_dir) if resume else None
     if resume and (run_dir / "config.yaml").exists():
         from envace.train_setup import check_same_config
 
         check_same_config(run_dir, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
-    (run_dir / "RUNNING").write_text(str(time.time()))
-    policy = build_policy(cfg, run_dir, state, progress=progress)
+    dist.barrier()  # every rank has read the old config before rank 0 rewrites it
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, run_dir / "config.yaml")
+        (run_dir / "RUNNING").write_text(str(time.time()))
+    policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
     if rollout is not None:
         policy.rollout = rollout
     tasks = fitting_tasks(training_tasks(cfg), policy.tokenizer, cfg)
@@ -210,13 +244,15 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     if state is not None:
         start = state["step"] + 1
         set_rng_state(state["rng"])
-        _truncate_metrics(metrics, state["step"])
-    elif metrics.exists():
+        if dist.is_main:
+            _truncate_metrics(metrics, state["step"])
+    elif metrics.exists() and dist.is_main:
         metrics.unlink()
     torch.manual_seed(cfg.seed)
     try:
-        _loop(cfg, policy, tasks, run_dir, start, metrics, progress)
-        finish_run(cfg, policy, run_dir, progress=progress)
+        _loop(cfg, policy, tasks, run_dir, start, metrics, progress, dist)
+        if dist.is_main:  # the other ranks are done: evaluation runs on one process
+            finish_run(cfg, policy, run_dir, progress=progress)
     finally:
         if rollout is None:  # engines we started; a caller's stay running
             policy.close()
@@ -224,9 +260,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
 
 
 def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
-          metrics: Path, progress: bool) -> None:
+          metrics: Path, progress: bool, dist: Dist = Dist()) -> None:
     for step in range(start, cfg.steps):
-        record = train_step(step, policy, tasks, cfg, run_dir)
+        record = train_step(step, policy, tasks, cfg, run_dir, dist)
+        if record is None:  # not rank 0
+            continue
         _append_jsonl(metrics, record)
         if progress:
             print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "

@@ -57,7 +57,9 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
+    if not (run_dir / "metrics.jsonl").exists():  # steps=0: the starting point evaluated alone
+        return out
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
             out.append(json.loads(line))

@@ -14,6 +14,7 @@ import yaml
 
 from envace.checkpoint import save_checkpoint
 from envace.config import ConfigError, TrainConfig, to_dict
+from envace.distributed import Dist
 from envace.envs.tasks import Task, split_tasks
 from envace.models import default_cache_dir, load_model, resolve_model
 from envace.rollout import ACT, REHEARSE
@@ -122,7 +123,7 @@ def _optim(model: Any, cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
-                 progress: bool = True) -> Policy:
+                 progress: bool = True, dist: Dist = Dist()) -> Policy:
     torch.manual_seed(cfg.seed)
     if state is not None:  # resume: weights from the checkpoint
         folder = state["folder"]
@@ -130,15 +131,19 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         path = Path(state["info"].get("initial_model", folder / "policy"))
         wm = load_model(folder / "world_model")[0] if (folder / "world_model").exists() else None
     else:
+        if not dist.is_main:  # rank 0 makes (SFT, tiny build) or finds the model first
+            dist.barrier()
         path = initial_model_path(cfg, run_dir, progress)
+        if dist.is_main:
+            dist.barrier()
         model, tok = load_model(path)
         wm = None
         if cfg.mode == "split":
             wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
                 if cfg.world_model else copy.deepcopy(model)
     if torch.cuda.is_available():  # one device per process; multi-GPU: see README, Scaling
-        model = model.cuda()
-        wm = wm.cuda() if wm is not None else None
+        model = model.to(dist.device())
+        wm = wm.to(dist.device()) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout
         from envace.backends.vllm_backend import VLLMRollouts

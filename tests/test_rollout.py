@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from envace import chat
+from envace.backends.hf import HFStepper
 from envace.envs.tasks import get_task, split_tasks
 from envace.export import export_real
-from envace.backends.hf import HFStepper
 from envace.models import build_tiny, load_model
 from envace.rollout import ACT, CONTEXT, REHEARSE, Engine, RolloutConfig, run_episodes
 from envace.turns import derive_turn_task

@@ -16,7 +16,7 @@ from envace.envs.bfcl import BFCLEnv
 from envace.envs.tasks import get_task
 from envace.envs.verify import ground_truth_calls
 from envace.evaluate import pass_at_k
-from envace.rewards import action_f1, task_reward
+from envace.rewards import action_f1, partial_action_f1, task_reward
 from envace.train import _truncate_metrics
 
 ENVACE = [sys.executable, "-m", "envace.cli"]
@@ -42,12 +42,37 @@ def test_action_f1_bounded_symmetric(x, y):
     assert action_f1(x, x) == 1.0
 
 
+def test_partial_action_f1_known_answers():
+    a, b = ("cd", {"folder": "x"}), ("mv", {"source": "a", "destination": "b"})
+    assert partial_action_f1([a, b], [b, a]) == 1.0
+    assert partial_action_f1([("cd", {"folder": "y"})], [a]) == pytest.approx(0.5)  # name only
+    # one of two arguments right: 0.75; the call ls() matches nothing: p = 0.75/2, r = 0.75
+    half = ("mv", {"source": "a", "destination": "c"})
+    assert partial_action_f1([half], [b]) == pytest.approx(0.75)
+    assert partial_action_f1([half, ("ls", {})], [b]) == pytest.approx(2 * 0.375 * 0.75 / 1.125)
+    assert partial_action_f1([], [a]) == 0.0 and partial_action_f1([], []) == 1.0
+    # the matching is one to one and the best one: the exact call takes the exact match
+    assert partial_action_f1([("cd", {"folder": "z"}), a], [a, ("cd", {"folder": "q"})]) == \
+        pytest.approx((1 + 0.5) / 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls, calls)
+def test_partial_action_f1_properties(x, y):
+    v = partial_action_f1(x, y)
+    assert 0.0 <= v <= 1.0 + 1e-12 and v == pytest.approx(partial_action_f1(y, x))
+    assert partial_action_f1(x, x) == pytest.approx(1.0)
+    assert v >= action_f1(x, y) - 1e-12  # partial credit never gives less than exact matching
+    if not {n for n, _ in x} & {n for n, _ in y} and (x or y):
+        assert v == 0.0  # no function in common: nothing to credit
+
+
 def test_task_rewards_on_ground_truth_and_on_nothing():
     task = get_task("multi_turn_base_0")
     env = BFCLEnv()
     env.reset(task)
     truth = ground_truth_calls(task, env)
-    for kind in ("state", "turn_state", "action"):
+    for kind in ("state", "turn_state", "action", "action_partial"):
         assert task_reward(kind, task, truth)["reward"] == 1.0
         assert task_reward(kind, task, [[] for _ in truth])["reward"] == 0.0
     half = [turn if i < 2 else [] for i, turn in enumerate(truth)]

@@ -29,7 +29,7 @@ cache is then reset: its blocks hold keys and values computed with the old weigh
 runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so tensors are handed over, not
 serialized. Under ``accelerate``/``torchrun`` every rank runs its own engine on its own GPU
 (``distributed_executor_backend="external_launcher"``), generates its share of episodes, and
-syncs from its replica (DDP) or from a gathered full state dict (FSDP).
+syncs from its own replica (data parallel: every rank holds the full model).
 
 Logprobs are vLLM's ``processed_logprobs`` (after temperature): with ``top_p=1`` these equal the
 trainer's ``log_softmax(logits / temperature)``; with ``top_p<1`` vLLM renormalises over the

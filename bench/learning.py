@@ -1,13 +1,16 @@
 """Is learning real? Compare trained runs with their starting point on the same dev tasks.
 
-    .venv/bin/python -m bench.learning --base runs/learn-base \
-        --runs runs/learn-envace runs/learn-grpo
+    .venv/bin/python -m bench.learning --base runs/learn2-base \
+        --runs runs/learn2-envace runs/learn2-grpo runs/learn2-split
 
 Each run directory holds the final evaluation on dev (``eval/dev/trajectories.jsonl``: reward and
-success per task, same tasks in every run: ``eval_tasks`` is sampled with the run's seed) and the
-per-step training reward (``metrics.jsonl``). Reports, per run: dev reward and success with the
-paired bootstrap interval of the difference from the base (over tasks), and the training reward
-of the first and last steps. Writes bench/results/learning_tiny.json.
+success per task, same tasks in every run: ``eval_tasks`` is sampled with the run's seed), the
+rehearsed evaluation's audit (``eval/dev_rehearsed/audit/summary.json``: how often the model's
+own rehearsed responses diverge from reality) and the per-step training rollouts
+(``rollouts/step_*.jsonl``, reward per episode). Reports, per run: dev reward and success with
+the paired bootstrap interval of the difference from the base (over tasks), dev fidelity, and
+the training reward of the first and last third of the steps with a bootstrap interval of the
+difference (over episodes). Writes bench/results/learning_tiny.json.
 
 The runs are made with the project's own commands (README, "Learning at the tiny scale").
 """
@@ -38,13 +41,44 @@ def paired_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0)
     return [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))]
 
 
+def boot_diff(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0) -> list[float]:
+    """95 % interval of mean(b) - mean(a), resampling each side on its own (unpaired)."""
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a), np.asarray(b)
+    d = (xb[rng.integers(0, len(xb), (n_boot, len(xb)))].mean(1)
+         - xa[rng.integers(0, len(xa), (n_boot, len(xa)))].mean(1))
+    return [float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))]
+
+
+def step_rewards(run: Path) -> list[list[float]]:
+    out = []
+    files = sorted((run / "rollouts").glob("step_*.jsonl"), key=lambda f: int(f.stem[5:]))
+    for f in files:
+        out.append([float(json.loads(x).get("reward") or 0.0)
+                    for x in f.read_text().splitlines() if x.strip()])
+    return out
+
+
+def fidelity(run: Path) -> dict:
+    path = run / "eval" / "dev_rehearsed" / "audit" / "summary.json"
+    if not path.exists():
+        return {}
+    reh = (json.loads(path.read_text()).get("by_source") or {}).get("rehearsed") or {}
+    return {"steps": reh.get("steps"), "divergence_rate": reh.get("divergence_rate"),
+            "divergence_ci": reh.get("divergence_ci")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--runs", nargs="+", required=True)
     args = ap.parse_args()
     base = per_task(Path(args.base))
-    rows, res = [], {"base": args.base, "runs": {}}
+    rows, rows2, res = [], [], {"base": args.base, "base_fidelity": fidelity(Path(args.base)),
+                                "runs": {}}
+    bf = res["base_fidelity"]
+    rows2.append(["start (cold start)", 0, f"{np.mean([v[1] for v in base.values()]):.1%}",
+                  f"{np.mean([v[0] for v in base.values()]):.3f}", _div(bf)])
     for run in args.runs:
         cur = per_task(Path(run))
         tasks = sorted(set(base) & set(cur))
@@ -53,28 +87,51 @@ def main() -> None:
         sa = [float(base[t][1]) for t in tasks]
         sb = [float(cur[t][1]) for t in tasks]
         metrics = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-        k = max(1, len(metrics) // 3)
-        first = float(np.mean([m["reward/mean"] for m in metrics[:k]]))
-        last = float(np.mean([m["reward/mean"] for m in metrics[-k:]]))
-        div = [m.get("fidelity/divergence_rate") for m in metrics]
+        per_step = step_rewards(Path(run))
+        k = max(1, len(per_step) // 3)
+        first = [r for step in per_step[:k] for r in step]
+        last = [r for step in per_step[-k:] for r in step]
+        cfg = {}
+        if (Path(run) / "config.yaml").exists():
+            import yaml
+
+            cfg = yaml.safe_load((Path(run) / "config.yaml").read_text())
         res["runs"][run] = {
+            "mode": cfg.get("mode"), "reward": cfg.get("reward"), "lr": cfg.get("lr"),
             "tasks": len(tasks), "steps": len(metrics),
             "dev_reward_base": float(np.mean(a)), "dev_reward": float(np.mean(b)),
             "dev_reward_diff_ci": paired_ci(a, b),
             "dev_success_base": float(np.mean(sa)), "dev_success": float(np.mean(sb)),
             "dev_success_diff_ci": paired_ci(sa, sb),
-            "train_reward_first_third": first, "train_reward_last_third": last,
-            "train_divergence_by_step": div,
+            "dev_fidelity": fidelity(Path(run)),
+            "train_reward_first_third": float(np.mean(first)),
+            "train_reward_last_third": float(np.mean(last)),
+            "train_reward_diff_ci": boot_diff(first, last),
+            "train_reward_by_step": [float(np.mean(x)) for x in per_step],
+            "train_divergence_by_step": [m.get("fidelity/divergence_rate") for m in metrics],
         }
         r = res["runs"][run]
-        ci = r["dev_reward_diff_ci"]
+        ci, tci = r["dev_reward_diff_ci"], r["train_reward_diff_ci"]
         rows.append([Path(run).name, len(tasks), f"{r['dev_reward_base']:.3f}",
                      f"{r['dev_reward']:.3f}", f"[{ci[0]:+.3f}, {ci[1]:+.3f}]",
                      f"{r['dev_success_base']:.1%} -> {r['dev_success']:.1%}",
-                     f"{first:.3f} -> {last:.3f}"])
+                     f"{r['train_reward_first_third']:.3f} -> {r['train_reward_last_third']:.3f}",
+                     f"[{tci[0]:+.3f}, {tci[1]:+.3f}]"])
+        rows2.append([f"{r['mode']} ({Path(run).name})", len(metrics),
+                      f"{r['dev_success']:.1%}", f"{r['dev_reward']:.3f}",
+                      _div(r["dev_fidelity"])])
     print(table(rows, ["run", "dev tasks", "base reward", "trained reward", "diff 95% CI",
-                       "dev success", "train reward first->last third"]))
+                       "dev success", "train reward first->last third", "diff 95% CI"]))
+    print(table(rows2, ["policy", "steps", "dev success", "dev reward",
+                        "rehearsed responses diverging (95% CI)"]))
     print("->", write_result("learning_tiny", res))
+
+
+def _div(f: dict) -> str:
+    if not f or f.get("divergence_rate") is None:
+        return "–"
+    ci = f.get("divergence_ci") or [float("nan")] * 2
+    return f"{f['divergence_rate']:.1%} [{ci[0]:.1%}, {ci[1]:.1%}] of {f['steps']}"
 
 
 if __name__ == "__main__":

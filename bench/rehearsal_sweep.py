@@ -2,10 +2,13 @@
 sequential} x {base, trained} on dev, with 95 % intervals and the tokens each setting spent.
 
     .venv/bin/python -m bench.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
-        [--name rehearsal_sweep_tiny] [--max-n 3]
+        [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial]
 
 Every setting evaluates the same dev tasks (per-turn) with the same seeds; success is BFCL's
-state check of the committed calls. Writes bench/results/<name>.json.
+state check of the committed calls, reward the chosen task reward of the commit (denser than
+success at small scale). Each rehearsal setting is compared with the same model's no-rehearsal
+run task by task: the paired bootstrap 95 % interval of the reward difference. Results are
+rewritten after every setting (bench/results/<name>.json), so a stopped sweep keeps what it ran.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench.machine import table, write_result
 from envace.eval_cli import select_tasks
@@ -27,10 +33,15 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=30)
     ap.add_argument("--max-n", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--reward", default="action_partial")
     ap.add_argument("--name", default="rehearsal_sweep")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="envace-sweep-"))
-    rows, res = [], {"tasks": args.tasks, "settings": {}}
+    rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
+                     "max_new_tokens": args.max_new_tokens, "settings": {}}
+    head = ["model", "strategy", "N", "success", "95% CI", f"{args.reward} reward",
+            "diff vs N=0 (95% CI)", "rehearsal tokens/task", "rehearsal divergence"]
     for spec in args.models:
         label, path = spec.split("=", 1)
         model, tok = load_model(path)
@@ -38,26 +49,42 @@ def main() -> None:
         grid = [("none", 0)] + [(s, n) for s in ("parallel", "sequential")
                                 for n in range(1, args.max_n + 1)]
         for strategy, n in grid:
-            s = RehearsalSettings(strategy=strategy, n=n, max_new_tokens=args.max_new_tokens)
+            s = RehearsalSettings(strategy=strategy, n=n, max_new_tokens=args.max_new_tokens,
+                                  max_turns=args.max_turns)
             r = evaluate_with_rehearsal(model, tok, tasks, s, out / f"{label}-{strategy}-{n}",
-                                        model_name=path)
+                                        reward=args.reward, model_name=path)
             key = f"{label}/{strategy}/{n}"
             res["settings"][key] = {k: r[k] for k in ("success_rate", "success_ci", "attempts",
-                                                      "budget", "rehearsal_audit",
-                                                      "fidelity_vs_success")}
+                                                      "reward_mean", "per_attempt", "budget",
+                                                      "rehearsal_audit", "fidelity_vs_success")}
             res["settings"][key]["model"] = path
+            diff = None
+            if strategy != "none":
+                base = res["settings"][f"{label}/none/0"]["per_attempt"]
+                diff = paired_diff_ci([a["reward"] for a in base],
+                                      [a["reward"] for a in r["per_attempt"]])
+                res["settings"][key]["reward_diff_vs_none"] = diff
             ci = r["success_ci"]
             div = (r["rehearsal_audit"] or {}).get("divergence_rate")
             rows.append([label, strategy, n, f"{r['success_rate']:.1%}",
-                         f"[{ci[0]:.1%}, {ci[1]:.1%}]",
+                         f"[{ci[0]:.1%}, {ci[1]:.1%}]", f"{r['reward_mean']:.3f}",
+                         "–" if diff is None else
+                         f"{diff['mean']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]",
                          round(r["budget"].get("rehearsal_tokens", 0)),
                          "–" if div is None else f"{div:.1%}"])
-            print(table(rows[-1:], ["model", "strategy", "N", "success", "95% CI",
-                                    "rehearsal tokens/task", "rehearsal divergence"]),
-                  flush=True)
-    print(table(rows, ["model", "strategy", "N", "success", "95% CI", "rehearsal tokens/task",
-                       "rehearsal divergence"]))
+            print(table(rows[-1:], head), flush=True)
+            write_result(args.name, res)
+    print(table(rows, head))
     print("->", write_result(args.name, res))
+
+
+def paired_diff_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0
+                   ) -> dict[str, Any]:
+    """Mean of b - a over paired attempts and its percentile-bootstrap 95 % interval."""
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
+    boots = d[np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
+    return {"mean": float(d.mean()),
+            "ci": [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))]}
 
 
 if __name__ == "__main__":

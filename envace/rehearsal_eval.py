@@ -62,6 +62,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
     budgets: list[dict[str, float]] = []
     plan_ids: list[list[str]] = []
     successes: list[bool] = []
+    per_attempt: list[dict[str, Any]] = []
     plans_file = out / "plans.jsonl"
     with TrajectoryWriter(out / "trajectories.jsonl", mode="w") as w, \
             TrajectoryWriter(plans_file, mode="w") as wp:
@@ -93,6 +94,8 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
                 budgets.append(res["budget"])
                 plan_ids.append(ids)
                 successes.append(v["success"])
+                per_attempt.append({"task": task.id, "seed": seed, "success": v["success"],
+                                    "reward": v["reward"]})
     audit = None
     fidelity: list[float] = [float("nan")] * len(successes)
     if any(plan_ids):
@@ -108,7 +111,10 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
         "strategy": s.strategy, "n": s.n, "tasks": len(tasks), "seeds": seeds, "attempts": n,
         "successes": k, "success_rate": k / n if n else None,
         "success_ci": list(wilson_ci(k, n)),
+        "reward": reward,
+        "reward_mean": sum(a["reward"] for a in per_attempt) / n if n else None,
         "pass_at_k": {str(j): pass_at_k(list(per_task.values()), j) for j in range(1, seeds + 1)},
+        "per_attempt": per_attempt,
         "by_backend": {b: {"attempts": len(v), "success_rate": sum(v) / len(v)}
                        for b, v in sorted(by_backend.items())},
         "budget": {key: sum(b[key] for b in budgets) / len(budgets) for key in budgets[0]}

@@ -261,11 +261,23 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
 
 def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
           metrics: Path, progress: bool, dist: Dist = Dist()) -> None:
+    from envace.reporting import make_reporter
+
+    reporter = make_reporter(cfg.report_to if dist.is_main else "none", run_dir, to_dict(cfg))
+    try:
+        _steps(cfg, policy, tasks, run_dir, start, metrics, progress, dist, reporter)
+    finally:
+        reporter.close()
+
+
+def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
+           metrics: Path, progress: bool, dist: Dist, reporter: Any) -> None:
     for step in range(start, cfg.steps):
         record = train_step(step, policy, tasks, cfg, run_dir, dist)
         if record is None:  # not rank 0
             continue
         _append_jsonl(metrics, record)
+        reporter.log(record, step)
         if progress:
             print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
                   f"success {record['success/mean']:.2f} divergence "

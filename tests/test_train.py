@@ -111,11 +111,17 @@ def test_train_smoke_end_to_end(tmp_path):
     """cleanrl-style: the whole entry point with a tiny budget, as a subprocess."""
     r = _run("train", f"output_dir={tmp_path}", "run_name=smoke", "steps=2",
              "prompts_per_step=2", "group_size=2", "eval_tasks=2", "max_new_tokens=12",
-             "max_turns=2", "checkpoint_every=1", "--quiet")
+             "max_turns=2", "checkpoint_every=1", "report_to=tensorboard", "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
     run = tmp_path / "smoke"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rows] == [0, 1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard")).Reload()
+    logged = events.Scalars("reward/mean")
+    assert [e.step for e in logged] == [0, 1]
+    assert [e.value for e in logged] == pytest.approx([m["reward/mean"] for m in rows])
     for key in ("reward/mean", "tokens/act", "seconds/rollout", "tokens_per_s"):
         assert key in rows[0]
     assert (run / "rollouts" / "step_1.jsonl").exists()
@@ -127,3 +133,13 @@ def test_train_smoke_end_to_end(tmp_path):
     # resuming with another configuration is refused, naming what changed
     r = _run("train", "--resume", str(run), "lr=0.5", "--quiet")
     assert r.returncode == 2 and "another configuration" in r.stderr and "lr" in r.stderr
+
+
+def test_train_with_zero_steps_evaluates_the_starting_point(tmp_path):
+    r = _run("train", f"output_dir={tmp_path}", "run_name=start", "steps=0", "eval_tasks=1",
+             "max_new_tokens=8", "max_turns=1", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "start"
+    assert (run / "eval" / "dev" / "summary.json").exists()
+    assert "Evaluation" in (run / "report.md").read_text()
+    assert not (run / "metrics.jsonl").exists()

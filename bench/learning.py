@@ -26,12 +26,22 @@ import numpy as np
 from bench.machine import table, write_result
 
 
-def per_task(run: Path) -> dict[str, tuple[float, bool]]:
-    out = {}
-    for line in (run / "eval" / "dev" / "trajectories.jsonl").read_text().splitlines():
+def eval_split(run: Path) -> str:
+    import yaml
+
+    return (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("eval_split", "dev")
+
+
+def per_task(run: Path) -> dict[str, tuple[float, float]]:
+    """Mean reward and success per evaluated task (over its samples, ``eval_seeds``)."""
+    acc: dict[str, list[tuple[float, bool]]] = {}
+    path = run / "eval" / eval_split(run) / "trajectories.jsonl"
+    for line in path.read_text().splitlines():
         r = json.loads(line)
-        out[r["task_id"]] = (float(r.get("reward") or 0.0), bool(r["meta"].get("success")))
-    return out
+        acc.setdefault(r["task_id"], []).append(
+            (float(r.get("reward") or 0.0), bool(r["meta"].get("success"))))
+    return {t: (float(np.mean([x[0] for x in v])), float(np.mean([x[1] for x in v])))
+            for t, v in acc.items()}
 
 
 def paired_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0) -> list[float]:
@@ -60,7 +70,7 @@ def step_rewards(run: Path) -> list[list[float]]:
 
 
 def fidelity(run: Path) -> dict:
-    path = run / "eval" / "dev_rehearsed" / "audit" / "summary.json"
+    path = run / "eval" / f"{eval_split(run)}_rehearsed" / "audit" / "summary.json"
     if not path.exists():
         return {}
     reh = (json.loads(path.read_text()).get("by_source") or {}).get("rehearsed") or {}
@@ -84,8 +94,8 @@ def main() -> None:
         tasks = sorted(set(base) & set(cur))
         a = [base[t][0] for t in tasks]
         b = [cur[t][0] for t in tasks]
-        sa = [float(base[t][1]) for t in tasks]
-        sb = [float(cur[t][1]) for t in tasks]
+        sa = [base[t][1] for t in tasks]
+        sb = [cur[t][1] for t in tasks]
         metrics = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
         per_step = step_rewards(Path(run))
         k = max(1, len(per_step) // 3)
@@ -98,6 +108,8 @@ def main() -> None:
             cfg = yaml.safe_load((Path(run) / "config.yaml").read_text())
         res["runs"][run] = {
             "mode": cfg.get("mode"), "reward": cfg.get("reward"), "lr": cfg.get("lr"),
+            "eval_split": cfg.get("eval_split"), "train_tasks": cfg.get("train_tasks"),
+            "eval_seeds": cfg.get("eval_seeds"),
             "tasks": len(tasks), "steps": len(metrics),
             "dev_reward_base": float(np.mean(a)), "dev_reward": float(np.mean(b)),
             "dev_reward_diff_ci": paired_ci(a, b),

@@ -356,6 +356,9 @@ class TrainConfig:
 
     # tasks and reward
     split: str = opt("train", "task split to train on (a file in data/)")
+    train_tasks: int = opt(
+        0, "train on a fixed pool of this many tasks of `split` (sampled with the seed); 0: all. "
+        "With eval_split equal to split the evaluation uses the same pool (a memorisation check)")
     task_unit: Literal["turn", "task"] = opt(
         "turn", "train on single user turns (denser reward) or on whole multi-turn tasks"
     )
@@ -405,6 +408,7 @@ class TrainConfig:
     eval_every: int = opt(50, "evaluate every N steps; 0: never")
     eval_split: str = opt("dev", "task split to evaluate on")
     eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all")
+    eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)")
     eval_temperature: float = opt(0.6, "sampling temperature in evaluation (reference 0.6)")
     eval_top_p: float = opt(0.95, "nucleus sampling in evaluation (reference 0.95)")
     audit_scorers: list[str] = opt(
@@ -478,9 +482,10 @@ class TrainConfig:
         require(self.sft_steps >= 0, "sft_steps must be >= 0 (0: no cold start)")
         require(self.sft_lr is None or self.sft_lr > 0,
                 f"sft_lr={self.sft_lr}: set a positive learning rate or null")
-        for name in ("eval_every", "eval_tasks", "checkpoint_every"):
+        for name in ("eval_every", "eval_tasks", "checkpoint_every", "train_tasks"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
         require(self.log_every >= 1, "log_every must be >= 1")
+        require(self.eval_seeds >= 1, "eval_seeds must be >= 1")
         require(
             not self.audit_scorers or self.verdict_scorer in self.audit_scorers,
             f"verdict_scorer={self.verdict_scorer!r} is not among audit_scorers="

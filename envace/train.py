@@ -34,7 +34,7 @@ from envace.fidelity import audit_rollouts, fidelity_metrics
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
-from envace.train_setup import Policy, build_policy, fitting_tasks, training_tasks
+from envace.train_setup import Policy, build_policy, training_pool
 
 TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
            "grpo": (ACT,)}
@@ -238,7 +238,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
     if rollout is not None:
         policy.rollout = rollout
-    tasks = fitting_tasks(training_tasks(cfg), policy.tokenizer, cfg)
+    tasks = training_pool(cfg, policy.tokenizer)
     start = 0
     metrics = run_dir / "metrics.jsonl"
     if state is not None:

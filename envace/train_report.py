@@ -18,6 +18,11 @@ from envace.evaluate import EvalSettings, evaluate
 def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
     from envace.turns import turn_tasks
 
+    if cfg.train_tasks and cfg.eval_split == cfg.split:  # the training pool itself
+        from envace.train_setup import training_pool
+
+        pool = training_pool(cfg, tokenizer)
+        return pool[:cfg.eval_tasks] if cfg.eval_tasks else pool
     tasks = split_tasks(cfg.eval_split)
     if cfg.task_unit == "turn":
         tasks = turn_tasks(tasks)
@@ -33,7 +38,7 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
     from audit.pipeline import AuditOptions, run_audit
 
     tasks = eval_tasks(cfg, policy.tokenizer)
-    base = dict(temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
+    base = dict(seeds=cfg.eval_seeds, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
                 max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
                 max_context=cfg.max_context_tokens, reward=cfg.reward, desc_chars=cfg.desc_chars)
     if progress:

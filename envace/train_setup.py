@@ -73,6 +73,16 @@ def training_tasks(cfg: TrainConfig) -> list[Task]:
     return turn_tasks(tasks) if cfg.task_unit == "turn" else tasks
 
 
+def training_pool(cfg: TrainConfig, tokenizer: Any) -> list[Task]:
+    """The tasks a run trains on: those of `split` that fit, or a fixed seeded pool of them."""
+    import random
+
+    tasks = fitting_tasks(training_tasks(cfg), tokenizer, cfg)
+    if cfg.train_tasks and len(tasks) > cfg.train_tasks:
+        tasks = random.Random(cfg.seed).sample(tasks, cfg.train_tasks)
+    return tasks
+
+
 def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[Task]:
     """Tasks whose prompt leaves room for at least two messages within the context limit."""
     from envace import chat

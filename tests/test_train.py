@@ -143,3 +143,23 @@ def test_train_with_zero_steps_evaluates_the_starting_point(tmp_path):
     assert (run / "eval" / "dev" / "summary.json").exists()
     assert "Evaluation" in (run / "report.md").read_text()
     assert not (run / "metrics.jsonl").exists()
+
+
+def test_a_fixed_training_pool_is_what_the_run_trains_and_evaluates_on():
+    from transformers import AutoTokenizer
+
+    from envace.config import TrainConfig
+    from envace.train_report import eval_tasks
+    from envace.train_setup import training_pool
+
+    root = Path(__file__).resolve().parents[1]
+    tok = AutoTokenizer.from_pretrained(root / "data/models/tiny-sft")
+    cfg = TrainConfig(train_tasks=5, eval_split="train", eval_tasks=0, max_new_tokens=16)
+    pool = training_pool(cfg, tok)
+    assert len(pool) == 5 and len({t.id for t in pool}) == 5
+    assert [t.id for t in training_pool(cfg, tok)] == [t.id for t in pool]  # seeded
+    assert [t.id for t in eval_tasks(cfg, tok)] == [t.id for t in pool]
+    other = TrainConfig(train_tasks=5, seed=1, max_new_tokens=16)
+    assert {t.id for t in training_pool(other, tok)} != {t.id for t in pool}
+    dev = TrainConfig(train_tasks=5, eval_split="dev", eval_tasks=3, max_new_tokens=16)
+    assert not {t.id for t in eval_tasks(dev, tok)} & {t.id for t in pool}

@@ -10,7 +10,7 @@ own rehearsed responses diverge from reality) and the per-step training rollouts
 (``rollouts/step_*.jsonl``, reward per episode). Reports, per run: dev reward and success with
 the paired bootstrap interval of the difference from the base (over tasks), dev fidelity, and
 the training reward of the first and last third of the steps with a bootstrap interval of the
-difference (over episodes). Writes bench/results/learning_tiny.json.
+difference (over episodes). Writes bench/results/<--name>.json.
 
 The runs are made with the project's own commands (README, "Learning at the tiny scale").
 """
@@ -82,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--runs", nargs="+", required=True)
+    ap.add_argument("--name", default="learning_tiny", help="bench/results/<name>.json")
     args = ap.parse_args()
     base = per_task(Path(args.base))
     rows, rows2, res = [], [], {"base": args.base, "base_fidelity": fidelity(Path(args.base)),
@@ -136,7 +137,7 @@ def main() -> None:
                        "dev success", "train reward first->last third", "diff 95% CI"]))
     print(table(rows2, ["policy", "steps", "dev success", "dev reward",
                         "rehearsed responses diverging (95% CI)"]))
-    print("->", write_result("learning_tiny", res))
+    print("->", write_result(args.name, res))
 
 
 def _div(f: dict) -> str:

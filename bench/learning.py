@@ -133,9 +133,9 @@ def main() -> None:
         rows2.append([f"{r['mode']} ({Path(run).name})", len(metrics),
                       f"{r['dev_success']:.1%}", f"{r['dev_reward']:.3f}",
                       _div(r["dev_fidelity"])])
-    print(table(rows, ["run", "dev tasks", "base reward", "trained reward", "diff 95% CI",
-                       "dev success", "train reward first->last third", "diff 95% CI"]))
-    print(table(rows2, ["policy", "steps", "dev success", "dev reward",
+    print(table(rows, ["run", "eval tasks", "base reward", "trained reward", "diff 95% CI",
+                       "eval success", "train reward first->last third", "diff 95% CI"]))
+    print(table(rows2, ["policy", "steps", "eval success", "eval reward",
                         "rehearsed responses diverging (95% CI)"]))
     print("->", write_result(args.name, res))
 

@@ -29,12 +29,21 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup_vllm] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-# the project's dependencies (and test extras) without torch: vllm decides which torch
+# the project's dependencies (and test extras, with the extras they name expanded) without
+# torch: vllm decides which torch; envace itself is installed below, from this checkout
 mapfile -t DEPS < <("$VENV/bin/python" - <<'EOF'
+import re
 import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for d in p["dependencies"] + p["optional-dependencies"]["test"]:
-    if not d.replace(" ", "").startswith("torch"):
+extras = p["optional-dependencies"]
+todo, seen = list(p["dependencies"] + extras["test"]), set()
+while todo:
+    d = todo.pop(0).replace(" ", "")
+    self_ref = re.fullmatch(r"envace\[(.+)\]", d)
+    if self_ref:
+        todo += [x for e in self_ref.group(1).split(",") for x in extras[e]]
+    elif not d.startswith("torch") and d not in seen:
+        seen.add(d)
         print(d)
 EOF
 )

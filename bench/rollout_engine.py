@@ -39,11 +39,12 @@ from transformers import DynamicCache
 
 from bench.machine import table, write_result
 from envace import chat
+from envace.backends.base import _push as push_token
 from envace.backends.hf import CACHE_KW, HFStepper, sample
 from envace.envs.tasks import split_tasks
 from envace.export import real_trajectory
 from envace.models import default_cache_dir, load_model, read_marker, resolve_model
-from envace.rollout import ACT, CONTEXT, REHEARSE, Engine, Episode, RolloutConfig, run_episodes
+from envace.rollout import ACT, REHEARSE, Engine, Episode, RolloutConfig, run_episodes
 
 # max_new_tokens caps every message; the real messages of these tasks need up to 73 tokens.
 PLAN = {"tiny": {"tasks": 8, "max_new_tokens": 96, "max_turns": 30, "guide": "act"},
@@ -134,30 +135,7 @@ class Probe:
 
 def _push(eng: Engine, r: Any, tok: int, lp: float, cfg: RolloutConfig) -> bool:
     """Append one token to a row exactly as ``run_episodes`` does; True when a message ended."""
-    if r.queue:
-        tok, role, step = r.queue.popleft()
-        lp = 0.0
-    else:
-        role = ACT if r.gen == "act" else REHEARSE
-        step = getattr(r, "current_step", -1) if role == REHEARSE else -1
-        r.buf.append(tok)
-        r.buf_logp += lp
-    r.ids.append(tok)
-    r.roles.append(role)
-    r.logprobs.append(lp)
-    r.step_of_token.append(step)
-    ended = role != CONTEXT and (tok == eng.im_end or len(r.buf) >= cfg.max_new_tokens)
-    if role != CONTEXT and tok == eng.im_end:
-        eng.finish_message(r)
-    elif ended:
-        r.done = "max_new_tokens"
-        extra = {} if r.gen == "act" else {"tool_call_id": r.pending[0][0],
-                                           "name": r.pending[0][1], "rehearsed": True}
-        r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
-                           "content": eng.tok.decode(r.buf), "truncated": True, **extra})
-    if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
-        r.done = "context_limit"
-    return ended or r.done is not None
+    return push_token(eng, r, tok, lp, cfg, eng.tok)
 
 
 @torch.no_grad()

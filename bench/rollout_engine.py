@@ -39,12 +39,19 @@ from transformers import DynamicCache
 
 from bench.machine import table, write_result
 from envace import chat
-from envace.backends.base import _push as push_token
 from envace.backends.hf import CACHE_KW, HFStepper, sample
 from envace.envs.tasks import split_tasks
 from envace.export import real_trajectory
 from envace.models import default_cache_dir, load_model, read_marker, resolve_model
-from envace.rollout import ACT, REHEARSE, Engine, Episode, RolloutConfig, run_episodes
+from envace.rollout import (
+    ACT,
+    REHEARSE,
+    Engine,
+    Episode,
+    RolloutConfig,
+    push_token,
+    run_episodes,
+)
 
 # max_new_tokens caps every message; the real messages of these tasks need up to 73 tokens.
 PLAN = {"tiny": {"tasks": 8, "max_new_tokens": 96, "max_turns": 30, "guide": "act"},
@@ -143,10 +150,7 @@ def reencode_episodes(model: Any, tok: Any, tasks: list, cfg: RolloutConfig
                       ) -> tuple[list[Episode], int]:
     """The plain tool loop: every message starts from a full re-encode of its episode so far."""
     eng = Engine(model, tok, cfg)
-    rows = [eng.start(t) for t in tasks]
-    prompt_lens = [len(r.ids) for r in rows]
-    for r in rows:
-        r.done = "context_limit" if len(r.ids) >= cfg.max_context else None
+    rows, prompt_lens = eng.start_all(tasks)
     gen, forward = torch.Generator().manual_seed(cfg.seed), 0
     while True:
         for r in rows:  # forced text is plain text here: it is encoded with the next message

@@ -233,6 +233,15 @@ class Engine:
         self._force(row, self._header("assistant"))
         row.gen = "act"
 
+    def start_all(self, tasks: Sequence[Task]) -> tuple[list[_Row], list[int]]:
+        """Rows for the tasks and their prompt lengths; a prompt over the context limit ends
+        its episode before it starts."""
+        rows = [self.start(t) for t in tasks]
+        for r in rows:
+            if len(r.ids) >= self.cfg.max_context:
+                r.done = "context_limit"
+        return rows, [len(r.ids) for r in rows]
+
     def episode(self, row: _Row, prompt_len: int) -> Episode:
         traj = Trajectory(
             id=f"{row.task.id}", task_id=row.task.id,
@@ -248,6 +257,38 @@ class Engine:
                        prompt_len, row.done or "unknown", row.calls_per_turn)
 
 
+def push_token(eng: Engine, r: _Row, tok: int, lp: float, cfg: RolloutConfig,
+               tokenizer: Any) -> bool:
+    """Append one token to a row: its next forced token if it has forced text queued, else the
+    sampled ``tok`` (ending the message on ``<|im_end|>`` or at the token cap). True when a
+    message or the episode ended. Shared by ``run_episodes``, the message-level backends
+    (``envace.backends.base``) and the engine benchmark."""
+    if r.queue:
+        tok, role, step = r.queue.popleft()
+        lp = 0.0
+    else:
+        role = ACT if r.gen == "act" else REHEARSE
+        step = getattr(r, "current_step", -1) if role == REHEARSE else -1
+        r.buf.append(tok)
+        r.buf_logp += lp
+    r.push(tok, role, lp, step)
+    ended = False
+    if role != CONTEXT and tok == eng.im_end:
+        eng.finish_message(r)
+        ended = True
+    elif role != CONTEXT and len(r.buf) >= cfg.max_new_tokens:
+        r.done = "max_new_tokens"
+        r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
+                           "content": tokenizer.decode(r.buf), "truncated": True,
+                           **({} if r.gen == "act" else {
+                               "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
+                               "rehearsed": True})})
+        ended = True
+    if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
+        r.done = "context_limit"
+    return ended or r.done is not None
+
+
 @torch.no_grad()
 def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
                  simulator: Simulator | None = None,
@@ -258,11 +299,7 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     tokenizer that reads every token too and writes the tool responses; ``model`` only acts.
     """
     eng = Engine(model, tokenizer, cfg, simulator)
-    rows = [eng.start(t) for t in tasks]
-    prompt_lens = [len(r.ids) for r in rows]
-    for r in rows:
-        if len(r.ids) >= cfg.max_context:
-            r.done = "context_limit"
+    rows, prompt_lens = eng.start_all(tasks)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     models = [model] + ([world_model] if world_model is not None else [])
     was_training = [m.training for m in models]
@@ -287,22 +324,9 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
                 chunks.append([t for t, _, _ in chunk])
                 for t, role, step in chunk:
                     r.push(t, role, 0.0, step)
-            else:
-                tok, role, lp = int(toks[j]), ACT if r.gen == "act" else REHEARSE, float(logps[j])
-                step = getattr(r, "current_step", -1) if role == REHEARSE else -1
-                r.buf.append(tok)
-                r.buf_logp += lp
-                r.push(tok, role, lp, step)
-                chunks.append([tok])
-                if tok == eng.im_end:
-                    eng.finish_message(r)
-                elif len(r.buf) >= cfg.max_new_tokens:
-                    r.done = "max_new_tokens"
-                    r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
-                                       "content": tokenizer.decode(r.buf), "truncated": True,
-                                       **({} if r.gen == "act" else {
-                                           "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
-                                           "rehearsed": True})})
+            else:  # a sampled token: recorded, and the message ends on <|im_end|> or the cap
+                push_token(eng, r, int(toks[j]), float(logps[j]), cfg, tokenizer)
+                chunks.append([r.ids[-1]])
             if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
                 r.done = "context_limit"
         keep = [j for j, i in enumerate(live) if rows[i].done is None]

@@ -123,37 +123,6 @@ class HFBackend:
                 own[k].copy_(v)
 
 
-def _push(eng: Any, r: Any, tok: int, lp: float, cfg: RolloutConfig, tokenizer: Any) -> bool:
-    """Append one token to a row exactly as ``run_episodes`` does; True when its message ended
-    (or the episode did)."""
-    from envace.rollout import ACT, CONTEXT, REHEARSE
-
-    if r.queue:
-        tok, role, step = r.queue.popleft()
-        lp = 0.0
-    else:
-        role = ACT if r.gen == "act" else REHEARSE
-        step = getattr(r, "current_step", -1) if role == REHEARSE else -1
-        r.buf.append(tok)
-        r.buf_logp += lp
-    r.push(tok, role, lp, step)
-    ended = False
-    if role != CONTEXT and tok == eng.im_end:
-        eng.finish_message(r)
-        ended = True
-    elif role != CONTEXT and len(r.buf) >= cfg.max_new_tokens:
-        r.done = "max_new_tokens"
-        r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
-                           "content": tokenizer.decode(r.buf), "truncated": True,
-                           **({} if r.gen == "act" else {
-                               "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
-                               "rehearsed": True})})
-        ended = True
-    if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
-        r.done = "context_limit"
-    return ended or r.done is not None
-
-
 def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Task],
                          cfg: RolloutConfig, simulator: Simulator | None = None,
                          world_backend: GenerationBackend | None = None) -> list[Episode]:
@@ -165,20 +134,16 @@ def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequ
     and end reasons are those of ``run_episodes``. Sampling is seeded per request from
     ``cfg.seed``, the episode's index and its message count.
     """
-    from envace.rollout import Engine
+    from envace.rollout import Engine, push_token
 
     eng = Engine(None, tokenizer, cfg, simulator)
-    rows = [eng.start(t) for t in tasks]
-    prompt_lens = [len(r.ids) for r in rows]
-    for r in rows:
-        if len(r.ids) >= cfg.max_context:
-            r.done = "context_limit"
+    rows, prompt_lens = eng.start_all(tasks)
     spec = SamplingSpec(cfg.temperature, cfg.top_p, cfg.max_new_tokens, (eng.im_end,))
     sent = [0] * len(rows)
     while True:
         for r in rows:  # forced text only joins the sequence: the next prompt encodes it
             while r.done is None and r.queue:
-                _push(eng, r, 0, 0.0, cfg, tokenizer)
+                push_token(eng, r, 0, 0.0, cfg, tokenizer)
         live = [i for i, r in enumerate(rows) if r.done is None]
         if not live:
             break
@@ -196,7 +161,7 @@ def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequ
                 sent[i] += 1
                 r = rows[i]
                 for tok, lp in zip(g.ids, g.logprobs, strict=True):
-                    if _push(eng, r, tok, lp, cfg, tokenizer):
+                    if push_token(eng, r, tok, lp, cfg, tokenizer):
                         break
                 else:  # the backend stopped early for a reason of its own
                     r.done = r.done or "backend_stop"

@@ -187,8 +187,10 @@ def make_simulator(cfg: TrainConfig) -> Any:
 
 def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run directory made by a different configuration."""
-    old = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     new = to_dict(cfg)
+    # a key the old config lacks (added to the trainer since) had its default value then
+    old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / "config.yaml").read_text())
+                                        or {})}
     diff = sorted(k for k in set(old) | set(new)
                   if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
     if diff:

@@ -208,3 +208,19 @@ def test_every_field_has_default_and_help():
     assert "group_size (int, default 4)" in text
     assert "mode (one of 'envace', 'split', 'simulator', 'grpo', default 'envace')" in text
     assert "optim.lr (float, default 0.001)" in config_help(Toy)
+
+
+def test_resume_check_treats_keys_added_since_as_their_default(tmp_path):
+    """A run directory written before a config key existed resumes (the key had its default
+    then); a real difference, old key or new, is refused and named."""
+    from envace.config import ConfigError, TrainConfig, to_dict
+    from envace.train_setup import check_same_config
+
+    old = to_dict(TrainConfig(lr=3e-4))
+    del old["sharding"]  # a key this run directory predates
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    check_same_config(tmp_path, TrainConfig(lr=3e-4, steps=500))  # steps may change
+    with pytest.raises(ConfigError, match="sharding"):
+        check_same_config(tmp_path, TrainConfig(lr=3e-4, sharding="fsdp"))
+    with pytest.raises(ConfigError, match="lr"):
+        check_same_config(tmp_path, TrainConfig(lr=1e-4))

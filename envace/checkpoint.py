@@ -1,6 +1,6 @@
 """Resumable checkpoints: model(s), optimizer(s), scheduler(s), RNG states and data position.
 
-    save_checkpoint(run_dir, step, models, optimizers, schedulers, extra)
+    save_checkpoint(run_dir, step, models, tokenizer, optimizer_states, schedulers, extra)
     state = load_latest(run_dir)      # None when the run has none
 
 A checkpoint is written into a temporary folder and renamed into place, so a run killed while
@@ -32,8 +32,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer: Any,
-                    optimizers: dict[str, Any], schedulers: dict[str, Any],
+                    optimizer_states: dict[str, dict[str, Any]], schedulers: dict[str, Any],
                     extra: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint ``step`` atomically; ``optimizer_states``: each optimizer's state dict
+    (``opt.state_dict()``, or the gathered whole state under FSDP)."""
     root = run_dir / "checkpoints"
     final = root / f"step_{step}"
     tmp = root / f".step_{step}.tmp"
@@ -42,7 +44,7 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer:
     for name, model in models.items():
         model.save_pretrained(tmp / name)
         tokenizer.save_pretrained(tmp / name)
-    torch.save({"optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+    torch.save({"optimizers": optimizer_states,
                 "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
                 "rng": rng_state()}, tmp / "trainer_state.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=1))

@@ -353,6 +353,10 @@ class TrainConfig:
     )
     backend: Literal["hf", "vllm"] = opt("hf", "generation backend for rollouts")
     dtype: Literal["auto", "float32", "bfloat16"] = opt("auto", "parameter dtype; auto: model's")
+    sharding: Literal["replicate", "fsdp"] = opt(
+        "replicate", "several processes: each holds a full replica (replicate, data parallel) or "
+        "1/world of the trained weights, gradients and optimizer state (fsdp, envace.fsdp); "
+        "accelerate's FSDP config sets fsdp. One process: ignored")
 
     # tasks and reward
     split: str = opt("train", "task split to train on (a file in data/)")

@@ -1,13 +1,16 @@
 """Data-parallel training over several processes (``accelerate launch`` or ``torchrun``).
 
     accelerate launch --config_file configs/accelerate/ddp.yaml -m envace.cli train ...
-    accelerate launch --cpu --num_processes 2 -m envace.cli train ...   # two CPU processes
+    accelerate launch --config_file configs/accelerate/fsdp.yaml -m envace.cli train ...
+    python -m torch.distributed.run --nproc_per_node 2 -m envace.cli train ...   # CPU processes
 
 Each rank holds a full replica. It rolls out its own share of the step's prompt groups (a group
 never straddles ranks, so its advantages are computed where its episodes are), takes the loss of
 its share over the *global* token (or sequence) count, and the gradients are summed across ranks
 before the optimizer step: the update is the one-process update on the whole batch, and the
-replicas stay identical. Rank 0 gathers the episodes and writes everything (metrics, rollouts,
+replicas stay identical. With ``sharding=fsdp`` (or accelerate's FSDP config) the trained
+models are sharded instead (``envace.fsdp``): same update, 1/world of the training state per
+rank. Rank 0 gathers the episodes and writes everything (metrics, rollouts,
 audits, checkpoints, evaluation, report); the other ranks only compute.
 
 One process (no ``WORLD_SIZE`` in the environment) is the trivial case: every operation here is
@@ -34,6 +37,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    fsdp: bool = False  # trained models sharded (envace.fsdp) rather than replicated
 
     @property
     def is_main(self) -> bool:
@@ -54,6 +58,14 @@ class Dist:
         t = torch.tensor([float(x)], dtype=torch.float64, device=self._device())
         torch.distributed.all_reduce(t)
         return float(t.item())
+
+    def max(self, x: int) -> int:
+        """The largest ``x`` over ranks."""
+        if not self.active:
+            return int(x)
+        t = torch.tensor([int(x)], dtype=torch.int64, device=self._device())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (on every rank)."""
@@ -105,17 +117,21 @@ def merge_shards(parts: Sequence[Sequence[T]]) -> list[T]:
     return out
 
 
-def init() -> Dist:
-    """The process group of a launched job (accelerate / torchrun), or one process."""
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        raise RuntimeError("FSDP is not supported by the envace trainer (every rank holds a full "
-                           "replica): launch with configs/accelerate/ddp.yaml")
+def wants_fsdp(sharding: str = "replicate") -> bool:
+    """Shard the trained models? ``sharding=fsdp``, or launched with accelerate's FSDP config."""
+    return sharding == "fsdp" or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
+def init(sharding: str = "replicate") -> Dist:
+    """The process group of a launched job (accelerate / torchrun), or one process (where
+    sharding is moot: FSDP over one rank is a full replica)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())
-    return Dist(state.process_index, state.num_processes, state.local_process_index)
+    return Dist(state.process_index, state.num_processes, state.local_process_index,
+                fsdp=wants_fsdp(sharding))
 
 
-__all__ = ["Dist", "init", "merge_shards"]
+__all__ = ["Dist", "init", "merge_shards", "wants_fsdp"]

@@ -17,6 +17,7 @@ groups and the gradients are summed: see ``envace.distributed``. Rank 0 writes t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -31,6 +32,7 @@ from envace.checkpoint import load_latest, save_checkpoint, set_rng_state
 from envace.config import ConfigError, TrainConfig, dump_yaml, to_dict
 from envace.distributed import Dist, init
 from envace.fidelity import audit_rollouts, fidelity_metrics
+from envace.fsdp import grad_norm_value
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
@@ -79,6 +81,13 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         opt.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
         ent_sum = 0.0
+        # FSDP averages gradients over ranks: scale the backward so that they are summed
+        sharded = name in policy.sharded
+        scale = float(dist.world) if sharded else 1.0
+        mine = -(-len(order) // cfg.micro_batch_size)
+        # every sharded forward/backward is collective: ranks with fewer micro-batches run
+        # zero-weight ones until the busiest rank is done (agreed on before any of them)
+        idle = dist.max(mine) - mine if sharded else 0
         for k in range(0, len(order), cfg.micro_batch_size):
             idx = order[k:k + cfg.micro_batch_size]
             mb = [episodes[i] for i in idx]
@@ -105,7 +114,7 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
                 cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
                 normalizer=norm,
                 named_masks=grpo.role_masks(roles, mask))
-            loss.backward()
+            (loss * scale).backward()
             with torch.no_grad():
                 ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
             n = float(mask.sum())
@@ -113,7 +122,13 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
                 if isinstance(v, float) and math.isfinite(v) and not k.endswith("tokens"):
                     acc[k] = acc.get(k, 0.0) + v * (1.0 if k in ("loss", "pg_loss", "kl_ref")
                                                     else n / total)
-        dist.sum_grads(model.parameters())
+        if sharded:  # FSDP reduced the gradients in each backward
+            from envace.fsdp import idle_backward
+
+            for _ in range(idle):
+                idle_backward(model, policy.pad_id)
+        else:
+            dist.sum_grads(model.parameters())
         if dist.active:  # statistics of the whole batch
             parts = dist.gather(acc)
             acc = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(set().union(*parts))}
@@ -122,10 +137,11 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
         sched.step()
+        policy.after_step(name)
         prefix = "" if name == "policy" else f"{name}/"
         stats.update({f"{prefix}{k}": v for k, v in acc.items()})
         stats[f"{prefix}entropy"] = ent_sum / total
-        stats[f"{prefix}grad_norm"] = float(grad_norm)
+        stats[f"{prefix}grad_norm"] = grad_norm_value(grad_norm)
         stats[f"{prefix}lr"] = sched.get_last_lr()[0]
     return stats
 
@@ -219,7 +235,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     on another backend (the vLLM engines); by default ``cfg.backend`` decides."""
     from envace.train_report import finish_run
 
-    dist = init()
+    dist = init(cfg.sharding)
+    if dist.fsdp and cfg.sharding != "fsdp":  # accelerate's FSDP config: say so in config.yaml
+        cfg = dataclasses.replace(cfg, sharding="fsdp")
     if cfg.prompts_per_step < dist.world:
         raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} is fewer than the "
                           f"{dist.world} processes: every rank needs at least one group")
@@ -274,18 +292,17 @@ def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: 
            metrics: Path, progress: bool, dist: Dist, reporter: Any) -> None:
     for step in range(start, cfg.steps):
         record = train_step(step, policy, tasks, cfg, run_dir, dist)
-        if record is None:  # not rank 0
-            continue
-        _append_jsonl(metrics, record)
-        reporter.log(record, step)
-        if progress:
-            print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
-                  f"success {record['success/mean']:.2f} divergence "
-                  f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
-                  f"loss {record.get('loss', float('nan')):.4f}", flush=True)
+        if record is not None:  # rank 0
+            _append_jsonl(metrics, record)
+            reporter.log(record, step)
+            if progress:
+                print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
+                      f"success {record['success/mean']:.2f} divergence "
+                      f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
+                      f"loss {record.get('loss', float('nan')):.4f}", flush=True)
         last = step == cfg.steps - 1
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
-            policy.save(run_dir, step, {"config": to_dict(cfg)})
+            policy.save(run_dir, step, {"config": to_dict(cfg)}, dist)  # every rank: see save
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:

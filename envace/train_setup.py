@@ -35,6 +35,9 @@ class Policy:
     optimizers: dict[str, Any] = field(default_factory=dict)
     schedulers: dict[str, Any] = field(default_factory=dict)
     rollout: Any | None = None  # run_episodes' signature on another backend (vLLM); None: HF
+    # sharded twins of the trained models (sharding=fsdp, envace.fsdp): the loss runs on these;
+    # `model` / `world_model` stay whole, for generation, refreshed after every step
+    sharded: dict[str, Any] = field(default_factory=dict)
 
     def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
         from envace.rollout import run_episodes
@@ -50,20 +53,45 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def trainees(self, mode: str) -> list[tuple[str, Any, tuple[int, ...]]]:
-        """(name, model, roles it trains) for this mode."""
-        if mode == "split":
-            return [("policy", self.model, (ACT,)), ("world_model", self.world_model, (REHEARSE,))]
-        if mode == "envace":
-            return [("policy", self.model, (ACT, REHEARSE))]
-        return [("policy", self.model, (ACT,))]
+    def whole(self, name: str) -> Any:
+        """The whole (generating) model called ``name``: policy or world_model."""
+        return self.model if name == "policy" else self.world_model
 
-    def save(self, run_dir: Path, step: int, extra: dict[str, Any]) -> Path:
+    def trainees(self, mode: str) -> list[tuple[str, Any, tuple[int, ...]]]:
+        """(name, model the loss runs on, roles it trains) for this mode."""
+        if mode == "split":
+            names = [("policy", (ACT,)), ("world_model", (REHEARSE,))]
+        elif mode == "envace":
+            names = [("policy", (ACT, REHEARSE))]
+        else:
+            names = [("policy", (ACT,))]
+        return [(n, self.sharded.get(n, self.whole(n)), roles) for n, roles in names]
+
+    def after_step(self, name: str) -> None:
+        """After an optimizer step: the whole model catches up with its sharded twin."""
+        if name in self.sharded:
+            from envace.fsdp import refresh
+
+            refresh(self.whole(name), self.sharded[name])
+
+    def save(self, run_dir: Path, step: int, extra: dict[str, Any],
+             dist: Dist = Dist()) -> Path | None:
+        """A checkpoint, written by rank 0. Under FSDP every rank must call this (gathering
+        the optimizer state is collective); otherwise only rank 0 needs to."""
+        if self.sharded:
+            from envace.fsdp import optimizer_state
+
+            opt_states = {n: optimizer_state(self.sharded[n], o)
+                          for n, o in self.optimizers.items()}
+        else:
+            opt_states = {n: o.state_dict() for n, o in self.optimizers.items()}
+        if not dist.is_main:
+            return None
         models = {"policy": self.model}
         if self.world_model is not None:
             models["world_model"] = self.world_model
-        return save_checkpoint(run_dir, step, models, self.tokenizer, self.optimizers,
-                               self.schedulers, extra)
+        return save_checkpoint(run_dir, step, models, self.tokenizer, opt_states,
+                               self.schedulers, {**extra, "sharded": bool(self.sharded)})
 
 
 def training_tasks(cfg: TrainConfig) -> list[Task]:
@@ -163,12 +191,25 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         policy.reference = load_model(path)[0].eval()
     if cfg.mode == "simulator":
         policy.simulator = make_simulator(cfg)
+    if dist.fsdp and dist.active:
+        from envace.fsdp import shard
+
+        for name, m, _ in policy.trainees(cfg.mode):
+            policy.sharded[name] = shard(m, dist)
     for name, m, _ in policy.trainees(cfg.mode):
         m.train()
         policy.optimizers[name], policy.schedulers[name] = _optim(m, cfg)
     if state is not None:
+        if bool(state["info"].get("sharded")) != bool(policy.sharded):
+            raise ConfigError("the checkpoint was saved with another sharding (its optimizer "
+                              "state is laid out differently): resume with the same launch")
         for name, sd in state["optimizers"].items():
-            policy.optimizers[name].load_state_dict(sd)
+            if policy.sharded:
+                from envace.fsdp import load_optimizer_state
+
+                load_optimizer_state(policy.sharded[name], policy.optimizers[name], sd)
+            else:
+                policy.optimizers[name].load_state_dict(sd)
         for name, sd in state["schedulers"].items():
             policy.schedulers[name].load_state_dict(sd)
     return policy

@@ -1,5 +1,6 @@
-"""Data parallelism: sharding is undone exactly, a two-process update equals the one-process
-update on the whole batch, and `envace train` runs on two launched CPU processes."""
+"""Data parallelism: sharding is undone exactly, a two-process update (replicated or FSDP)
+equals the one-process update on the whole batch, and `envace train` runs, checkpoints and
+resumes on two launched CPU processes."""
 
 from __future__ import annotations
 
@@ -118,9 +119,7 @@ def test_two_process_update_equals_one_process_update(tmp_path, aggregation):
 
 # -- accelerate launch, end to end ------------------------------------------------------------
 
-def test_torchrun_trains_on_two_processes(tmp_path):
-    """Two CPU processes (gloo) through torchrun, the launcher `accelerate launch` wraps on GPUs
-    (accelerate itself launches several CPU processes only through mpirun)."""
+def _tiny(tmp_path: Path) -> Path:
     from envace import chat
     from envace.envs.tasks import split_tasks
     from envace.export import export_real
@@ -128,7 +127,13 @@ def test_torchrun_trains_on_two_processes(tmp_path):
 
     texts = [chat.render([m.dump() for m in t.messages], t.tools)
              for t in export_real(split_tasks("train")[:40])]
-    model_dir = build_tiny(texts, tmp_path / "tiny", seed=0)
+    return build_tiny(texts, tmp_path / "tiny", seed=0)
+
+
+def test_torchrun_trains_on_two_processes(tmp_path):
+    """Two CPU processes (gloo) through torchrun, the launcher `accelerate launch` wraps on GPUs
+    (accelerate itself launches several CPU processes only through mpirun)."""
+    model_dir = _tiny(tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_port", str(_free_port()), "-m", "envace.cli", "train",
            "--config", str(ROOT / "configs" / "tiny.yaml"), f"model={model_dir}",
@@ -152,9 +157,89 @@ def test_torchrun_trains_on_two_processes(tmp_path):
     assert res.stdout.count("[train] step 1/2") == 1  # progress from rank 0 only
 
 
-def test_fsdp_launch_is_refused_with_a_clear_error(monkeypatch):
-    from envace.distributed import init
+def test_accelerates_fsdp_config_selects_sharding(monkeypatch):
+    from envace.distributed import init, wants_fsdp
 
+    assert not wants_fsdp() and wants_fsdp("fsdp")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(RuntimeError, match="ddp.yaml"):
-        init()
+    assert wants_fsdp()
+    assert init("fsdp") == Dist()  # one process: nothing to shard
+
+
+# -- FSDP: sharded twins ----------------------------------------------------------------------
+
+def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
+    from envace.fsdp import full_state, shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = TrainConfig(**CFG)
+    eps, adv = _episodes(6)
+    dist = Dist(rank, world, fsdp=True)
+    # three groups over two ranks: rank 0 has two micro-batches, rank 1 one (it idles once)
+    groups = [list(range(k, k + 2)) for k in range(0, 6, 2)]
+    mine = [i for grp in dist.shard(groups) for i in grp]
+    model = _model()
+    pol = Policy(model, SimpleNamespace(pad_token_id=0), Path("."))
+    pol.sharded["policy"] = twin = shard(model, dist)
+    pol.optimizers["policy"], pol.schedulers["policy"] = _optim(twin, cfg)
+    stats = update(pol, [eps[i] for i in mine], adv[mine], cfg, dist)
+    grads = {n: q.grad.full_tensor() for n, q in twin.named_parameters()}
+    local = sum(q.grad.to_local().numel() for q in twin.parameters())
+    whole = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"state": whole, "twin": full_state(twin), "grads": grads, "stats": stats,
+                "local": local}, f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp_update_equals_one_process_update(tmp_path):
+    cfg = TrainConfig(**CFG)
+    eps, adv = _episodes(6)
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    want = update(_policy(model, cfg), eps, adv, cfg)
+    torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), str(tmp_path)),
+                                nprocs=2, join=True)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    n_params = sum(p.numel() for p in model.parameters())
+    for g in got:  # each rank holds about half of the gradients (and so of AdamW's state)
+        assert g["local"] <= n_params // 2 + 64
+    for name, p in model.named_parameters():
+        for g in got:
+            assert torch.allclose(g["grads"][name], p.grad, rtol=1e-4, atol=1e-8), name
+            # the whole (generating) model was refreshed from the stepped shards
+            assert torch.equal(g["state"][name], g["twin"][name]), name
+            assert not torch.equal(g["state"][name], before[name]) or p.grad.abs().sum() == 0
+        assert torch.equal(got[0]["state"][name], got[1]["state"][name]), name
+    for k in ("loss", "pg_loss", "entropy", "grad_norm"):
+        for g in got:
+            assert g["stats"][k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k
+
+
+def test_torchrun_fsdp_trains_checkpoints_and_resumes(tmp_path):
+    """`envace train sharding=fsdp` on two CPU processes: the optimizer state is gathered into
+    the checkpoint, and a resumed run loads it back into its shards and carries on."""
+    model_dir = _tiny(tmp_path)
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(_free_port()), "-m", "envace.cli", "train"]
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), f"model={model_dir}",
+            f"output_dir={tmp_path / 'runs'}", "run_name=fsdp", "sharding=fsdp",
+            "prompts_per_step=2", "group_size=2", "max_new_tokens=8", "max_turns=2",
+            "eval_tasks=2", "checkpoint_every=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([*base, *args, "steps=1"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "runs" / "fsdp"
+    ckpt = run / "checkpoints" / "step_0"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["optimizers"]["policy"]
+    moments = state["state"]["model.embed_tokens.weight"]["exp_avg"]
+    assert moments.shape[0] == json.loads((ckpt / "policy" / "config.json").read_text())[
+        "vocab_size"]  # the whole state, not one rank's shard
+    res = subprocess.run([*base, "--resume", str(run), "steps=2"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1] and metrics[1]["ranks"] == 2
+    assert (run / "checkpoints" / "step_1").is_dir() and (run / "report.md").exists()
+    assert "sharding: fsdp" in (run / "config.yaml").read_text()

@@ -7,9 +7,14 @@ A run's own final evaluation draws ``eval_seeds`` samples per task; with a few d
 reward that is mostly 0 the interval of the difference is then wide. This evaluates, on the run's
 evaluation tasks (``eval_split``; with ``train_tasks`` the training pool itself), the model the
 run started from and its last checkpoint, ``--seeds`` samples per task each (same seeds for both),
-in the real environment, and reports the mean reward and success of each, with the paired
+and reports the mean reward and success of each, with the paired
 bootstrap 95 % interval of the per-task difference. Also: the training reward of the first and
 last third of the steps. Writes bench/results/<name>.json.
+
+``--conditions eval`` (default): as the run's own evaluation, in the real environment at the
+evaluation temperature. ``--conditions train``: as its training rollouts were drawn (``envace`` /
+``split``: the policy rehearses the responses; ``grpo``: the real environment answers) at the
+training temperature and top-p, fresh samples: the held-out counterpart of the training reward.
 """
 
 from __future__ import annotations
@@ -49,15 +54,15 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", required=True)
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--name", default="learning_tiny_pool")
+    ap.add_argument("--conditions", choices=["eval", "train"], default="eval",
+                    help="sample as the run's evaluation did (real environment, evaluation "
+                         "temperature) or as its training rollouts were drawn")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="envace-reeval-"))
-    res, rows = {"seeds": args.seeds, "runs": {}}, []
+    res, rows = {"seeds": args.seeds, "conditions": args.conditions, "runs": {}}, []
     for run in map(Path, args.runs):
         cfg = load_config(TrainConfig, run / "config.yaml", [])
-        s = EvalSettings(seeds=args.seeds, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
-                         max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
-                         max_context=cfg.max_context_tokens, reward=cfg.reward, mode="real",
-                         desc_chars=cfg.desc_chars)
+        s = settings(cfg, args.seeds, args.conditions)
         found = {}
         for label, path in (("start", Path(cfg.model)), ("trained", last_checkpoint(run))):
             model, tok = load_model(path)
@@ -72,7 +77,9 @@ def main() -> None:
         k = max(1, len(per_step) // 3)
         first = [r for step in per_step[:k] for r in step]
         last = [r for step in per_step[-k:] for r in step]
-        r = {"mode": cfg.mode, "reward": cfg.reward, "lr": cfg.lr, "steps": len(per_step),
+        r = {"mode": cfg.mode, "sampled_as": {"mode": s.mode, "temperature": s.temperature,
+                                              "top_p": s.top_p},
+             "reward": cfg.reward, "lr": cfg.lr, "steps": len(per_step),
              "eval_split": cfg.eval_split, "train_tasks": cfg.train_tasks,
              "tasks": len(tasks), "attempts_per_model": len(tasks) * args.seeds,
              "checkpoint": str(last_checkpoint(run)),
@@ -93,6 +100,22 @@ def main() -> None:
         print(table(rows[-1:], HEAD), flush=True)
     print(table(rows, HEAD))
     print("->", write_result(args.name, res))
+
+
+def settings(cfg: TrainConfig, seeds: int, conditions: str) -> EvalSettings:
+    """How to sample: as the run's evaluation, or as its training rollouts."""
+    from envace.train import ROLLOUT_MODE
+
+    common = dict(seeds=seeds, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
+                  max_context=cfg.max_context_tokens, reward=cfg.reward,
+                  desc_chars=cfg.desc_chars)
+    if conditions == "train":
+        mode = ROLLOUT_MODE[cfg.mode]
+        if mode == "simulator":
+            raise SystemExit("--conditions train: simulator runs need their simulator; use eval")
+        return EvalSettings(temperature=cfg.temperature, top_p=cfg.top_p, mode=mode, **common)
+    return EvalSettings(temperature=cfg.eval_temperature, top_p=cfg.eval_top_p, mode="real",
+                        **common)
 
 
 HEAD = ["run", "mode", "tasks", "samples/task", "reward start -> trained", "diff 95% CI",

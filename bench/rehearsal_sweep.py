@@ -2,25 +2,27 @@
 sequential} x {base, trained} on dev, with 95 % intervals and the tokens each setting spent.
 
     .venv/bin/python -m bench.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
-        [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial]
+        [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial] [--resume]
 
 Every setting evaluates the same dev tasks (per-turn) with the same seeds; success is BFCL's
 state check of the committed calls, reward the chosen task reward of the commit (denser than
 success at small scale). Each rehearsal setting is compared with the same model's no-rehearsal
 run task by task: the paired bootstrap 95 % interval of the reward difference. Results are
-rewritten after every setting (bench/results/<name>.json), so a stopped sweep keeps what it ran.
+rewritten after every setting (bench/results/<name>.json), so a stopped sweep keeps what it ran;
+``--resume`` reads that file back and runs only the settings it lacks (same tasks and lengths).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.machine import table, write_result
+from bench.machine import RESULTS, table, write_result
 from envace.eval_cli import select_tasks
 from envace.models import load_model
 from envace.rehearsal import RehearsalSettings
@@ -36,10 +38,14 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--reward", default="action_partial")
     ap.add_argument("--name", default="rehearsal_sweep")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the settings already in bench/results/<name>.json, run the rest")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="envace-sweep-"))
     rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
                      "max_new_tokens": args.max_new_tokens, "settings": {}}
+    if args.resume:
+        res["settings"] = previous_settings(args.name, res)
     head = ["model", "strategy", "N", "success", "95% CI", f"{args.reward} reward",
             "diff vs N=0 (95% CI)", "rehearsal tokens/task", "rehearsal divergence"]
     for spec in args.models:
@@ -49,15 +55,20 @@ def main() -> None:
         grid = [("none", 0)] + [(s, n) for s in ("parallel", "sequential")
                                 for n in range(1, args.max_n + 1)]
         for strategy, n in grid:
-            s = RehearsalSettings(strategy=strategy, n=n, max_new_tokens=args.max_new_tokens,
-                                  max_turns=args.max_turns)
-            r = evaluate_with_rehearsal(model, tok, tasks, s, out / f"{label}-{strategy}-{n}",
-                                        reward=args.reward, model_name=path)
             key = f"{label}/{strategy}/{n}"
-            res["settings"][key] = {k: r[k] for k in ("success_rate", "success_ci", "attempts",
-                                                      "reward_mean", "per_attempt", "budget",
-                                                      "rehearsal_audit", "fidelity_vs_success")}
-            res["settings"][key]["model"] = path
+            if key in res["settings"]:
+                r = res["settings"][key]
+                print(f"{key}: kept from the previous run", flush=True)
+            else:
+                s = RehearsalSettings(strategy=strategy, n=n,
+                                      max_new_tokens=args.max_new_tokens,
+                                      max_turns=args.max_turns)
+                r = evaluate_with_rehearsal(model, tok, tasks, s, out / f"{label}-{strategy}-{n}",
+                                            reward=args.reward, model_name=path)
+                res["settings"][key] = {k: r[k] for k in (
+                    "success_rate", "success_ci", "attempts", "reward_mean", "per_attempt",
+                    "budget", "rehearsal_audit", "fidelity_vs_success")}
+                res["settings"][key]["model"] = path
             diff = None
             if strategy != "none":
                 base = res["settings"][f"{label}/none/0"]["per_attempt"]
@@ -76,6 +87,21 @@ def main() -> None:
             write_result(args.name, res)
     print(table(rows, head))
     print("->", write_result(args.name, res))
+
+
+def previous_settings(name: str, want: dict[str, Any]) -> dict[str, Any]:
+    """The settings of an earlier run of this sweep, refused if it measured something else."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    differ = [k for k in ("tasks", "reward", "max_turns", "max_new_tokens")
+              if old.get(k) != want[k]]
+    if differ:
+        raise SystemExit(f"--resume: {path} was made with other settings ("
+                         + ", ".join(f"{k}={old.get(k)!r}" for k in differ)
+                         + "); pass the same values or another --name")
+    return dict(old.get("settings") or {})
 
 
 def paired_diff_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0

@@ -63,11 +63,14 @@ def full_state(twin: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def refresh(model: torch.nn.Module, twin: torch.nn.Module) -> None:
-    """Copy the twin's weights into the whole model, in place (collective)."""
-    sd = full_state(twin)
-    own = model.state_dict()
-    for k, v in sd.items():
-        own[k].copy_(v.to(own[k].device, own[k].dtype))
+    """Copy the twin's weights into the whole model, in place (collective), one parameter at a
+    time: no second whole copy is ever held. The twin is a deep copy of ``model``, so their
+    parameters have the same names (tied ones listed once in both)."""
+    own = dict(model.named_parameters())
+    for name, p in twin.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        own[name].copy_(full.to(own[name].device, own[name].dtype))
+        del full
 
 
 def optimizer_state(twin: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

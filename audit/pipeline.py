@@ -3,7 +3,7 @@
     from audit.pipeline import run_audit
     summary = run_audit(["rollouts.jsonl"], "audit_out", AuditOptions(workers=2))
 
-Writes (spec/trajectory.md, "Audit output"): ``steps.jsonl`` (one line per tool call),
+Writes (docs/spec/trajectory.md, "Audit output"): ``steps.jsonl`` (one line per tool call),
 ``trajectories.jsonl`` (one line per trajectory), ``summary.json`` and ``report.md`` with PNG
 plots. Input is streamed: at most a bounded window of trajectories is in flight, and only a
 compact row per step (no texts) is kept for the statistics. A record that cannot be read or

@@ -1,6 +1,6 @@
 """Finding runs under the dashboard's root, and what each holds.
 
-A *run* is a training run directory (``spec/run_dir.md``: ``config.yaml``, ``metrics.jsonl``,
+A *run* is a training run directory (``docs/spec/run_dir.md``: ``config.yaml``, ``metrics.jsonl``,
 ``rollouts/``, ``audit/step_<N>/``, ``eval/<name>/``, ``report.md``), a plain audit directory
 made by ``envace-audit replay`` (``steps.jsonl`` and ``summary.json``), which opens as a run with
 one audit, or an evaluation directory made by ``envace eval`` (``summary.json`` beside

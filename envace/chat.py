@@ -1,6 +1,6 @@
 r"""The two-role chat format: ChatML rendering, role masks, and tool-call parsing.
 
-One conversation (HF/OpenAI tool-calling messages, see spec/trajectory.md) renders as ChatML:
+One conversation (HF/OpenAI tool-calling messages, see docs/spec/trajectory.md) renders as ChatML:
 
     <|im_start|>system
     You are a helpful assistant.

@@ -1,6 +1,6 @@
 """Trajectory records (`envace.trajectory/1`) and their JSONL reader and writer.
 
-The contract is `shared/spec/trajectory.md`. Every part of envace (rollouts, trainer, audit,
+The contract is `docs/spec/trajectory.md`. Every part of envace (rollouts, trainer, audit,
 dashboard) reads and writes trajectories through this module.
 
 - Unknown fields are kept (pydantic ``extra="allow"``) so a read-write round trip loses nothing.

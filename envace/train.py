@@ -9,7 +9,7 @@ policy acts and rehearses; ``split``: a second model rehearses; ``simulator``: a
 answers; ``grpo``: the real environment answers), score them with the verifier (never seen by
 the policy), audit the rehearsed responses against reality, compute role-wise advantages and
 take one optimizer step on the clipped loss. Everything lands in the run directory
-(spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md.
+(docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md.
 
 Launched on several processes (``accelerate launch``), each rank takes a share of the step's
 groups and the gradients are summed: see ``envace.distributed``. Rank 0 writes the run directory.

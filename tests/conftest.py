@@ -1,19 +1,18 @@
-"""Shared test fixtures: paths to the shared spec examples and the project root."""
+"""Shared test fixtures: the project root and the spec's example files (``tests/data/spec_examples``,
+the examples of ``docs/spec/trajectory.md``; the project's own copy, so a fresh clone runs every test)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = Path(os.environ.get("ENVACE_SPEC", ROOT.parent / "shared" / "spec"))
-EXAMPLES = SPEC / "examples"
+SPEC = ROOT / "docs" / "spec"
+EXAMPLES = ROOT / "tests" / "data" / "spec_examples"
 
 
 @pytest.fixture(scope="session")
 def examples() -> Path:
-    if not EXAMPLES.exists():
-        pytest.skip(f"shared spec examples not found at {EXAMPLES}")
+    assert EXAMPLES.exists(), f"spec examples missing at {EXAMPLES}"
     return EXAMPLES

@@ -74,7 +74,7 @@ def select_tasks(args: argparse.Namespace, tok: Any) -> list[Any]:
 
 
 def prompt_ids(task: Any, tok: Any, chat: Any) -> list[int]:
-    return chat.encode_with_roles(tok, [*task.history, *task.turns[0]], task.tools(turn=0),
+    return chat.encode_with_roles(tok, task.opening_messages(), task.tools(turn=0),
                                   generation_prompt="assistant", desc_chars=60)[0]
 
 

@@ -21,10 +21,6 @@ from envace.envs.verify import ground_truth_calls
 from envace.schema import Message, Trajectory
 
 
-def tools_added_message(names: list[str]) -> dict[str, str]:
-    return {"role": "system", "content": "New tools available: " + ", ".join(names) + "."}
-
-
 def real_trajectory(task: Task, env: BFCLEnv | None = None, turn_end: bool = True) -> Trajectory:
     """Execute a task's ground truth and record it as a real trajectory."""
     env = env or BFCLEnv()
@@ -32,9 +28,7 @@ def real_trajectory(task: Task, env: BFCLEnv | None = None, turn_end: bool = Tru
     messages: list[dict[str, Any]] = []
     step = 0
     for turn, calls in enumerate(ground_truth_calls(task, env)):
-        if turn in task.missed_functions:
-            messages.append(tools_added_message(task.missed_functions[turn]))
-        messages.extend(task.turns[turn])
+        messages.extend(task.turn_messages(turn))
         for name, args in calls:
             call_id = f"c{step}"
             result = env.execute(name, args)

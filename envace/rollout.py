@@ -30,7 +30,6 @@ from envace import chat
 from envace.backends.hf import HFStepper, sample
 from envace.envs.bfcl import BFCLEnv
 from envace.envs.tasks import Task
-from envace.export import tools_added_message
 from envace.schema import Message, Trajectory
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
@@ -134,7 +133,7 @@ class Engine:
         if self.cfg.mode == "real":
             env = BFCLEnv()
             env.reset(task)
-        messages = [*task.history, *(task.turns[0] if task.turns else [])]
+        messages = task.opening_messages()
         ids, _ = chat.encode_with_roles(self.tok, messages, task.tools(turn=0),
                                             generation_prompt="assistant",
                                             desc_chars=self.cfg.desc_chars)
@@ -222,14 +221,9 @@ class Engine:
         if row.turn >= len(row.task.turns):
             row.done = "finished"
             return
-        added = row.task.missed_functions.get(row.turn)
-        if added:
-            m = tools_added_message(added)
+        for m in row.task.turn_messages(row.turn):
             row.messages.append(m)
-            self._force_turn(row, "system", m["content"])
-        for m in row.task.turns[row.turn]:
-            row.messages.append(dict(m))
-            self._force_turn(row, "user", m["content"])
+            self._force_turn(row, m["role"], m["content"])
         self._force(row, self._header("assistant"))
         row.gen = "act"
 

@@ -118,7 +118,7 @@ def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[T
     room = cfg.max_context_tokens - 2 * cfg.max_new_tokens
     out = []
     for t in tasks:
-        msgs = [*t.history, *(t.turns[0] if t.turns else [])]
+        msgs = t.opening_messages()
         if sum(len(str(m.get("content", ""))) for m in msgs) > 8 * room:
             continue  # far too long: no need to tokenize
         ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0),

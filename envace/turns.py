@@ -36,7 +36,9 @@ def derive_turn_task(task: Task, k: int) -> Task:
         turns=[task.turns[k]], ground_truth=[task.ground_truth[k]],
         excluded_functions=task.excluded_functions
         + [n for t, names in task.missed_functions.items() if t > k for n in names],
-        missed_functions={}, base_id=task.id, history=history, prefix=task.ground_truth[:k])
+        # a turn that restores withheld tools opens with the "new tools available" message
+        missed_functions={0: list(task.missed_functions[k])} if k in task.missed_functions else {},
+        base_id=task.id, history=history, prefix=task.ground_truth[:k])
 
 
 def turn_tasks(tasks: list[Task], min_calls: int = 1) -> list[Task]:

@@ -1,5 +1,8 @@
-"""Shared test fixtures: the project root and the spec's example files (``tests/data/spec_examples``,
-the examples of ``docs/spec/trajectory.md``; the project's own copy, so a fresh clone runs every test)."""
+"""Shared test fixtures: the project root and the spec's example files.
+
+The examples of ``docs/spec/trajectory.md`` live in ``tests/data/spec_examples`` (the project's
+own copy), so a fresh clone runs every test that reads them.
+"""
 
 from __future__ import annotations
 

@@ -199,3 +199,30 @@ def test_rollout_cli_output_audits_cleanly(tmp_path):
     s = json.loads((tmp_path / "audit" / "summary.json").read_text())
     assert s["counts"]["trajectories"] == 4
     assert s["by_source"]["real"]["diverged"] == 0
+
+
+def test_a_per_turn_task_at_a_tools_added_turn_shows_the_new_tools_message(tiny):
+    """A miss_func turn that restores withheld tools has no user text of its own: its per-turn
+    task must open with the "new tools available" message (it used to show an empty request),
+    offer the restored tools, and its episode records the message like a whole task does."""
+    from envace.envs.tasks import load_tasks
+
+    base = next(t for t in load_tasks().values() if t.missed_functions)
+    k, names = next(iter(sorted(base.missed_functions.items())))
+    task = derive_turn_task(base, k)
+    opening = task.opening_messages()
+    new = [m for m in opening[len(task.history):] if m["role"] == "system"]
+    assert [m["content"] for m in new] == ["New tools available: " + ", ".join(names) + "."]
+    assert set(names) <= {s["function"]["name"] for s in task.tools(turn=0)}
+    eng = _engine(tiny)
+    row = eng.start(task)
+    text = tiny[1].decode(row.ids)
+    assert "New tools available: " + ", ".join(names) in text
+    assert row.messages[len(task.history)]["content"].startswith("New tools available")
+    # every per-turn task of the train split now shows the policy a request or the new tools
+    from envace.envs.tasks import split_tasks
+    from envace.turns import turn_tasks
+
+    empty = [t.id for t in turn_tasks(split_tasks("train"))
+             if not any(m.get("content") for m in t.opening_messages()[len(t.history):])]
+    assert empty == []

@@ -53,6 +53,11 @@ class GroundTruthCall:
     kwargs: dict[str, Any]
 
 
+def tools_added_message(names: list[str]) -> dict[str, str]:
+    """The system message of a miss_func turn that restores withheld tools."""
+    return {"role": "system", "content": "New tools available: " + ", ".join(names) + "."}
+
+
 @dataclass
 class Task:
     """A BFCL multi-turn task."""
@@ -75,6 +80,16 @@ class Task:
     @property
     def long_context(self) -> bool:
         return self.category == "long_context"
+
+    def turn_messages(self, turn: int) -> list[dict[str, str]]:
+        """What opens turn ``turn``: the "new tools available" message where the turn restores
+        withheld tools, then the turn's user messages."""
+        added = self.missed_functions.get(turn)
+        return ([tools_added_message(added)] if added else []) + [dict(m) for m in self.turns[turn]]
+
+    def opening_messages(self) -> list[dict[str, Any]]:
+        """The prompt of an episode: earlier turns (a per-turn task's history), then turn 0."""
+        return [*self.history, *(self.turn_messages(0) if self.turns else [])]
 
     @property
     def primary_backend(self) -> str:

@@ -11,13 +11,19 @@
 Memory format (a system message after the user's request)::
 
     Rehearsal memory (private plans imagined before acting; their responses may be wrong):
-    Plan 1: cd(folder="document") -> {"current_working_directory": "document"}; ls() -> ...
+    Plan 1: cd({"folder": "document"}) -> {"current_working_directory": "document"}; ls({}) -> ...
     Critique 1: ...
     Use what helps, then act for real.
 
-It is cut to ``max_memory_tokens``: the oldest plans are dropped first, and the memory says how
-many were dropped. A plan that ended badly (malformed call, runaway message) still enters the
-memory with its end reason, and the commit still happens.
+The memory holds only what the policy imagined: the calls it made while rehearsing and the
+responses it wrote for them. The task's real history (earlier turns of a per-turn task, with real
+responses) is not repeated there; it stays where it is, in the conversation.
+
+It is cut to ``max_memory_tokens`` in this order: whole old plans (with their critiques) are
+dropped first, oldest first, and the memory says how many; then the newest plan's critique; then
+the newest plan's imagined responses are shortened (never its calls); only if its calls alone
+exceed the budget is the text cut, with a note. A plan that ended badly (malformed call, runaway
+message) still enters the memory with its end reason, and the commit still happens.
 """
 
 from __future__ import annotations
@@ -59,49 +65,112 @@ class RehearsalSettings:
             raise ValueError("n must be >= 1 for a rehearsal strategy")
 
 
-def plan_text(ep: Episode, index: int, response_chars: int) -> str:
-    """One line per plan: its calls and the responses it imagined."""
-    parts = []
-    for st in ep.trajectory.tool_steps():
+@dataclass(frozen=True)
+class Plan:
+    """One rehearsed plan as the memory shows it: its imagined calls and responses."""
+
+    index: int
+    calls: tuple[tuple[str, str], ...]  # (call text, the response the policy imagined)
+    end: str = ""  # the end reason when the plan did not finish
+
+    def render(self, response_chars: int | None = None, with_responses: bool = True) -> str:
+        """``Plan i: call -> response; ...`` with each response cut to ``response_chars``."""
+        parts = []
+        for call, resp in self.calls:
+            if not with_responses:
+                parts.append(f"{call} -> …")
+            elif response_chars is not None and len(resp) > response_chars:
+                parts.append(f"{call} -> {resp[:response_chars]}…")
+            else:
+                parts.append(f"{call} -> {resp}")
+        body = "; ".join(parts) if parts else "(no tool call)"
+        end = f" [ended: {self.end}]" if self.end else ""
+        return f"Plan {self.index}: {body}{end}"
+
+
+def imagined_steps(ep: Episode) -> list[Any]:
+    """The tool steps of a rehearsal episode that the policy made, after the task's history."""
+    history = sum(len(m.get("tool_calls") or []) for m in ep.task.history)
+    return ep.trajectory.tool_steps()[history:]
+
+
+def plan_of(ep: Episode, index: int) -> Plan:
+    """The plan of a rehearsal episode: only what the policy imagined."""
+    calls = []
+    for st in imagined_steps(ep):
         args = json.dumps(st.arguments if st.arguments is not None else st.raw_arguments,
                           ensure_ascii=False)
         resp = st.response.content if st.response is not None else "(no response)"
-        parts.append(f"{st.tool}({args}) -> {resp[:response_chars]}")
-    body = "; ".join(parts) if parts else "(no tool call)"
-    end = "" if ep.end_reason == "finished" else f" [ended: {ep.end_reason}]"
-    return f"Plan {index}: {body}{end}"
+        calls.append((f"{st.tool}({args})", resp))
+    return Plan(index, tuple(calls), "" if ep.end_reason == "finished" else ep.end_reason)
 
 
-def build_memory(plans: list[str], critiques: list[str], tokenizer: Any, budget: int
-                 ) -> tuple[str, int]:
-    """The memory text within ``budget`` tokens (oldest plans dropped first) and how many
-    plans were dropped."""
-    items = [p + (f"\nCritique {i + 1}: {critiques[i]}" if i < len(critiques) and critiques[i]
-                  else "") for i, p in enumerate(plans)]
-    dropped = 0
-    while True:
+def plan_text(ep: Episode, index: int, response_chars: int) -> str:
+    """One line per plan: its imagined calls and the responses it imagined."""
+    return plan_of(ep, index).render(response_chars)
+
+
+def _fits(text: str, tokenizer: Any, budget: int) -> bool:
+    return len(chat.encode_text(tokenizer, text)) <= budget
+
+
+def build_memory(plans: list[Plan] | list[str], critiques: list[str], tokenizer: Any,
+                 budget: int, response_chars: int = 160) -> tuple[str, int]:
+    """The memory text within ``budget`` tokens and how many (old) plans were dropped.
+
+    Overflow, in order: drop whole old plans (with their critiques), oldest first; drop the
+    newest plan's critique; shorten the newest plan's imagined responses (its calls stay); only
+    if its calls alone do not fit, cut the text and say so."""
+
+    def item(i: int, chars: int | None = response_chars, critique: bool = True,
+             responses: bool = True) -> str:
+        p = plans[i]
+        body = p.render(chars, responses) if isinstance(p, Plan) else p
+        c = critiques[i] if critique and i < len(critiques) else ""
+        return body + (f"\nCritique {i + 1}: {c}" if c else "")
+
+    def text(dropped: int, last: str | None = None) -> str:
         note = [f"({dropped} earlier plan(s) dropped to fit the context)"] if dropped else []
-        text = "\n".join([HEADER, *note, *items[dropped:], FOOTER])
-        ids = chat.encode_text(tokenizer, text)
-        if len(ids) <= budget:
-            return text, dropped
-        if dropped >= len(items) - 1:  # even the newest plan alone is too long: cut it
-            keep = budget - 1
-            while keep > 0:  # decoding then encoding again may merge or split a token
-                cut = tokenizer.decode(ids[:keep]) + "…"
-                if len(chat.encode_text(tokenizer, cut)) <= budget:
-                    return cut, dropped
-                keep -= 1
-            return "", dropped
-        dropped += 1
+        items = [item(i) for i in range(dropped, len(plans))]
+        if last is not None:
+            items[-1] = last
+        return "\n".join([HEADER, *note, *items, FOOTER])
+
+    if not plans:
+        return "", 0
+    for dropped in range(len(plans)):
+        t = text(dropped)
+        if _fits(t, tokenizer, budget):
+            return t, dropped
+    dropped, newest = len(plans) - 1, len(plans) - 1
+    t = text(dropped, item(newest, critique=False))
+    if _fits(t, tokenizer, budget):
+        return t, dropped
+    if isinstance(plans[newest], Plan):
+        chars = response_chars
+        while chars > 8:  # shorter imagined responses, every call kept
+            chars //= 2
+            t = text(dropped, item(newest, chars, critique=False))
+            if _fits(t, tokenizer, budget):
+                return t, dropped
+        t = text(dropped, item(newest, critique=False, responses=False))
+        if _fits(t, tokenizer, budget):
+            return t, dropped
+    ids = chat.encode_text(tokenizer, t)  # the calls alone are too long: cut, and say so
+    keep = budget - 8
+    while keep > 0:  # decoding then encoding again may merge or split a token
+        cut = tokenizer.decode(ids[:keep]) + "… (cut to fit the context)"
+        if _fits(cut, tokenizer, budget):
+            return cut, dropped
+        keep -= 1
+    return "", dropped
 
 
 def executed_calls(ep: Episode) -> int:
     """Calls the real environment executed for this episode (answered by it, after the task's
     history; a malformed call or an unknown tool is recorded but never executed)."""
-    answered = sum(1 for st in ep.trajectory.tool_steps()
-                   if st.response is not None and st.response.rehearsed is False)
-    return answered - sum(len(m.get("tool_calls") or []) for m in ep.task.history)
+    return sum(1 for st in imagined_steps(ep)
+               if st.response is not None and st.response.rehearsed is False)
 
 
 def with_messages(task: Task, extra: list[dict[str, str]]) -> Task:
@@ -138,7 +207,7 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
     t0 = time.perf_counter()
     plans: list[list[Episode]] = [[] for _ in tasks]
     critiques: list[list[str]] = [[] for _ in tasks]
-    texts: list[list[str]] = [[] for _ in tasks]
+    texts: list[list[Plan]] = [[] for _ in tasks]
     if s.strategy == "parallel":
         batch = [t for t in tasks for _ in range(s.n)]
         eps = run_episodes(model, tok, batch, _cfg(s, "rehearse", s.temperature, s.seed))
@@ -148,23 +217,25 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
         for k in range(s.n):
             asks = []
             for i, t in enumerate(tasks):
-                mem = build_memory(texts[i], critiques[i], tok, s.max_memory_tokens)[0] \
-                    if texts[i] else None
+                mem = build_memory(texts[i], critiques[i], tok, s.max_memory_tokens,
+                                   s.response_chars)[0] if texts[i] else None
                 asks.append(with_messages(t, [{"role": "system", "content": mem}]) if mem else t)
             eps = run_episodes(model, tok, asks, _cfg(s, "rehearse", s.temperature, s.seed + k))
             for i, e in enumerate(eps):
                 plans[i].append(e)
-                texts[i].append(plan_text(e, k + 1, s.response_chars))
-            crit = _critiques(model, tok, tasks, [t[-1] for t in texts], s, s.seed + 100 + k)
+                texts[i].append(plan_of(e, k + 1))
+            crit = _critiques(model, tok, tasks, [t[-1].render(s.response_chars) for t in texts],
+                              s, s.seed + 100 + k)
             for i, c in enumerate(crit):
                 critiques[i].append(c)
     t_rehearse = time.perf_counter() - t0
     commits_tasks, memories = [], []
     for i, t in enumerate(tasks):
         if s.strategy == "parallel":
-            texts[i] = [plan_text(e, k + 1, s.response_chars) for k, e in enumerate(plans[i])]
+            texts[i] = [plan_of(e, k + 1) for k, e in enumerate(plans[i])]
         if texts[i]:
-            mem, dropped = build_memory(texts[i], critiques[i], tok, s.max_memory_tokens)
+            mem, dropped = build_memory(texts[i], critiques[i], tok, s.max_memory_tokens,
+                                        s.response_chars)
             memories.append({"text": mem, "dropped": dropped})
             commits_tasks.append(with_messages(t, [{"role": "system", "content": mem}]))
         else:

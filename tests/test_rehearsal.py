@@ -85,3 +85,64 @@ def test_a_malformed_plan_is_bounded_recorded_and_the_commit_happens(trained):
                                              "finished", "unknown_tool"}
     assert commit.trajectory.source == "real" and commit.end_reason  # the commit still ran
     assert commit.trajectory.messages[-1].role in ("assistant", "tool")
+
+
+def test_the_memory_holds_only_what_the_policy_imagined(trained):
+    """A per-turn task's earlier turns (real calls, real responses) stay in the conversation;
+    the plan lists only the calls the policy made while rehearsing and the responses it wrote."""
+    from envace.rehearsal import plan_of
+    from envace.turns import derive_turn_task
+
+    model, tok = trained
+    task = derive_turn_task(get_task("multi_turn_base_0"), 2)
+    history_calls = [c for m in task.history for c in m.get("tool_calls") or []]
+    assert len(history_calls) >= 2
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", max_turns=3))
+    row = eng.start(task)
+    for text, kind in ((chat.format_call("ls", {"a": True}), "act"),
+                       ('{"current_directory_content": ["imagined.txt"]}', "rehearse")):
+        row.gen, row.buf = kind, chat.encode_text(tok, text) + [eng.im_end]
+        eng.finish_message(row)
+    ep = eng.episode(row, 0)
+    assert len(ep.trajectory.tool_steps()) == len(history_calls) + 1
+    plan = plan_of(ep, 1)
+    assert plan.calls == (('ls({"a": true})', '{"current_directory_content": ["imagined.txt"]}'),)
+    text = plan_text(ep, 1, 160)
+    real = [s.response.content for s in ep.trajectory.tool_steps()[:len(history_calls)]]
+    assert all(r not in text for r in real if len(r) > 4)
+    assert text.startswith("Plan 1: ls(")
+
+
+def test_overflow_drops_old_plans_then_shortens_responses_never_the_newest_calls(trained):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from envace.rehearsal import Plan
+
+    _, tok = trained
+
+    def plan(i, n_calls, resp_len):
+        return Plan(i, tuple((f'tool_{i}_{k}({{"k": {k}}})', "r" * resp_len)
+                             for k in range(n_calls)))
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 400), st.integers(60, 600))
+    def check(n_plans, n_calls, resp_len, budget):
+        plans = [plan(i + 1, n_calls, resp_len) for i in range(n_plans)]
+        crits = [f"critique {i}" for i in range(n_plans)]
+        text, dropped = build_memory(plans, crits, tok, budget)
+        assert len(chat.encode_text(tok, text)) <= budget
+        newest = plans[-1]
+        calls_alone = build_memory([Plan(newest.index, tuple((c, "") for c, _ in newest.calls))],
+                                   [], tok, 10**6)[0]
+        note = len(chat.encode_text(tok, f"({n_plans} earlier plan(s) dropped to fit the context)"))
+        if len(chat.encode_text(tok, calls_alone)) + note + 2 <= budget:
+            # every imagined call of the newest plan survives, whatever else had to go
+            assert all(c in text for c, _ in newest.calls), text
+            assert f"Plan {newest.index}:" in text
+        if dropped and "(cut to fit the context)" not in text:
+            # old plans go whole, oldest first, and the memory says so
+            assert f"({dropped} earlier plan(s) dropped" in text
+            assert all(f"Plan {p.index}:" not in text for p in plans[:dropped])
+
+    check()

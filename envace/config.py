@@ -372,7 +372,9 @@ class TrainConfig:
         "state: final environment state after executing the committed calls equals ground "
         "truth; action: committed calls match ground-truth calls (F1); action_partial: the same "
         "F1 with partial credit for the right function and each right argument; turn_state: "
-        "fraction of user turns whose end state matches",
+        "of the user turns whose ground truth makes calls, the share passed in order before "
+        "the first failed one (a turn passes the state check: a call made, every backend's "
+        "state equal to ground truth, the ground truth's responses returned)",
     )
     grounded_lambda: float = opt(
         0.0, "rehearse reward = (1 - lambda) * task reward + lambda * measured fidelity; 0: paper"

@@ -79,6 +79,22 @@ def test_task_rewards_on_ground_truth_and_on_nothing():
     assert task_reward("turn_state", task, half)["reward"] == pytest.approx(2 / 4)
 
 
+def test_turn_state_is_the_share_of_turns_passed_before_the_first_failure():
+    """What `reward=turn_state`'s help says: turn 2 (a read-only `sort`) answered with `ls` leaves
+    every backend's state equal to ground truth but misses the sort's response, so it fails; the
+    correct turn 3 after it earns nothing (not 3/4 turns with a matching state)."""
+    from envace.config import TrainConfig, config_help
+
+    task = get_task("multi_turn_base_0")
+    env = BFCLEnv()
+    env.reset(task)
+    truth = ground_truth_calls(task, env)
+    for wrong in ([], [("ls", {})]):
+        calls = [*truth[:2], wrong, truth[3]]
+        assert task_reward("turn_state", task, calls)["reward"] == pytest.approx(2 / 4)
+    assert "before the first failed one" in " ".join(config_help(TrainConfig).split())
+
+
 def test_pass_at_k_known_answers():
     assert pass_at_k([[True, False], [False, False]], 1) == pytest.approx(0.25)
     assert pass_at_k([[True, False], [False, False]], 2) == pytest.approx(0.5)

@@ -283,6 +283,17 @@ def push_token(eng: Engine, r: _Row, tok: int, lp: float, cfg: RolloutConfig,
     return ended or r.done is not None
 
 
+def choose_logits(all_logits: Sequence[torch.Tensor], rehearsing: Sequence[bool]
+                  ) -> torch.Tensor:
+    """The next-token logits ``[rows, V]`` each live row samples from: with a world model
+    (``all_logits`` = [policy's, world model's]) the world model's for the rows that rehearse
+    next, the policy's for the others. The row mask is made on the logits' device."""
+    if len(all_logits) == 1:
+        return all_logits[0]
+    use_wm = torch.tensor(list(rehearsing), dtype=torch.bool, device=all_logits[0].device)
+    return torch.where(use_wm[:, None], all_logits[1], all_logits[0])
+
+
 @torch.no_grad()
 def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
                  simulator: Simulator | None = None,
@@ -305,10 +316,8 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     live = [i for i, r in enumerate(rows) if r.done is None]
     all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
     while live:
-        logits = all_logits[0]
-        if world_model is not None:  # rows that rehearse next sample from the world model
-            use_wm = torch.tensor([not rows[i].queue and rows[i].gen == "rehearse" for i in live])
-            logits = torch.where(use_wm[:, None], all_logits[1], all_logits[0])
+        logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
+                                            for i in live])
         toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
         chunks: list[list[int]] = []
         for j, i in enumerate(live):

@@ -209,3 +209,18 @@ def test_smollm2_preset_trains_a_step(tmp_path):
     assert row["step"] == 0 and row["tokens/act"] > 0 and "grad_norm" in row
     assert "smollm2" in (run / "config.yaml").read_text()
     assert (run / "report.md").exists() and (run / "checkpoints" / "step_0").is_dir()
+
+
+def test_split_rollouts_pick_logits_on_their_device():
+    """The rows-that-rehearse mask is made where the logits are (meta here: a CPU mask, as a
+    CUDA run would have had, fails), and picks the world model's rows."""
+    import torch
+
+    from envace.rollout import choose_logits
+
+    pol, wm = torch.zeros(3, 5), torch.ones(3, 5)
+    picked = choose_logits([pol, wm], [True, False, True])
+    assert picked[:, 0].tolist() == [1.0, 0.0, 1.0]
+    assert choose_logits([pol], [True, True, True]) is pol
+    meta = [torch.empty(3, 5, device="meta"), torch.empty(3, 5, device="meta")]
+    assert choose_logits(meta, [True, False, True]).device.type == "meta"

@@ -54,9 +54,13 @@ def _finish(summary: dict, out: str) -> int:
     c = summary["counts"]
     rate = summary.get("divergence_rate")
     rate_s = "n/a" if rate is None else f"{rate:.1%}"
+    what = ("real steps (determinism check, must be 0)" if summary.get("determinism_check")
+            else f"rehearsed steps ({c.get('scored_steps', '?')})")
     print(f"audited {c['trajectories']} trajectories, {c['steps']} tool calls "
           f"({c['malformed_calls']} malformed, {c['unanswered_steps']} unanswered); "
-          f"divergence {rate_s}; skipped {c['skipped']} records -> {out}/report.md")
+          f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> {out}/report.md")
+    if summary.get("determinism_warning"):
+        print(f"  warning: {summary['determinism_warning']}", file=sys.stderr)
     for s in summary["skipped_records"][:10]:
         print(f"  skipped {s['file']}:{s['line']}: {s['reason']}", file=sys.stderr)
     return EXIT_SKIPPED if c["skipped"] else EXIT_OK

@@ -1,20 +1,34 @@
-"""Two audits side by side (two checkpoints, two simulators), with significance.
+"""Two audits side by side (two checkpoints, two simulators), with intervals and p-values.
 
-Unpaired figures: divergence rate (two-proportion z-test, CI of the difference), each scorer's
-mean (Welch's t-test). When both audits scored the same calls (same task, step, tool and
-arguments, e.g. two simulators over one trajectory file) the steps are also paired and McNemar's
-exact test is run on the divergence verdicts, which is far more sensitive.
+Both audits are read from their ``steps.jsonl`` and reduced to the steps their statistics count
+(``audit.population``: answered rehearsed steps, or the real ones of a determinism check), so an
+audit written before the current summary format compares the same way. Steps of one trajectory
+are not independent, so every difference (divergence rate, each scorer's mean) gets a
+trajectory-bootstrap interval and p-value (``audit.intervals.ratio_difference``):
+
+- ``paired_by_trajectory`` when both audits hold the same trajectories (same ids, e.g. two
+  simulators or two verdicts over one trajectory file): trajectories are resampled together;
+- ``independent`` otherwise: each audit's trajectories are resampled on their own.
+
+``design`` in the output says which. When both audits scored the same calls (same task, step,
+tool and arguments) the matched calls are also compared directly (``paired``: how many diverged
+in one audit only, and the difference on those calls, resampling A's trajectories).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import warnings
 from pathlib import Path
 from typing import Any
 
-from audit.compounding import clean
+import numpy as np
+
+from audit.compounding import clean, compounding_ratio
+from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
+from audit.population import population
+
+PAIRED = "paired_by_trajectory"
+INDEPENDENT = "independent"
 
 
 def _load(dir_: Path) -> tuple[dict, list[dict]]:
@@ -27,98 +41,115 @@ def _load(dir_: Path) -> tuple[dict, list[dict]]:
                     steps.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue  # a truncated last line: the summary says what was audited
-    return summary, [s for s in steps if not s.get("unanswered")]
+    return summary, steps
 
 
 def _key(s: dict) -> str:
     return json.dumps([s["task_id"], s["step"], s["tool"], s["arguments"]], sort_keys=True)
 
 
-def two_proportions(k1: int, n1: int, k2: int, n2: int) -> dict[str, Any]:
-    from scipy.stats import norm
+def _columns(rows: list[dict], scorers: list[str]) -> np.ndarray:
+    """Per step: diverged (0/1), then each scorer (NaN when not scored)."""
+    def score(r: dict, name: str) -> float:
+        v = (r.get("scores") or {}).get(name)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan
 
-    if not n1 or not n2:
-        return {"diff": None, "ci": None, "p_value": None}
-    p1, p2 = k1 / n1, k2 / n2
-    diff = p2 - p1
-    se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    pool = (k1 + k2) / (n1 + n2)
-    se0 = math.sqrt(pool * (1 - pool) * (1 / n1 + 1 / n2))
-    p = 2 * norm.sf(abs(diff) / se0) if se0 > 0 else (1.0 if diff == 0 else 0.0)
-    return {"diff": diff, "ci": [diff - 1.96 * se, diff + 1.96 * se], "p_value": p}
+    return np.array([[float(bool(r["diverged"]))] + [score(r, n) for n in scorers]
+                     for r in rows], dtype=float).reshape(len(rows), 1 + len(scorers))
 
 
-def welch(a: list[float], b: list[float]) -> dict[str, Any]:
-    from scipy.stats import ttest_ind
-
-    if len(a) < 2 or len(b) < 2:
-        return {"diff": None, "p_value": None}
-    diff = sum(b) / len(b) - sum(a) / len(a)
-    with warnings.catch_warnings():  # identical samples: scipy warns, the p-value is still 1
-        warnings.simplefilter("ignore", RuntimeWarning)
-        res = ttest_ind(a, b, equal_var=False)
-    p = float(res.pvalue) if math.isfinite(res.pvalue) else (1.0 if diff == 0 else None)
-    return {"diff": diff, "p_value": p}
+def _per_trajectory(rows: list[dict], scorers: list[str], ids: list[str]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(sums, counts) per trajectory, rows of the result in the order of ``ids``."""
+    index = {t: i for i, t in enumerate(ids)}
+    codes = np.array([index[str(r["trajectory_id"])] for r in rows], dtype=np.int64)
+    return cluster_sums(codes, _columns(rows, scorers), len(ids))
 
 
-def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
-    from scipy.stats import binomtest
-
-    only_a = sum(x and not y for x, y in zip(a, b, strict=True))
-    only_b = sum(y and not x for x, y in zip(a, b, strict=True))
-    n = only_a + only_b
-    p = binomtest(only_a, n, 0.5).pvalue if n else 1.0
-    return {"pairs": len(a), "only_a_diverged": only_a, "only_b_diverged": only_b,
-            "p_value": float(p)}
-
-
-def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05) -> dict[str, Any]:
-    sa, a = _load(Path(dir_a))
-    sb, b = _load(Path(dir_b))
-    ka, kb = sum(bool(s["diverged"]) for s in a), sum(bool(s["diverged"]) for s in b)
+def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
+                   spec: IntervalSpec | None = None) -> dict[str, Any]:
+    """Compare two audit directories (B − A); see the module docstring for the design."""
+    spec = spec or IntervalSpec(resamples=2000, seed=0, level=1 - alpha)
+    sa, all_a = _load(Path(dir_a))
+    sb, all_b = _load(Path(dir_b))
+    pa, pb = population(all_a), population(all_b)
+    a, b = pa.rows, pb.rows
+    scorers = sorted(set(sa.get("scorers", [])) & set(sb.get("scorers", [])))
+    ids_a = sorted({str(r["trajectory_id"]) for r in a})
+    ids_b = sorted({str(r["trajectory_id"]) for r in b})
+    paired = bool(ids_a) and ids_a == ids_b
+    diffs = ratio_difference(_per_trajectory(a, scorers, ids_a),
+                             _per_trajectory(b, scorers, ids_b), spec, paired)
     out: dict[str, Any] = {
         "a": str(dir_a), "b": str(dir_b), "alpha": alpha,
+        "design": PAIRED if paired else INDEPENDENT,
+        "interval": spec.describe(),
+        "population": {"a": pa.kind, "b": pb.kind},
         "steps": {"a": len(a), "b": len(b)},
-        "divergence_rate": {"a": ka / len(a) if a else None, "b": kb / len(b) if b else None,
-                            **two_proportions(ka, len(a), kb, len(b))},
-        "scores": {},
-        "compounding_ratio": {"a": (sa.get("compounding") or {}).get("ratio"),
-                              "b": (sb.get("compounding") or {}).get("ratio")},
+        "trajectories": {"a": len(ids_a), "b": len(ids_b)},
+        "divergence_rate": diffs[0],
+        "scores": dict(zip(scorers, diffs[1:], strict=True)),
+        "compounding_ratio": {"a": compounding_ratio(a, n_boot=0)["ratio"],
+                              "b": compounding_ratio(b, n_boot=0)["ratio"]},
     }
-    for name in sorted(set(sa.get("scorers", [])) & set(sb.get("scorers", []))):
-        va = [s["scores"][name] for s in a if name in s["scores"]]
-        vb = [s["scores"][name] for s in b if name in s["scores"]]
-        out["scores"][name] = {"a": sum(va) / len(va) if va else None,
-                               "b": sum(vb) / len(vb) if vb else None, **welch(va, vb)}
     index_b = {_key(s): s for s in b}
     pairs = [(s, index_b[_key(s)]) for s in a if _key(s) in index_b]
     if pairs:
-        out["paired"] = mcnemar([bool(x["diverged"]) for x, _ in pairs],
-                                [bool(y["diverged"]) for _, y in pairs])
+        out["paired"] = _matched_calls(pairs, spec)
     for block in [out["divergence_rate"], out.get("paired", {}), *out["scores"].values()]:
         if block.get("p_value") is not None:
             block["significant"] = block["p_value"] < alpha
     return clean(out)
 
 
+def _matched_calls(pairs: list[tuple[dict, dict]], spec: IntervalSpec) -> dict[str, Any]:
+    """Divergence on the calls both audits scored, resampling A's trajectories (pairs kept)."""
+    va = np.array([float(bool(x["diverged"])) for x, _ in pairs])
+    vb = np.array([float(bool(y["diverged"])) for _, y in pairs])
+    codes, ids = cluster_codes([x["trajectory_id"] for x, _ in pairs])
+    d = ratio_difference(cluster_sums(codes, va, len(ids)), cluster_sums(codes, vb, len(ids)),
+                         spec, paired=True)[0]
+    return {"pairs": len(pairs), "trajectories": len(ids),
+            "only_a_diverged": int(((va == 1) & (vb == 0)).sum()),
+            "only_b_diverged": int(((vb == 1) & (va == 0)).sum()),
+            "diff": d["diff"], "ci": d["ci"], "p_value": d["p_value"], "method": d["method"]}
+
+
 def render_compare(c: dict[str, Any]) -> str:
+    """``compare.md``: the comparison as a Markdown table."""
     def f(x: Any) -> str:
         return "–" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
 
+    def ci(v: dict) -> str:
+        return "–" if not v.get("ci") else f"[{f(v['ci'][0])}, {f(v['ci'][1])}]"
+
     dr = c["divergence_rate"]
+    design = ("paired by trajectory (both audits hold the same trajectories; resampled together)"
+              if c["design"] == PAIRED else
+              "independent (each audit's trajectories resampled on its own)")
     lines = [f"# Audit comparison\n\nA = {c['a']}  \nB = {c['b']}\n",
-             "| figure | A | B | B − A | p | significant |", "|---|---|---|---|---|---|",
-             f"| divergence rate | {f(dr['a'])} | {f(dr['b'])} | {f(dr['diff'])} | "
+             f"Rehearsed steps only (A: {c['steps']['a']} in {c['trajectories']['a']} "
+             f"trajectories, B: {c['steps']['b']} in {c['trajectories']['b']}). Intervals and "
+             f"p-values: trajectory bootstrap, {c['interval']['resamples']} resamples, "
+             f"seed {c['interval']['seed']}; design: {design}.\n",
+             "| figure | A | B | B − A | interval | p | significant |",
+             "|---|---|---|---|---|---|---|",
+             f"| divergence rate | {f(dr['a'])} | {f(dr['b'])} | {f(dr['diff'])} | {ci(dr)} | "
              f"{f(dr['p_value'])} | {dr.get('significant', '–')} |"]
     for name, v in c["scores"].items():
-        lines.append(f"| mean {name} | {f(v['a'])} | {f(v['b'])} | {f(v['diff'])} | "
+        lines.append(f"| mean {name} | {f(v['a'])} | {f(v['b'])} | {f(v['diff'])} | {ci(v)} | "
                      f"{f(v['p_value'])} | {v.get('significant', '–')} |")
     cr = c["compounding_ratio"]
-    lines.append(f"| compounding ratio | {f(cr['a'])} | {f(cr['b'])} | | | |")
+    lines.append(f"| compounding ratio | {f(cr['a'])} | {f(cr['b'])} | | | | |")
+    for side in ("a", "b"):
+        if c["population"][side] == "determinism_check":
+            lines.append(f"\n{side.upper()} holds real responses only: its figures are a "
+                         "determinism check, not fidelity.")
     if "paired" in c:
         p = c["paired"]
-        lines += ["", f"Paired on {p['pairs']} identical calls: only A diverged "
-                      f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; McNemar exact "
-                      f"p = {f(p['p_value'])} "
+        lines += ["", f"Matched on {p['pairs']} identical calls in {p['trajectories']} "
+                      f"trajectories: only A diverged {p['only_a_diverged']}, only B "
+                      f"{p['only_b_diverged']}; B − A {f(p['diff'])} {ci(p)}, trajectory "
+                      f"bootstrap p = {f(p['p_value'])} "
                       f"({'significant' if p.get('significant') else 'n.s.'})."]
     return "\n".join(lines) + "\n"

@@ -1,11 +1,15 @@
 """Compounding statistics over scored steps: does one wrong rehearsal make the next ones worse?
 
-Pure functions over a list of *step records*: dicts with at least ``trajectory_id``,
-``step`` (0-based depth among the trajectory's tool calls), ``tool``, ``diverged`` (bool),
-``scores`` (``{scorer: value}``), ``mutates_state`` (bool or None) and optionally ``novelty``.
-Records whose ``diverged`` is not a bool are left out of divergence statistics.
+Pure functions over a list of *step records*: dicts with at least ``trajectory_id``, ``depth``
+(0-based depth among the trajectory's rehearsed calls; ``step`` is used when a record has no
+``depth``), ``tool``, ``diverged`` (bool), ``scores`` (``{scorer: value}``), ``mutates_state``
+(bool or None) and optionally ``novelty``. Records whose ``diverged`` is not a bool are left out of
+divergence statistics. Which records to pass (rehearsed steps only) is ``audit.population``'s job.
 
-- :func:`by_depth`, :func:`strata`: divergence rate (Wilson CI) and mean scores per group.
+Intervals of rates and means resample whole trajectories (``audit.intervals``: a seeded cluster
+bootstrap; steps of one trajectory are not independent).
+
+- :func:`by_depth`, :func:`strata`: divergence rate and mean scores per group, with intervals.
 - :func:`first_divergence_survival`: Kaplan–Meier curve of the first divergence.
 - :func:`compounding_ratio`: P(diverge | earlier divergence) / P(diverge | none earlier).
 - :func:`logistic_divergence`: divergence on depth, prior divergence, write flag, novelty.
@@ -20,6 +24,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+
+from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_intervals
+from audit.intervals import wilson_ci as wilson_ci
 
 Step = dict
 _TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
@@ -48,17 +55,6 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]:
-    """Wilson score interval for ``k`` successes in ``n`` trials; ``(None, None)`` if n == 0."""
-    if n <= 0:
-        return None, None
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
-
-
 def _t_quantile(df: int, level: float = 0.95) -> float:
     from scipy.special import stdtrit
 
@@ -66,7 +62,11 @@ def _t_quantile(df: int, level: float = 0.95) -> float:
 
 
 def mean_ci(values: Iterable[float]) -> dict:
-    """Mean with a Student-t 95% interval clipped to [0, 1] (scores live there); n < 2: no CI."""
+    """Mean with a Student-t 95% interval clipped to [0, 1], for *independent* values only.
+
+    Steps of one trajectory are not independent: for step scores use :func:`group_stats` (a
+    trajectory bootstrap). n < 2: no CI.
+    """
     xs = [float(v) for v in values if _finite(v)]
     n = len(xs)
     if n == 0:
@@ -79,6 +79,11 @@ def mean_ci(values: Iterable[float]) -> dict:
     return {"mean": mean, "ci": [max(0.0, mean - half), min(1.0, mean + half)], "n": n}
 
 
+def _depth(s: Step) -> int:
+    d = s.get("depth")
+    return int(s["step"] if d is None else d)
+
+
 def _scored(steps: Iterable[Step]) -> list[Step]:
     return [s for s in steps if isinstance(s.get("diverged"), (bool, np.bool_))]
 
@@ -89,29 +94,45 @@ def _scorer_names(steps: Sequence[Step], scorers: Sequence[str] | None) -> list[
     return sorted({name for s in steps for name in (s.get("scores") or {})})
 
 
-def _group_stats(steps: Sequence[Step], scorers: Sequence[str]) -> dict:
+def _score(s: Step, name: str) -> float:
+    v = (s.get("scores") or {}).get(name)
+    return float(v) if _finite(v) else math.nan
+
+
+def group_stats(steps: Sequence[Step], scorers: Sequence[str],
+                spec: IntervalSpec = IntervalSpec()) -> dict:
+    """n, trajectories, diverged, divergence rate and each scorer's mean, with intervals that
+    resample the group's trajectories (``audit.intervals``; method per figure)."""
     n = len(steps)
     k = sum(bool(s["diverged"]) for s in steps)
-    lo, hi = wilson_ci(k, n)
-    return {
-        "n": n,
-        "diverged": k,
-        "divergence_rate": k / n if n else None,
-        "divergence_ci": None if lo is None else [lo, hi],
-        "scores": {
-            name: mean_ci((s.get("scores") or {}).get(name) for s in steps) for name in scorers
-        },
-    }
+    out: dict = {"n": n, "trajectories": 0, "diverged": k, "divergence_rate": None,
+                 "divergence_ci": None, "divergence_ci_method": None,
+                 "scores": {name: {"mean": None, "ci": None, "n": 0, "method": None}
+                            for name in scorers}}
+    if not n:
+        return out
+    codes, ids = cluster_codes([s.get("trajectory_id") for s in steps])
+    values = np.array([[float(bool(s["diverged"]))] + [_score(s, m) for m in scorers]
+                       for s in steps], dtype=float).reshape(n, 1 + len(scorers))
+    sums, counts = cluster_sums(codes, values, len(ids))
+    res = ratio_intervals(sums, counts, spec)
+    out.update(trajectories=len(ids), divergence_rate=k / n, divergence_ci=res[0]["ci"],
+               divergence_ci_method=res[0]["method"])
+    for name, r in zip(scorers, res[1:], strict=True):
+        out["scores"][name] = {"mean": r["point"], "ci": r["ci"], "n": r["n"],
+                               "method": r["method"]}
+    return out
 
 
-def by_depth(steps: Iterable[Step], scorers: Sequence[str] | None = None) -> list[dict]:
-    """One row per depth: n, diverged, divergence_rate + Wilson CI, mean ± CI of each scorer."""
+def by_depth(steps: Iterable[Step], scorers: Sequence[str] | None = None,
+             spec: IntervalSpec = IntervalSpec()) -> list[dict]:
+    """One row per depth: n, diverged, divergence_rate, mean of each scorer, with intervals."""
     steps = _scored(steps)
     names = _scorer_names(steps, scorers)
     groups: dict[int, list[Step]] = defaultdict(list)
     for s in steps:
-        groups[int(s["step"])].append(s)
-    return clean([{"depth": d, **_group_stats(groups[d], names)} for d in sorted(groups)])
+        groups[_depth(s)].append(s)
+    return clean([{"depth": d, **group_stats(groups[d], names, spec)} for d in sorted(groups)])
 
 
 def _stratum_label(step: Step, key: str, bins: Sequence[float]) -> str:
@@ -135,6 +156,7 @@ def strata(
     key: str | Callable[[Step], str],
     scorers: Sequence[str] | None = None,
     bins: Sequence[float] = NOVELTY_BINS,
+    spec: IntervalSpec = IntervalSpec(),
 ) -> dict[str, dict]:
     """Divergence and mean scores per stratum, keyed by stratum label (sorted).
 
@@ -147,14 +169,14 @@ def strata(
     groups: dict[str, list[Step]] = defaultdict(list)
     for s in steps:
         groups[label(s)].append(s)
-    return clean({g: _group_stats(groups[g], names) for g in sorted(groups)})
+    return clean({g: group_stats(groups[g], names, spec) for g in sorted(groups)})
 
 
 def _trajectories(steps: Iterable[Step]) -> dict[str, list[Step]]:
     groups: dict[str, list[Step]] = defaultdict(list)
     for s in steps:
         groups[str(s.get("trajectory_id"))].append(s)
-    return {t: sorted(g, key=lambda s: int(s["step"])) for t, g in groups.items()}
+    return {t: sorted(g, key=lambda s: _depth(s)) for t, g in groups.items()}
 
 
 def first_divergence_survival(steps: Iterable[Step], z: float = 1.96) -> dict:
@@ -168,8 +190,8 @@ def first_divergence_survival(steps: Iterable[Step], z: float = 1.96) -> dict:
     """
     times: list[tuple[int, bool]] = []
     for group in _trajectories(_scored(steps)).values():
-        first = next((int(s["step"]) for s in group if s["diverged"]), None)
-        times.append((first, True) if first is not None else (int(group[-1]["step"]), False))
+        first = next((_depth(s) for s in group if s["diverged"]), None)
+        times.append((first, True) if first is not None else (_depth(group[-1]), False))
     rows, surv, greenwood, median = [], 1.0, 0.0, None
     for t in range(max((t for t, _ in times), default=-1) + 1):
         at_risk = sum(1 for u, _ in times if u >= t)
@@ -243,7 +265,7 @@ def compounding_ratio(
     for i, group in enumerate(trajs.values()):
         prior = False
         for s in group:
-            t = int(s["step"])
+            t = _depth(s)
             if t >= 1:
                 cell = (0 if s["diverged"] else 1) + (0 if prior else 2)
                 counts[i, cell] += 1
@@ -338,7 +360,7 @@ def _design(steps: list[Step]) -> tuple[np.ndarray, np.ndarray, list[str], list[
         for s in group:
             rows.append(
                 (
-                    int(s["step"]),
+                    _depth(s),
                     prior,
                     s.get("mutates_state"),
                     s.get("novelty"),
@@ -470,12 +492,18 @@ def summarize(
     n_boot: int = 1000,
     seed: int = 0,
     logistic_boot: int = 200,
+    level: float = 0.95,
 ) -> dict:
-    """Everything above in one JSON-serialisable dict (see the README for its keys)."""
+    """Everything above in one JSON-serialisable dict (see the README for its keys).
+
+    ``n_boot`` trajectory resamples (seeded) give the intervals of rates and means and of the
+    compounding ratio; ``logistic_boot`` those of the logistic odds ratio.
+    """
     all_steps = list(steps)
     scored = _scored(all_steps)
     names = _scorer_names(scored, scorers)
-    overall = _group_stats(scored, names)
+    spec = IntervalSpec(resamples=n_boot, seed=seed, level=level)
+    overall = group_stats(scored, names, spec)
     fd = first_divergence_survival(scored)
     return clean(
         {
@@ -487,14 +515,16 @@ def summarize(
             },
             "divergence_rate": overall["divergence_rate"],
             "divergence_ci": overall["divergence_ci"],
+            "divergence_ci_method": overall["divergence_ci_method"],
             "scores": overall["scores"],
-            "by_depth": by_depth(scored, names),
-            "by_tool": strata(scored, "tool", names),
-            "by_mutates_state": strata(scored, "mutates_state", names),
-            "by_novelty": strata(scored, "novelty", names),
+            "by_depth": by_depth(scored, names, spec),
+            "by_tool": strata(scored, "tool", names, spec=spec),
+            "by_mutates_state": strata(scored, "mutates_state", names, spec=spec),
+            "by_novelty": strata(scored, "novelty", names, spec=spec),
             "first_divergence": fd,
             "median_first_divergence": fd["median"],
             "compounding": compounding_ratio(scored, n_boot=n_boot, seed=seed),
             "logistic": logistic_divergence(scored, n_boot=logistic_boot, seed=seed),
+            "interval": spec.describe(),
         }
     )

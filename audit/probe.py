@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.pipeline import AuditOptions, _Writer, reference_triples, write_json_atomic
+from audit.population import assign_depths
 from audit.replay import (
     MAX_HISTORY_CHARS,
     AuditSettings,
@@ -117,6 +118,7 @@ def probe_trajectory(
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
                                        history_text, settings))
+    assign_depths(records)
     warnings = []
     if unknown:
         warnings.append(f"calls tools the task does not have: {', '.join(sorted(set(unknown)))}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from audit.canonical import is_error_response
 from audit.compounding import novelty
+from audit.population import assign_depths, is_rehearsed
 from audit.scorers import ScoreContext, Verdict, make_verdict, score_step
 from envace.envs.base import Environment, make_env
 from envace.envs.tasks import UnknownTask
@@ -121,6 +122,7 @@ def replay_trajectory(
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
                           env, history_text, settings)
         records.append(rec)
+    assign_depths(records)
     warnings = []
     if unknown_tools:
         names = ", ".join(sorted(set(unknown_tools)))
@@ -174,6 +176,8 @@ def trajectory_row(traj: Trajectory, records: list[dict[str, Any]]) -> dict[str,
     """One line of ``trajectories.jsonl``: per-trajectory fidelity, beside its reward."""
     answered = [r for r in records if not r["unanswered"]]
     first = next((r["step"] for r in answered if r["diverged"]), None)
+    mine = [r for r in answered if is_rehearsed(r)]
+    first_depth = next((r.get("depth") for r in mine if r["diverged"]), None)
     return {
         "trajectory_id": traj.id,
         "task_id": traj.task_id,
@@ -183,6 +187,9 @@ def trajectory_row(traj: Trajectory, records: list[dict[str, Any]]) -> dict[str,
         "answered": len(answered),
         "diverged": sum(bool(r["diverged"]) for r in answered),
         "first_divergence": first,
+        "rehearsed_steps": len(mine),
+        "rehearsed_diverged": sum(bool(r["diverged"]) for r in mine),
+        "first_divergence_depth": first_depth,
         "malformed": sum(r["malformed"] is not None for r in records),
         "meta": {k: traj.meta[k] for k in ("train_step", "group", "mode", "plan", "split")
                  if k in traj.meta},

@@ -2,6 +2,8 @@
 
 Plots: divergence rate by depth with 95 % intervals (``depth.png``), first-divergence survival
 (``survival.png``), divergence by tool (``tools.png``). matplotlib's Agg backend; no display.
+The report says which steps the statistics count (rehearsed only, or a determinism check) and
+how intervals are computed, and warns when a real response diverges.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         hi = [r["divergence_ci"][1] for r in rows]
         ax.fill_between(d, lo, hi, alpha=0.25)
         ax.plot(d, rate, marker="o")
-        ax.set(xlabel="step depth", ylabel="divergence rate", ylim=(0, 1),
-               title="Divergence by depth (95% Wilson CI)")
+        ax.set(xlabel="depth (0 = first rehearsed step)", ylabel="divergence rate", ylim=(0, 1),
+               title="Divergence by depth (95% trajectory-bootstrap CI)")
         fig.tight_layout()
         fig.savefig(out / "depth.png", dpi=110)
         plt.close(fig)
@@ -51,7 +53,8 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
     if km:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         ax.step([-1] + [r["depth"] for r in km], [1.0] + [r["survival"] for r in km], where="post")
-        ax.set(xlabel="step depth", ylabel="P(no divergence yet)", ylim=(0, 1.02),
+        ax.set(xlabel="depth (0 = first rehearsed step)", ylabel="P(no divergence yet)",
+               ylim=(0, 1.02),
                title="First-divergence survival (Kaplan–Meier)")
         fig.tight_layout()
         fig.savefig(out / "survival.png", dpi=110)
@@ -71,20 +74,50 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
     return made
 
 
+def _scope(s: dict[str, Any]) -> list[str]:
+    """Which steps the figures count, how intervals are made, and determinism warnings."""
+    st = s.get("statistics") or {}
+    iv = s.get("interval") or {}
+    out = []
+    if s.get("determinism_check"):
+        out += ["**Determinism check.** This file holds real responses only (no rehearsed "
+                "step): the figures below are the real steps replayed against the environment, "
+                "not fidelity, and the divergence rate must be 0.", ""]
+    elif st:
+        unmarked = st.get("unmarked_steps_counted_as_rehearsed") or 0
+        out += [f"Statistics over the {st.get('steps')} answered rehearsed steps of "
+                f"{st.get('trajectories')} trajectories, depth 0 = each trajectory's first "
+                f"rehearsed step; {st.get('real_steps_excluded', 0)} real history steps are "
+                "left out (the determinism check under *By who wrote the response*)"
+                + (f"; {unmarked} responses without a `rehearsed` flag counted as rehearsed"
+                   if unmarked else "") + ".", ""]
+    if iv:
+        out += [f"Intervals: {iv.get('level', 0.95):.0%}, {iv.get('method')} "
+                f"({iv.get('resamples')} resamples of whole trajectories, seed {iv.get('seed')}); "
+                "where the resamples have no spread, Wilson's interval on the number of "
+                "trajectories.", ""]
+    if s.get("determinism_warning"):
+        out += [f"**Warning:** {s['determinism_warning']}.", ""]
+    return out
+
+
 def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     c = s["counts"]
     lines = [
-        "# Fidelity audit",
+        "# Fidelity audit" + (" — determinism check" if s.get("determinism_check") else ""),
         "",
         f"Inputs: {', '.join(s['inputs'])}",
         f"Verdict: diverged = `{s['verdict']['scorer']}` < {s['verdict']['threshold']}",
         "",
+        *_scope(s),
         f"- records read: {c['records_read']} = audited {c['trajectories']} + skipped "
         f"{c['skipped']} ({'reconciles' if s['reconciles'] else 'DOES NOT reconcile'})",
         f"- tool calls: {c['steps']} (answered {c['answered_steps']}, unanswered "
         f"{c['unanswered_steps']}, malformed {c['malformed_calls']})",
-        f"- **divergence rate: {_fmt(s.get('divergence_rate'), True)}"
-        f"{_ci(s.get('divergence_ci'))}**",
+        f"- **divergence rate"
+        f"{' of the real steps' if s.get('determinism_check') else ''}: "
+        f"{_fmt(s.get('divergence_rate'), True)}{_ci(s.get('divergence_ci'))}**"
+        + (f" over {c['scored_steps']} steps" if "scored_steps" in c else ""),
         f"- median first divergence (depth): {_fmt(s.get('median_first_divergence'))}",
     ]
     comp = s.get("compounding") or {}
@@ -114,11 +147,14 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
                          f"{_ci([v['lo'], v['hi']], False)} |")
     src = s.get("by_source") or {}
     if src:
-        lines += ["", "## By who wrote the response", "", "| source | steps | divergence |",
-                  "|---|---|---|"]
+        lines += ["", "## By who wrote the response", "",
+                  "Real responses are the determinism check: they must never diverge.", "",
+                  "| source | steps | divergence | 95% CI |", "|---|---|---|---|"]
         for k, v in src.items():
-            lines.append(f"| {k} | {v['steps']} | {_fmt(v['divergence_rate'], True)} |")
-    lines += ["", "## By depth", "", "| depth | steps | divergence | 95% CI |", "|---|---|---|---|"]
+            lines.append(f"| {k} | {v['steps']} | {_fmt(v['divergence_rate'], True)} |"
+                         f"{_ci(v.get('divergence_ci'))} |")
+    lines += ["", "## By depth (0 = first rehearsed step)", "",
+              "| depth | steps | divergence | 95% CI |", "|---|---|---|---|"]
     for r in s.get("by_depth") or []:
         lines.append(f"| {r['depth']} | {r['n']} | {_fmt(r['divergence_rate'], True)} |"
                      f"{_ci(r['divergence_ci'])} |")

@@ -1,9 +1,12 @@
 """``summary.json`` of an audit: counts that reconcile, fidelity statistics, references and skill.
 
 Built from compact step rows (no response texts), so it can be recomputed from ``steps.jsonl``
-alone (``envace-audit rescore``). Statistics are over *answered* steps; unanswered and malformed
-calls are counted separately. Real (non-rehearsed) responses are summarised on their own as a
-determinism check: they must never diverge.
+alone (``envace-audit rescore``). Every statistic is over the *answered rehearsed* steps, depth
+counted from each trajectory's first rehearsed step (``audit.population``; a file of real
+responses only is a determinism check, its statistics over the real steps). Unanswered and
+malformed calls are counted separately. Real (non-rehearsed) responses are summarised on their
+own in ``by_source`` as a determinism check: they must never diverge, and a warning says so when
+one does. Intervals resample whole trajectories (``audit.intervals``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from audit.compounding import clean, summarize, wilson_ci
+from audit.compounding import clean, group_stats, summarize
+from audit.intervals import IntervalSpec
+from audit.population import DETERMINISM, population
 from audit.reference import skill, skill_with_ci
 
-SUMMARY_VERSION = "envace.audit/1"
+SUMMARY_VERSION = "envace.audit/2"  # /2: statistics over rehearsed steps, trajectory bootstrap
+N_BOOT = 1000  # trajectory resamples of every interval (rates, means, ratio, skill)
+LOGISTIC_BOOT = 200  # resamples of the logistic odds-ratio interval (each one a model fit)
+SEED = 0
 
 
 def compact(rec: dict[str, Any]) -> dict[str, Any]:
@@ -22,10 +30,18 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     row = {k: rec.get(k) for k in ("trajectory_id", "task_id", "step", "tool", "diverged",
                                    "scores", "mutates_state", "novelty", "unanswered",
                                    "source_rehearsed", "actual_error", "rehearsed_error")}
+    if "depth" in rec:
+        row["depth"] = rec["depth"]
     row["malformed"] = rec.get("malformed") is not None
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row
+
+
+def _bucket_order(kv: tuple[Any, list]) -> tuple[bool, Any]:
+    """Depths in numeric order, other labels alphabetically."""
+    k = kv[0]
+    return (not isinstance(k, int), k if isinstance(k, int) else str(k))
 
 
 def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
@@ -40,14 +56,14 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
         means = {n: sum(r["ref_scores"][n][s] for r in rows) / len(rows) for n in refs}
         best = max(refs, key=lambda n: means[n])
         ref_vals = [r["ref_scores"][best][s] for r in rows]
-        ci = skill_with_ci(model, ref_vals, groups=groups, n_boot=1000, seed=0)
+        ci = skill_with_ci(model, ref_vals, groups=groups, n_boot=N_BOOT, seed=SEED)
         out["by_scorer"][s] = {"reference_means": means, "best_reference": best, **ci}
-        for key, label in (("step", "by_depth"), ("tool", "by_tool")):
+        for key, label in (("depth", "by_depth"), ("tool", "by_tool")):
             buckets: dict[Any, list[dict]] = defaultdict(list)
             for r in rows:
                 buckets[r[key]].append(r)
             table = {}
-            for k, members in sorted(buckets.items(), key=lambda kv: str(kv[0])):
+            for k, members in sorted(buckets.items(), key=_bucket_order):
                 fm = sum(r["scores"][s] for r in members) / len(members)
                 fr = sum(r["ref_scores"][best][s] for r in members) / len(members)
                 table[str(k)] = {"n": len(members), "f_model": fm, "f_ref": fr,
@@ -56,16 +72,32 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
     return out
 
 
-def _by_source(rows: list[dict]) -> dict[str, Any]:
-    out = {}
+def _by_source(rows: list[dict], spec: IntervalSpec) -> dict[str, Any]:
+    """Divergence of each kind of response: rehearsed, real (the determinism check), unmarked."""
+    out: dict[str, Any] = {}
     for label, flag in (("rehearsed", True), ("real", False), ("unmarked", None)):
         members = [r for r in rows if r.get("source_rehearsed") is flag]
         if members:
-            k = sum(bool(r["diverged"]) for r in members)
-            out[label] = {"steps": len(members), "diverged": k,
-                          "divergence_rate": k / len(members),
-                          "divergence_ci": list(wilson_ci(k, len(members)))}
+            g = group_stats(members, [], spec)
+            out[label] = {"steps": g["n"], "trajectories": g["trajectories"],
+                          "diverged": g["diverged"], "divergence_rate": g["divergence_rate"],
+                          "divergence_ci": g["divergence_ci"],
+                          "divergence_ci_method": g["divergence_ci_method"]}
+    real = [r for r in rows if r.get("source_rehearsed") is False and r["diverged"]]
+    if real:
+        ids = sorted({str(r["trajectory_id"]) for r in real})
+        out["real"]["diverged_trajectories"] = ids[:20]
     return out
+
+
+def _determinism_warning(by_source: dict[str, Any]) -> str | None:
+    real = by_source.get("real") or {}
+    if not real.get("diverged"):
+        return None
+    return (f"{real['diverged']} of {real['steps']} real (non-rehearsed) responses diverge from "
+            f"the replay (trajectories {', '.join(real.get('diverged_trajectories', []))}): the "
+            "environment is not deterministic, or the recorded history is not what it returns; "
+            "fidelity figures of these trajectories are suspect")
 
 
 def _error_prediction(rows: list[dict]) -> dict[str, Any]:
@@ -80,13 +112,17 @@ def _error_prediction(rows: list[dict]) -> dict[str, Any]:
 
 def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
                   skipped: list[dict], warnings: list[dict], inputs: list[str],
-                  seconds: float) -> dict[str, Any]:
-    """The whole ``summary.json``."""
+                  seconds: float, logistic_boot: int | None = None) -> dict[str, Any]:
+    """The whole ``summary.json`` (``logistic_boot``: resamples of the odds-ratio interval,
+    default ``LOGISTIC_BOOT``)."""
     answered = [r for r in rows if not r["unanswered"]]
     scorers = list(opts.scorers)
     if opts.verdict_scorer not in scorers:
         scorers.append(opts.verdict_scorer)
-    stats = summarize(answered, scorers)
+    pop = population(answered)
+    spec = IntervalSpec(resamples=N_BOOT, seed=SEED)
+    stats = summarize(pop.rows, scorers, n_boot=N_BOOT, seed=SEED,
+                      logistic_boot=LOGISTIC_BOOT if logistic_boot is None else logistic_boot)
     counts = {
         "records_read": read,
         "trajectories": trajectories,
@@ -95,8 +131,14 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "answered_steps": len(answered),
         "unanswered_steps": len(rows) - len(answered),
         "malformed_calls": sum(r["malformed"] for r in rows),
+        "scored_steps": len(pop.rows),
+        "scored_trajectories": stats["counts"]["trajectories"],
+        "rehearsed_steps": pop.counts["rehearsed_steps"],
+        "unmarked_steps": pop.counts["unmarked_steps_counted_as_rehearsed"],
+        "real_steps": sum(r.get("source_rehearsed") is False for r in answered),
         "diverged": stats["counts"]["diverged"],
     }
+    by_source = _by_source(answered, spec)
     return clean({
         "schema": SUMMARY_VERSION,
         "inputs": [str(p) for p in inputs],
@@ -108,9 +150,12 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "reconciles": read == trajectories + sum(1 for s in skipped if s["line"] is not None),
         "skipped_records": skipped,
         "warnings": warnings,
-        "by_source": _by_source(answered),
-        "error_prediction": _error_prediction(answered),
+        "statistics": pop.describe(),
+        "determinism_check": pop.kind == DETERMINISM,
+        "determinism_warning": _determinism_warning(by_source),
+        "by_source": by_source,
+        "error_prediction": _error_prediction(pop.rows),
         **{k: v for k, v in stats.items() if k != "counts"},
-        "skill": _skill_block(answered, scorers),
+        "skill": _skill_block(pop.rows, scorers),
         "seconds": seconds,
     })

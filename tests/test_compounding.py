@@ -93,7 +93,10 @@ def test_by_depth():
     assert r0["scores"]["exact"]["mean"] == pytest.approx(0.8)
     lo, hi = r0["scores"]["exact"]["ci"]
     assert 0.0 <= lo <= 0.8 <= hi <= 1.0
-    assert rows[4]["scores"]["exact"] == {"mean": 1.0, "ci": None, "n": 1}
+    # one trajectory at depth 4, score 1: no bootstrap spread -> Wilson on 1 trajectory
+    last = rows[4]["scores"]["exact"]
+    assert (last["mean"], last["n"], last["method"]) == (1.0, 1, "wilson_trajectories")
+    assert last["ci"] == pytest.approx(list(wilson_ci(1, 1)), rel=1e-4)
 
 
 def test_kaplan_meier_by_hand():
@@ -229,6 +232,7 @@ def test_summarize_keys_and_json():
         "counts",
         "divergence_rate",
         "divergence_ci",
+        "divergence_ci_method",
         "scores",
         "by_depth",
         "by_tool",
@@ -238,6 +242,7 @@ def test_summarize_keys_and_json():
         "median_first_divergence",
         "compounding",
         "logistic",
+        "interval",
     ]
     assert out["counts"] == {"trajectories": 3, "steps": 8, "scored_steps": 7, "diverged": 3}
     assert out["divergence_rate"] == pytest.approx(3 / 7)

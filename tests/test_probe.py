@@ -43,12 +43,10 @@ def _rehearsed_copy(traj):
 @pytest.fixture
 def quick_summary(monkeypatch):
     """Fewer bootstrap resamples in the summaries (the same for both audits compared)."""
-    import functools
-
     import audit.summary
 
-    monkeypatch.setattr(audit.summary, "summarize",
-                        functools.partial(audit.summary.summarize, n_boot=50, logistic_boot=5))
+    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
+    monkeypatch.setattr(audit.summary, "LOGISTIC_BOOT", 5)
 
 
 def test_lookup_probe_equals_baseline_audit(files, tmp_path, quick_summary):

@@ -1,0 +1,247 @@
+"""Confidence intervals that respect trajectories: a seeded cluster (trajectory) bootstrap.
+
+Steps of one trajectory are not independent: a world model that gets one response of a task wrong
+tends to get the next ones wrong too, so an interval that treats steps as independent draws is too
+narrow wherever a trajectory has several steps. Every statistic here is a ratio of per-trajectory
+sums, ``sum_i x_i / sum_i n_i`` (a rate: ``x_i`` = diverged steps of trajectory ``i``, ``n_i`` its
+steps; a mean: ``x_i`` = the sum of its scores). An interval resamples whole trajectories with
+replacement: the ``B`` resamples are a ``(B x C)`` matrix ``W`` of multiplicities, so every
+replicate of every column is ``(W @ x) / (W @ n)``, one matrix product. With one step per
+trajectory this is the ordinary (iid) bootstrap. Intervals are percentile intervals, widened if
+need be to contain the point estimate.
+
+Degenerate data are handled honestly. When the replicates have no spread (0 of n or n of n
+diverged, a single trajectory, every score equal) a percentile interval has zero width and claims
+a certainty the data do not give; the interval is then Wilson's score interval for the point
+estimate with n = the number of *trajectories* (method ``wilson_trajectories``), as if each
+trajectory were one observation. Differences (``ratio_difference``) fall back the same way to
+Newcombe's hybrid score interval built from the two Wilson-on-trajectories intervals.
+
+    spec = IntervalSpec(resamples=1000, seed=0)
+    codes, _ = cluster_codes(["t1", "t1", "t2"])
+    sums, counts = cluster_sums(codes, np.array([[1.0], [1.0], [0.0]]))
+    ratio_intervals(sums, counts, spec)[0]   # {"point": 0.667, "ci": [...], "method": ...}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP = "trajectory_bootstrap"
+WILSON_TRAJECTORIES = "wilson_trajectories"
+NEWCOMBE_TRAJECTORIES = "newcombe_wilson_trajectories"
+_BATCH_CELLS = 2_000_000  # B x C cells drawn at once (bounded memory for big audits)
+
+
+def wilson_ci(k: float, n: float, z: float = 1.96) -> tuple[float | None, float | None]:
+    """Wilson score interval for ``k`` successes in ``n`` trials; ``(None, None)`` if n == 0.
+
+    ``k`` and ``n`` may be fractional (an effective sample size); the interval always contains
+    ``k / n``.
+    """
+    if n <= 0:
+        return None, None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
+
+
+@dataclass(frozen=True)
+class IntervalSpec:
+    """How intervals are computed: resamples, seed and level of the trajectory bootstrap."""
+
+    resamples: int = 1000
+    seed: int = 0
+    level: float = 0.95
+
+    @property
+    def z(self) -> float:
+        from scipy.special import ndtri
+
+        return float(ndtri(0.5 + self.level / 2))
+
+    def describe(self) -> dict[str, Any]:
+        """The ``interval`` block of ``summary.json``."""
+        return {
+            "method": BOOTSTRAP,
+            "resamples": self.resamples,
+            "seed": self.seed,
+            "level": self.level,
+            "kind": "percentile, resampling whole trajectories (clusters) with replacement",
+            "fallback": f"{WILSON_TRAJECTORIES}: when the replicates have no spread (0 or all "
+                        "diverged, one trajectory, equal scores), Wilson's interval with n = "
+                        "the number of trajectories",
+        }
+
+
+def cluster_codes(ids: Sequence[object]) -> tuple[np.ndarray, list[str]]:
+    """Integer code per step of its trajectory id (ids sorted, so row order does not matter)."""
+    names, codes = np.unique(np.asarray([str(i) for i in ids], dtype=object).astype(str),
+                             return_inverse=True)
+    return codes.reshape(-1).astype(np.int64), [str(n) for n in names]
+
+
+def cluster_sums(codes: np.ndarray, values: np.ndarray, n_clusters: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster sums and counts of each column of ``values`` (``(n,)`` or ``(n, m)``).
+
+    Non-finite values (a scorer that did not score a step) count in neither.
+    """
+    v = np.asarray(values, dtype=float)
+    if v.ndim == 1:
+        v = v[:, None]
+    c = int(n_clusters if n_clusters is not None else (codes.max() + 1 if len(codes) else 0))
+    ok = np.isfinite(v)
+    sums = np.zeros((c, v.shape[1]))
+    counts = np.zeros((c, v.shape[1]))
+    for j in range(v.shape[1]):
+        sums[:, j] = np.bincount(codes, weights=np.where(ok[:, j], v[:, j], 0.0), minlength=c)
+        counts[:, j] = np.bincount(codes, weights=ok[:, j].astype(float), minlength=c)
+    return sums, counts
+
+
+def resample_weights(n_clusters: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """Batches of ``(b x C)`` multiplicity matrices: each row is one resample of C clusters."""
+    rng = np.random.default_rng(seed)
+    batch = max(1, _BATCH_CELLS // max(n_clusters, 1))
+    for start in range(0, resamples, batch):
+        b = min(batch, resamples - start)
+        idx = rng.integers(0, n_clusters, size=(b, n_clusters))
+        flat = idx + (np.arange(b) * n_clusters)[:, None]
+        yield np.bincount(flat.ravel(), minlength=b * n_clusters).reshape(b, n_clusters).astype(
+            float)
+
+
+def _replicates(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
+                seed_offset: int = 0) -> np.ndarray:
+    """``(B x m)`` bootstrap replicates of each column's ratio (NaN where a resample is empty)."""
+    parts = []
+    for w in resample_weights(len(sums), spec.resamples, spec.seed + seed_offset):
+        num, den = w @ sums, w @ counts
+        with np.errstate(divide="ignore", invalid="ignore"):
+            parts.append(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
+    return np.concatenate(parts) if parts else np.empty((0, sums.shape[1]))
+
+
+def _percentile(values: np.ndarray, level: float) -> tuple[float, float] | None:
+    v = values[np.isfinite(values)]
+    if len(v) == 0:
+        return None
+    a = (1 - level) / 2
+    lo, hi = np.quantile(v, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+def _spread(values: np.ndarray) -> float:
+    v = values[np.isfinite(values)]
+    return float(v.max() - v.min()) if len(v) else 0.0
+
+
+def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec
+                    ) -> list[dict[str, Any]]:
+    """Per column: ``point``, ``ci``, ``method``, ``n`` (values), ``trajectories`` (with any)."""
+    sums = np.asarray(sums, dtype=float).reshape(len(sums), -1)
+    counts = np.asarray(counts, dtype=float).reshape(len(counts), -1)
+    reps = _replicates(sums, counts, spec) if spec.resamples > 0 and len(sums) else None
+    out = []
+    for j in range(sums.shape[1]):
+        n = float(counts[:, j].sum())
+        clusters = int((counts[:, j] > 0).sum())
+        if n <= 0:
+            out.append({"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0})
+            continue
+        point = float(sums[:, j].sum() / n)
+        ci, method = None, None
+        if reps is not None:
+            col = reps[:, j]
+            pct = _percentile(col, spec.level)
+            if pct is not None and _spread(col) > 1e-12:
+                ci, method = [min(pct[0], point), max(pct[1], point)], BOOTSTRAP
+            else:
+                lo, hi = wilson_ci(point * clusters, clusters, spec.z)
+                ci, method = [lo, hi], WILSON_TRAJECTORIES
+        out.append({"point": point, "ci": ci, "method": method, "n": int(round(n)),
+                    "trajectories": clusters})
+    return out
+
+
+def cluster_ratio(values: Sequence[float], groups: Sequence[object],
+                  spec: IntervalSpec = IntervalSpec()) -> dict[str, Any]:
+    """Mean of ``values`` (a rate when they are 0/1) with a trajectory-bootstrap interval.
+
+    ``groups[i]`` is the trajectory of ``values[i]``; one group per value gives the iid
+    bootstrap. Returns ``point``, ``ci``, ``method``, ``n`` and ``trajectories``.
+    """
+    if len(values) != len(groups):
+        raise ValueError("values and groups must have the same length")
+    if not len(values):
+        return {"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0}
+    codes, _ = cluster_codes(groups)
+    sums, counts = cluster_sums(codes, np.asarray(values, dtype=float))
+    return ratio_intervals(sums, counts, spec)[0]
+
+
+def _newcombe(pa: float, ca: int, pb: float, cb: int, z: float) -> list[float] | None:
+    """Newcombe's hybrid score interval of pb - pa from Wilson intervals on trajectory counts."""
+    la, ua = wilson_ci(pa * ca, ca, z)
+    lb, ub = wilson_ci(pb * cb, cb, z)
+    if la is None or lb is None:
+        return None
+    d = pb - pa
+    return [d - math.sqrt((pb - lb) ** 2 + (ua - pa) ** 2),
+            d + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)]
+
+
+def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+                     spec: IntervalSpec, paired: bool) -> list[dict[str, Any]]:
+    """B − A for each column of two audits' per-trajectory ``(sums, counts)``.
+
+    ``paired``: both hold the same trajectories, row ``i`` of ``a`` and ``b`` the same one; the
+    two are resampled together (one ``W``). Otherwise each audit's trajectories are resampled
+    independently. Per column: ``a``, ``b``, ``diff``, ``ci`` (percentile), ``p_value`` (two-sided,
+    from the share of replicates on either side of 0, never below ``1 / (B + 1)``), ``method``.
+    """
+    (sa, na), (sb, nb) = a, b
+    if paired and sa.shape[0] != sb.shape[0]:
+        raise ValueError("paired audits need the same trajectories in the same order")
+    if paired and spec.resamples > 0 and len(sa):
+        parts = []
+        for w in resample_weights(len(sa), spec.resamples, spec.seed):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                parts.append((w @ sb) / (w @ nb) - (w @ sa) / (w @ na))
+        reps = np.concatenate(parts)
+    elif spec.resamples > 0 and len(sa) and len(sb):
+        reps = _replicates(sb, nb, spec, 1) - _replicates(sa, na, spec, 0)
+    else:
+        reps = None
+    ra, rb = ratio_intervals(sa, na, IntervalSpec(0)), ratio_intervals(sb, nb, IntervalSpec(0))
+    out = []
+    for j in range(sa.shape[1]):
+        pa, pb = ra[j]["point"], rb[j]["point"]
+        row: dict[str, Any] = {"a": pa, "b": pb, "diff": None, "ci": None, "p_value": None,
+                               "method": None}
+        if pa is None or pb is None:
+            out.append(row)
+            continue
+        row["diff"] = d = pb - pa
+        if reps is not None:
+            col = reps[:, j][np.isfinite(reps[:, j])]
+            if len(col) and _spread(col) > 1e-12:
+                lo, hi = _percentile(col, spec.level)  # type: ignore[misc]
+                row["ci"], row["method"] = [min(lo, d), max(hi, d)], BOOTSTRAP
+            else:
+                row["ci"] = _newcombe(pa, ra[j]["trajectories"], pb, rb[j]["trajectories"],
+                                      spec.z)
+                row["method"] = NEWCOMBE_TRAJECTORIES
+            if len(col):
+                below, above = int((col <= 0).sum()), int((col >= 0).sum())
+                row["p_value"] = min(1.0, 2 * (1 + min(below, above)) / (len(col) + 1))
+        out.append(row)
+    return out

@@ -40,8 +40,11 @@ def main() -> None:
     ap.add_argument("--name", default="rehearsal_sweep")
     ap.add_argument("--resume", action="store_true",
                     help="keep the settings already in bench/results/<name>.json, run the rest")
+    ap.add_argument("--keep", default=None,
+                    help="write each setting's plans, commits and audits under this folder "
+                         "(default: a temporary folder)")
     args = ap.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="envace-sweep-"))
+    out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-sweep-"))
     rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
                      "max_new_tokens": args.max_new_tokens, "settings": {}}
     if args.resume:

@@ -6,11 +6,12 @@
 Each run directory holds the final evaluation on dev (``eval/dev/trajectories.jsonl``: reward and
 success per task, same tasks in every run: ``eval_tasks`` is sampled with the run's seed), the
 rehearsed evaluation's audit (``eval/dev_rehearsed/audit/summary.json``: how often the model's
-own rehearsed responses diverge from reality) and the per-step training rollouts
-(``rollouts/step_*.jsonl``, reward per episode). Reports, per run: dev reward and success with
-the paired bootstrap interval of the difference from the base (over tasks), dev fidelity, and
-the training reward of the first and last third of the steps with a bootstrap interval of the
-difference (over episodes). Writes bench/results/<--name>.json.
+own rehearsed responses diverge from reality; rehearsed steps only, trajectory-bootstrap
+interval) and the per-step training rollouts (``rollouts/step_*.jsonl``, reward per episode).
+Reports, per run: dev reward and success with the paired bootstrap interval of the difference
+from the base (over tasks), dev fidelity, and the training reward of the first and last third
+of the steps with a bootstrap interval of the difference (over episodes).
+Writes bench/results/<--name>.json.
 
 The runs are made with the project's own commands (README, "Learning at the tiny scale").
 """
@@ -73,9 +74,16 @@ def fidelity(run: Path) -> dict:
     path = run / "eval" / f"{eval_split(run)}_rehearsed" / "audit" / "summary.json"
     if not path.exists():
         return {}
-    reh = (json.loads(path.read_text()).get("by_source") or {}).get("rehearsed") or {}
-    return {"steps": reh.get("steps"), "divergence_rate": reh.get("divergence_rate"),
-            "divergence_ci": reh.get("divergence_ci")}
+    s = json.loads(path.read_text())
+    if s.get("schema", "").endswith("/1"):  # older audits: the rehearsed block, Wilson on steps
+        reh = (s.get("by_source") or {}).get("rehearsed") or {}
+        return {"steps": reh.get("steps"), "divergence_rate": reh.get("divergence_rate"),
+                "divergence_ci": reh.get("divergence_ci"), "interval": "wilson_steps"}
+    if s.get("determinism_check"):  # nothing rehearsed
+        return {}
+    return {"steps": (s.get("counts") or {}).get("scored_steps"),
+            "divergence_rate": s.get("divergence_rate"), "divergence_ci": s.get("divergence_ci"),
+            "interval": (s.get("interval") or {}).get("method")}
 
 
 def main() -> None:

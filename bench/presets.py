@@ -13,7 +13,8 @@ model is probed one step at a time on the *real* history:
 - rehearse (teacher-forced, `audit.probe`): given the history including the call, it writes the
   tool response; scored against the real response with the audit's `exact` and `json_f1`.
 
-Shares carry 95 % Wilson intervals (`audit.compounding.wilson_ci`), json_f1 a t interval;
+Shares and the json_f1 mean carry 95 % intervals that resample the sampled steps' trajectories
+(`audit.intervals.cluster_ratio`: steps of one trajectory are not independent);
 rehearsal skill against the lookup / majority reference world models (built from the train
 split) carries a paired bootstrap interval over trajectories; trained tiny vs untrained tiny is a
 paired bootstrap difference. With `--free-running N`, each model also rolls out N dev tasks on
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.compounding import mean_ci, wilson_ci
+from audit.intervals import cluster_ratio
 from audit.pipeline import AuditOptions
 from audit.reference import build_reference, skill_with_ci
 from audit.scorers import ScoreContext, score_step
@@ -63,9 +64,17 @@ def sample_steps(trajs: list[Any], n: int, seed: int) -> dict[str, list[int]]:
     return out
 
 
-def share(k: int, n: int) -> dict[str, Any]:
-    lo, hi = wilson_ci(k, n)
-    return {"k": k, "n": n, "rate": k / n if n else None, "ci": [lo, hi]}
+def share(flags: list[Any], groups: list[str]) -> dict[str, Any]:
+    """How many of the sampled steps have the flag, with a trajectory-bootstrap interval."""
+    r = cluster_ratio([float(bool(f)) for f in flags], groups)
+    return {"k": sum(bool(f) for f in flags), "n": len(flags), "rate": r["point"],
+            "ci": r["ci"] or [None, None], "method": r["method"]}
+
+
+def cluster_mean(values: list[float], groups: list[str]) -> dict[str, Any]:
+    """Mean with a trajectory-bootstrap interval (the audit summary's ``scores`` layout)."""
+    r = cluster_ratio(values, groups)
+    return {"mean": r["point"], "ci": r["ci"], "n": r["n"], "method": r["method"]}
 
 
 def paired_diff(a: list[float], b: list[float], groups: list[str], n_boot: int = 2000,
@@ -128,16 +137,17 @@ def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path
     rows = [json.loads(x) for x in (out_dir / "steps.jsonl").read_text().splitlines()]
     n = len(rows)
     groups = [r["trajectory_id"] for r in rows]
+    act_groups = [a["trajectory_id"] for a in act]
     res: dict[str, Any] = {
         "model": str(path),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "context": context,
         "steps": n,
-        "parsed_call": share(sum(r["parsed_call"] for r in act), len(act)),
-        "tool_name_match": share(sum(r["name_match"] for r in act), len(act)),
-        "exact_call": share(sum(r["exact_call"] for r in act), len(act)),
-        "rehearse_exact": share(sum(int(r["scores"]["exact"]) for r in rows), n),
-        "rehearse_json_f1": mean_ci(r["scores"]["json_f1"] for r in rows),
+        "parsed_call": share([r["parsed_call"] for r in act], act_groups),
+        "tool_name_match": share([r["name_match"] for r in act], act_groups),
+        "exact_call": share([r["exact_call"] for r in act], act_groups),
+        "rehearse_exact": share([int(r["scores"]["exact"]) for r in rows], groups),
+        "rehearse_json_f1": cluster_mean([r["scores"]["json_f1"] for r in rows], groups),
         "skill": {},
         "seconds": {"act_probe": round(t_act, 1), "rehearse_probe": round(t_reh, 1)},
         "examples": [{"step": r["step"], "tool": r["tool"], "actual": r["actual"][:160],
@@ -173,7 +183,8 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
     sampling as `envace rollout` defaults, seed 0); an episode ends at a malformed call or an
     unknown tool, so weak models leave few answered steps;
     `envace-audit replay` pairs each rehearsed response with the real one. Returns the audit's
-    counts, divergence (Wilson CI), exact and json_f1 means and skill against the references.
+    counts, divergence of the rehearsed steps (trajectory-bootstrap CI), exact and json_f1 means
+    and skill against the references.
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     roll = work / "rollouts.jsonl"
@@ -198,6 +209,7 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
     return {
         "tasks": tasks, "trajectories": c["trajectories"], "steps": c["steps"],
         "answered_steps": c["answered_steps"], "malformed_calls": c["malformed_calls"],
+        "rehearsed_steps": c.get("scored_steps"),
         "divergence_rate": s.get("divergence_rate"), "divergence_ci": s.get("divergence_ci"),
         "by_source": s.get("by_source"),
         "exact": (s.get("scores") or {}).get("exact"),

@@ -53,6 +53,11 @@ def _json(path: str, size: int, mtime: int) -> tuple[dict[str, Any] | None, str 
     return readers.read_json(path)
 
 
+@st.cache_data(max_entries=64, show_spinner="Recomputing an older audit summary…")
+def _audit_summary(summary: Sig, steps: Sig) -> tuple[dict[str, Any] | None, str | None]:
+    return readers.audit_summary(Path(summary[0]).parent)
+
+
 @st.cache_data(max_entries=64, show_spinner=False)
 def _jsonl(path: str, size: int, mtime: int) -> readers.JsonlData:
     return readers.read_jsonl(path)
@@ -108,8 +113,10 @@ def from_steps(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """An audit's ``summary.json``: (data, None) or (None, why not)."""
-    return _json(*signature(Path(audit_dir) / "summary.json"))
+    """An audit's ``summary.json``: (data, None) or (None, why not); an older format is
+    recomputed from ``steps.jsonl`` (see :func:`readers.audit_summary`)."""
+    d = Path(audit_dir)
+    return _audit_summary(signature(d / "summary.json"), signature(d / "steps.jsonl"))
 
 
 def json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
@@ -148,8 +155,15 @@ def clear() -> None:
     st.cache_data.clear()
 
 
+def scored_steps(s: dict[str, Any]) -> int | None:
+    """How many steps an audit's statistics count (its rehearsed steps)."""
+    c = s.get("counts") or {}
+    return c.get("scored_steps", c.get("answered_steps"))
+
+
 def audit_trend(audits: list[Any]) -> pd.DataFrame:
-    """Divergence rate (with CI) of each audit of a training run, by training step."""
+    """Divergence rate (with CI) of each audit of a training run, by training step: the
+    figures ``metrics.jsonl`` logs as ``fidelity/divergence_rate`` for the same step."""
     rows = []
     for a in audits:
         s, _ = summary(a.path)
@@ -157,7 +171,7 @@ def audit_trend(audits: list[Any]) -> pd.DataFrame:
             continue
         lo, hi = (s.get("divergence_ci") or [None, None])[:2]
         row = {"step": a.step, "divergence_rate": s["divergence_rate"], "lo": lo, "hi": hi,
-               "steps": (s.get("counts") or {}).get("answered_steps")}
+               "steps": scored_steps(s)}
         for name, v in (s.get("scores") or {}).items():
             row[f"score/{name}"] = v.get("mean")
         rows.append(row)

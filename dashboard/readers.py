@@ -8,6 +8,9 @@ user (a truncated last line, bad lines, a missing file), never an exception for 
 - :func:`metrics_frame` — ``metrics.jsonl`` as a numeric DataFrame indexed by row.
 - :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
   with the byte offset of each line so :func:`read_lines_at` fetches texts on demand.
+- :func:`audit_summary` — an audit's ``summary.json``; one written before the current statistics
+  (``envace.audit/1`` pooled real history steps with rehearsed ones) is recomputed from
+  ``steps.jsonl`` so every page shows the figures a fresh audit would.
 - :func:`trajectories_frame` — an audit's ``trajectories.jsonl``.
 """
 
@@ -22,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-STEP_FIELDS = ("trajectory_id", "task_id", "step", "tool", "diverged", "mutates_state",
+STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
                "actual_error", "rehearsed_error", "novelty", "unanswered", "source_rehearsed")
 CATEGORICAL = ("trajectory_id", "task_id", "tool")
 
@@ -104,6 +107,24 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str 
     if not isinstance(data, dict):
         return None, f"{Path(path).name} is not a JSON object"
     return data, None
+
+
+def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """An audit's summary: (data, None) or (None, why not); recomputed from ``steps.jsonl``
+    (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it is older than the
+    current summary format."""
+    from audit.summary import SUMMARY_VERSION
+
+    d = Path(audit_dir)
+    s, err = read_json(d / "summary.json")
+    if s is None or s.get("schema") == SUMMARY_VERSION or not (d / "steps.jsonl").is_file():
+        return s, err
+    from audit.rescore import summary_from_steps
+
+    try:
+        return summary_from_steps(d), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return s, f"summary.json is of an older format and cannot be recomputed: {exc}"[:300]
 
 
 def read_text(path: str | os.PathLike[str], limit: int = 200_000) -> str | None:
@@ -191,6 +212,8 @@ def steps_frame(path: str | os.PathLike[str]) -> Frame:
             frame[c] = frame[c].fillna(False).astype(bool)
     if "step" in frame:
         frame["step"] = pd.to_numeric(frame["step"], errors="coerce").fillna(-1).astype(int)
+    if "depth" in frame:  # depth among rehearsed steps; <NA> for real ones (and older files)
+        frame["depth"] = pd.to_numeric(frame["depth"], errors="coerce").astype("Int64")
     return Frame(frame, data.notes("steps.jsonl"))
 
 

@@ -4,7 +4,11 @@ The verifier already executes the committed calls in the real environment, so pa
 rehearsed response with the real one costs one replay per trajectory. Figures here cover the
 *rehearsed* steps only (per-turn tasks carry earlier turns as real context; those are checked
 for determinism in the step's audit directory but not counted as fidelity). Depth counts from
-the policy's first rehearsed call.
+the policy's first rehearsed call. These are the audit's own figures (``audit.population`` picks
+the steps for both), so ``fidelity/divergence_rate``, ``fidelity/<scorer>`` and
+``fidelity/depth_<d>`` (d < max_depth) equal ``divergence_rate``, the scorer means and
+``by_depth`` of the step's ``audit/step_<N>/summary.json``; ``fidelity/depth_<max_depth>`` pools
+the deeper steps.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.pipeline import AuditOptions, _Writer, write_json_atomic
+from audit.population import is_rehearsed
 from audit.replay import AuditSettings, ReplayError, replay_trajectory
 from audit.report import write_report
 from audit.summary import build_summary, compact
@@ -43,9 +48,8 @@ def audit_rollouts(trajs: list[Trajectory], scorers: list[str], verdict: str,
             skipped.append({"file": source_file, "line": i + 1, "reason": str(exc)})
             per_traj.append(float("nan"))
             continue
-        mine = [r for r in res.steps if r["source_rehearsed"] and not r["unanswered"]]
-        for d, r in enumerate(mine):
-            rehearsed_rows.append({**r, "depth": d})
+        mine = [r for r in res.steps if is_rehearsed(r) and not r["unanswered"]]
+        rehearsed_rows.extend(mine)  # depth: set by the replay (audit.population)
         per_traj.append(sum(r["scores"][verdict] for r in mine) / len(mine) if mine
                         else float("nan"))
         if writers:
@@ -67,7 +71,10 @@ def audit_rollouts(trajs: list[Trajectory], scorers: list[str], verdict: str,
 
 
 def fidelity_metrics(rows: list[dict], scorers: list[str], max_depth: int = 8) -> dict[str, Any]:
-    """Flat ``fidelity/...`` metrics: divergence rate, mean scores, divergence by depth."""
+    """Flat ``fidelity/...`` metrics: divergence rate, mean scores, divergence by depth.
+
+    ``rows``: the rehearsed step records ``audit_rollouts`` returns (each with ``depth``).
+    """
     out: dict[str, Any] = {"fidelity/steps": len(rows)}
     if not rows:
         return out

@@ -30,9 +30,20 @@ def _fidelity_by_plan(audit_dir: Path) -> dict[str, float]:
         return {}
     for line in steps.read_text().splitlines():
         r = json.loads(line)
-        if r.get("source_rehearsed") and not r.get("unanswered"):
+        if r.get("source_rehearsed") is not False and not r.get("unanswered"):
             per[r["trajectory_id"]].append(r["scores"].get("exact", 0.0))
     return {k: sum(v) / len(v) for k, v in per.items()}
+
+
+def _audit_figures(audit: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The plans' audit headline: rehearsed steps only, trajectory-bootstrap interval."""
+    if audit.get("determinism_check"):  # no plan rehearsed anything
+        return {"divergence_rate": None, "divergence_ci": None, "steps": 0, "trajectories": 0,
+                "dir": str(path)}
+    c = audit["counts"]
+    return {"divergence_rate": audit.get("divergence_rate"),
+            "divergence_ci": audit.get("divergence_ci"), "steps": c.get("scored_steps"),
+            "trajectories": c.get("scored_trajectories"), "dir": str(path)}
 
 
 def _relation(fid: list[float], success: list[bool]) -> dict[str, Any]:
@@ -119,10 +130,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
                        for b, v in sorted(by_backend.items())},
         "budget": {key: sum(b[key] for b in budgets) / len(budgets) for key in budgets[0]}
         if budgets else {},
-        "rehearsal_audit": None if audit is None else {
-            "divergence_rate": (audit.get("by_source") or {}).get("rehearsed", {}).get(
-                "divergence_rate"),
-            "steps": audit["counts"]["answered_steps"], "dir": str(out / "audit")},
+        "rehearsal_audit": None if audit is None else _audit_figures(audit, out / "audit"),
         "fidelity_vs_success": _relation(fidelity, successes),
         "settings": s.__dict__,
     }

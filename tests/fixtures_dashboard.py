@@ -202,8 +202,11 @@ def _eval_summary(d: Path, records: list[dict]) -> None:
         "strategy": "parallel", "n": 2, "tasks": n, "seeds": 1, "attempts": n, "successes": k,
         "success_rate": k / n, "success_ci": list(wilson_ci(k, n)), "pass_at_k": {"1": k / n},
         "budget": {"rehearsal_tokens": 810.0, "real_env_calls": 5.0, "commit_tokens": 120.0},
-        "rehearsal_audit": {"divergence_rate": audit["by_source"]["rehearsed"]["divergence_rate"],
-                            "steps": audit["counts"]["answered_steps"], "dir": str(d / "audit")},
+        "rehearsal_audit": {"divergence_rate": audit["divergence_rate"],  # as rehearsal_eval
+                            "divergence_ci": audit["divergence_ci"],
+                            "steps": audit["counts"]["scored_steps"],
+                            "trajectories": audit["counts"]["scored_trajectories"],
+                            "dir": str(d / "audit")},
         "fidelity_vs_success": {"tasks_with_rehearsed_steps": n,
                                 "note": "too few tasks, or no variation in fidelity or success"},
         "settings": {"strategy": "parallel", "n": 2},

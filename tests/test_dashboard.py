@@ -127,7 +127,7 @@ def test_fidelity_page_shows_the_audit_figures(monkeypatch, root):
     at = open_page(monkeypatch, root, "fidelity", run="lookup_dev")
     m = metrics(at)
     assert m["Divergence rate"] == pct(s["divergence_rate"])
-    assert m["Audited tool calls"] == str(s["counts"]["answered_steps"])
+    assert m["Rehearsed tool calls"] == str(s["counts"]["scored_steps"])
     assert m["Trajectories"] == str(s["counts"]["trajectories"])
     assert m["Compounding ratio"] == f"{s['compounding']['ratio']:.2f}"
     assert m["Median first divergence"] == str(s["median_first_divergence"])
@@ -236,6 +236,7 @@ def test_compare_page_two_audits_uses_audit_compare(monkeypatch, root):
     assert m["B · demo/step_10"] == pct(c["divergence_rate"]["b"])
     table = at.dataframe[0].value.set_index("figure")
     assert table.loc["divergence rate", "p"] == pytest.approx(c["divergence_rate"]["p_value"])
+    assert table.loc["divergence rate", "lo"] == pytest.approx(c["divergence_rate"]["ci"][0])
     assert f"Paired on **{c['paired']['pairs']}** identical calls" in texts(at)
     assert "Divergence by depth: A vs B" in charts(at)
 

@@ -57,7 +57,7 @@ def _expected(root: Path) -> dict[str, list[str]]:
                  _pct(s10["divergence_rate"])],
         "training": ["Reward", f"{rows[-1]['reward/mean']:.3f}", f"{len(rows)} steps logged"],
         "fidelity": ["Divergence rate", _pct(s10["divergence_rate"]),
-                     str(s10["counts"]["answered_steps"]), "Over training", "By depth"],
+                     str(s10["counts"]["scored_steps"]), "Over training", "By depth"],
         "trajectories": [first["trajectory_id"], "Rehearsed (written by the policy)",
                          "Actual (the real environment)", "Aligned with difflib against"],
         "compare": ["demo/step_0", "demo/step_10", "Paired on",
@@ -115,4 +115,4 @@ def test_streamlit_run_takes_the_root_after_the_dashes(site):
     s = _summary(root / "lookup_dev")
     with screens.serve(root / "lookup_dev", plain=True) as url:
         text = screens.open_page(driver, f"{url}/fidelity", "Median first divergence")
-    assert _pct(s["divergence_rate"]) in text and str(s["counts"]["answered_steps"]) in text
+    assert _pct(s["divergence_rate"]) in text and str(s["counts"]["scored_steps"]) in text

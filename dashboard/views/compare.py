@@ -1,8 +1,10 @@
 """Compare page: two audits (checkpoints, modes, simulators) or two training runs side by side.
 
-Audits are compared with ``audit.compare.compare_audits``: divergence rate with a two-proportion
-test, each scorer's mean with Welch's test, the compounding ratio, and McNemar's test on the calls
-both audits scored. Runs are compared on their metrics (one chart per chosen key) and config.
+Audits are compared with ``audit.compare.compare_audits`` over their rehearsed steps: the
+difference of divergence rates and of each scorer's mean with a trajectory-bootstrap interval and
+p-value (paired by trajectory when both audits hold the same trajectories, independent
+otherwise), the compounding ratio, and the calls both audits scored. Runs are compared on their
+metrics (one chart per chosen key) and config.
 """
 
 from __future__ import annotations
@@ -55,24 +57,36 @@ def compare_audits(ctx: ui.Context) -> None:
     cols[0].metric(f"A · {a}", ui.pct(dr.get("a")), help="divergence rate")
     cols[1].metric(f"B · {b}", ui.pct(dr.get("b")), help="divergence rate")
     cols[2].metric("B − A", "–" if dr.get("diff") is None else f"{dr['diff'] * 100:+.1f} pts",
-                   help=f"two-proportion z-test p = {_fmt(dr.get('p_value'))}")
-    rows = [{"figure": "divergence rate", "A": dr.get("a"), "B": dr.get("b"),
-             "B − A": dr.get("diff"), "p": dr.get("p_value"),
-             "significant": dr.get("significant")}]
-    for name, v in c.get("scores", {}).items():
-        rows.append({"figure": f"mean {name}", "A": v.get("a"), "B": v.get("b"),
-                     "B − A": v.get("diff"), "p": v.get("p_value"),
-                     "significant": v.get("significant")})
+                   help=f"trajectory bootstrap p = {_fmt(dr.get('p_value'))}")
+
+    def row(figure: str, v: dict) -> dict:
+        lo, hi = (v.get("ci") or [None, None])[:2]
+        return {"figure": figure, "A": v.get("a"), "B": v.get("b"), "B − A": v.get("diff"),
+                "lo": lo, "hi": hi, "p": v.get("p_value"), "significant": v.get("significant")}
+
+    rows = [row("divergence rate", dr)]
+    rows += [row(f"mean {name}", v) for name, v in c.get("scores", {}).items()]
     cr = c.get("compounding_ratio") or {}
     rows.append({"figure": "compounding ratio", "A": cr.get("a"), "B": cr.get("b"),
-                 "B − A": None, "p": None, "significant": None})
+                 "B − A": None, "lo": None, "hi": None, "p": None, "significant": None})
     st.dataframe(pd.DataFrame(rows), hide_index=True)
-    st.caption(f"Steps: A {c['steps']['a']}, B {c['steps']['b']}; α = {c.get('alpha')}.")
+    design = ("paired by trajectory: both audits hold the same trajectories, resampled together"
+              if c.get("design") == "paired_by_trajectory" else
+              "independent: each audit's trajectories resampled on their own")
+    iv = c.get("interval") or {}
+    tr = c.get("trajectories") or {}
+    st.caption(f"Rehearsed steps: A {c['steps']['a']} in {tr.get('a')} trajectories, B "
+               f"{c['steps']['b']} in {tr.get('b')}; α = {c.get('alpha')}. Intervals (lo, hi) "
+               f"and p: {iv.get('method')}, {iv.get('resamples')} resamples, {design}.")
+    for side, pop in (c.get("population") or {}).items():
+        if pop == "determinism_check":
+            st.warning(f"{side.upper()} holds real responses only: a determinism check, not "
+                       "fidelity.")
     if "paired" in c:
         p = c["paired"]
         st.markdown(f"Paired on **{p['pairs']}** identical calls: only A diverged "
-                    f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; McNemar exact "
-                    f"p = {_fmt(p['p_value'])} "
+                    f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; trajectory "
+                    f"bootstrap p = {_fmt(p['p_value'])} "
                     f"({'significant' if p.get('significant') else 'not significant'}).")
     _side_by_side(a, audits[a], b, audits[b])
 

@@ -2,7 +2,10 @@
 
 Divergence rate and scores by depth with confidence bands; the first-divergence survival curve
 and hazard; the compounding ratio; per tool; read versus write tools; novelty; skill against
-reference world models; and, for a training run, fidelity across its audited steps.
+reference world models; and, for a training run, fidelity across its audited steps. Every figure
+counts rehearsed steps only (depth 0 = a trajectory's first rehearsed step) and its interval
+resamples whole trajectories, as the audit computes them; a summary of an older format is
+recomputed from its steps (``data.summary``), so the page agrees with ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -29,23 +32,48 @@ def strata(table: dict[str, dict[str, Any]], label: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def scope(s: dict[str, Any]) -> None:
+    """What the figures count, how intervals are made, and warnings about real steps."""
+    if s.get("determinism_check"):
+        st.warning("Determinism check: this audit holds real responses only (nothing was "
+                   "rehearsed), so its figures are the real steps replayed against the "
+                   "environment, not fidelity. The divergence rate must be 0.")
+    if s.get("determinism_warning"):
+        st.error(f"Real responses diverge: {s['determinism_warning']}.")
+    if s.get("recomputed_from"):
+        st.info("This audit's summary.json predates the current statistics (it pooled real "
+                "history steps with rehearsed ones); the figures here are recomputed from its "
+                "steps.jsonl (the odds-ratio interval is left out). `envace-audit rescore DIR "
+                "--out DIR` rewrites it.")
+
+
 def headline(s: dict[str, Any], run: Run, audit_label: str) -> None:
     c = s.get("counts") or {}
     comp = s.get("compounding") or {}
+    scope(s)
     cols = st.columns(5)
     cols[0].metric("Divergence rate", ui.pct(s.get("divergence_rate")),
                    help=ui.ci(s.get("divergence_ci")))
-    cols[1].metric("Audited tool calls", c.get("answered_steps", c.get("steps", "–")))
+    cols[1].metric("Real tool calls" if s.get("determinism_check") else "Rehearsed tool calls",
+                   data.scored_steps(s) if data.scored_steps(s) is not None else "–",
+                   help="the steps every figure counts")
     cols[2].metric("Trajectories", c.get("trajectories", "–"))
     cols[3].metric("Compounding ratio", ui.num(comp.get("ratio"), 2),
                    help=ui.ci(comp.get("ci"), as_pct=False))
     cols[4].metric("Median first divergence", s.get("median_first_divergence", "–")
                    if s.get("median_first_divergence") is not None else "none")
     verdict = s.get("verdict") or {}
+    iv = s.get("interval") or {}
+    stats = s.get("statistics") or {}
     st.caption(f"{run.name} · {audit_label}: divergence {ui.pct(s.get('divergence_rate'))} "
                f"{ui.ci(s.get('divergence_ci'))}; diverged = `{verdict.get('scorer')}` < "
                f"{verdict.get('threshold')}; {c.get('malformed_calls', 0)} malformed, "
-               f"{c.get('unanswered_steps', 0)} unanswered, {c.get('skipped', 0)} records skipped.")
+               f"{c.get('unanswered_steps', 0)} unanswered, {c.get('skipped', 0)} records skipped; "
+               f"{stats.get('real_steps_excluded', 0)} real history steps left out"
+               + (f", {stats['unmarked_steps_counted_as_rehearsed']} unmarked responses counted "
+                  "as rehearsed" if stats.get("unmarked_steps_counted_as_rehearsed") else "")
+               + (f". Intervals: {iv.get('method')} ({iv.get('resamples')} resamples of whole "
+                  f"trajectories, seed {iv.get('seed')})." if iv else "."))
 
 
 def by_depth(s: dict[str, Any]) -> None:
@@ -59,6 +87,7 @@ def by_depth(s: dict[str, Any]) -> None:
     left, right = st.columns(2)
     left.altair_chart(charts.band(df, "depth", "divergence_rate", "lo", "hi",
                                   "Divergence rate by step depth", "divergence"), width="stretch")
+    left.caption("Depth 0 = each trajectory's first rehearsed step.")
     scorers = list(s.get("scores") or {})
     if scorers:
         name = right.selectbox("Score", scorers, key="fid_scorer",

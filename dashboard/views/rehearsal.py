@@ -92,6 +92,8 @@ def fidelity(audit_dir: Path | None) -> pd.DataFrame:
     s = data.steps(audit_dir).frame
     if s.empty:
         return pd.DataFrame()
+    # rehearsed steps only: a plan of a per-turn task carries earlier turns as real history
+    s = s[~s["source_rehearsed"].eq(False) & ~s["unanswered"]]
     g = s.groupby("trajectory_id", observed=True)
     return pd.DataFrame({"calls": g.size(), "diverged": g["diverged"].sum()})
 

@@ -33,7 +33,7 @@ def headline(run: Run) -> dict[str, Any]:
             out["latest divergence"] = s.get("divergence_rate")
             out["divergence CI"] = s.get("divergence_ci")
             out["compounding ratio"] = (s.get("compounding") or {}).get("ratio")
-            out["audited calls"] = (s.get("counts") or {}).get("answered_steps")
+            out["audited calls"] = data.scored_steps(s)
     return out
 
 
@@ -66,8 +66,9 @@ def details(run: Run) -> None:
                    help=ui.ci(h["divergence CI"]))
     cols[4].metric("Compounding ratio", ui.num(h["compounding ratio"], 2))
     if h["divergence CI"]:
-        st.caption(f"Latest audit ({run.latest_audit.label}): {h['audited calls']} audited calls, "
-                   f"divergence {ui.pct(h['latest divergence'])} {ui.ci(h['divergence CI'])}.")
+        st.caption(f"Latest audit ({run.latest_audit.label}): {h['audited calls']} rehearsed "
+                   f"calls, divergence {ui.pct(h['latest divergence'])} "
+                   f"{ui.ci(h['divergence CI'])}.")
     if run.metrics.is_file():
         ui.notes(data.metrics(run.metrics).notes)
     elif run.kind == "training":

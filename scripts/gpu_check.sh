@@ -9,7 +9,8 @@
 #       run(command="bash scripts/gpu_check.sh $OUT", carry=[".gpu-wheels"], timeout_s=540)
 #   bash scripts/gpu_check.sh --cpu-dry-run OUTDIR    # here: every stage at toy sizes, on .venv
 # Knobs: ENVACE_GPU_PYTHON (python3), ENVACE_GPU_WHEELS (.gpu-wheels), ENVACE_GPU_BUDGET_S
-# (450: the stages' total; each stage has its own cap too), ENVACE_DRY_PYTHON (.venv/bin/python).
+# (450: the stages' total; each stage has its own cap too), ENVACE_GPU_STAGES (all; e.g.
+# "gpu_tests,train" reruns those two after the preflight), ENVACE_DRY_PYTHON (.venv/bin/python).
 # Fails early, with a one-line reason, when the GPU, a wheel or the interpreter is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,7 @@ if [ "$DRY" = 1 ]; then
   say "CPU dry run with $PY (no wheels, no GPU: toy sizes)"
   set +e
   "$PY" -m bench.gpu_check --cpu-dry-run --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
-    | tee -a "$LOG"
+    ${ENVACE_GPU_STAGES:+--stages "$ENVACE_GPU_STAGES"} | tee -a "$LOG"
   exit "${PIPESTATUS[0]}"
 fi
 
@@ -66,5 +67,5 @@ say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohe
   "$("$PY" -c 'import sys, torch, transformers; print("Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
 set +e
 "$PY" -m bench.gpu_check --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
-  | tee -a "$LOG"
+  ${ENVACE_GPU_STAGES:+--stages "$ENVACE_GPU_STAGES"} | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

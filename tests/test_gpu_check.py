@@ -152,3 +152,15 @@ def test_throughput_shapes_and_flop_count(shape, params):
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert matmul_params(model.config) == linear
     assert forward_flops(model.config, 10, 0) == 20 * linear
+
+
+def test_a_rerun_can_select_stages_after_the_preflight(tmp_path, monkeypatch):
+    import bench.gpu_check as gc
+
+    ok = lambda ctx: [sys.executable, "-c", "pass"]  # noqa: E731
+    monkeypatch.setattr(gc, "STAGES", [gc.Stage(n, {"dry": 30}, ok, lambda ctx, res: None)
+                                       for n in ("preflight", "gpu_tests", "train")])
+    res = gc.run_check(tmp_path, dry=True, only={"train"})
+    assert list(res["stages"]) == ["preflight", "train"] and res["ok"]
+    with pytest.raises(ValueError, match="unknown stages"):
+        gc.run_check(tmp_path, dry=True, only={"trian"})

@@ -14,10 +14,12 @@ The update, as in the EnvACE paper's reference (verl):
   2. `token_advantages`: broadcast each member's per-role advantage onto its tokens.
   3. `policy_loss`: token-level PPO clipped surrogate (asymmetric clip, dual clip for negative
      advantages), aggregated by token mean, plus an optional k3 KL to a reference policy.
+  4. `merge_stats`: the statistics of the micro-batches (and ranks) of one step, as one batch's.
 
 Run the tests: `.venv/bin/pytest tests/test_grpo.py`.
 """
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
@@ -254,6 +256,48 @@ def policy_loss(
         stats["ratio_mean"] = masked_mean(ratio, mask).item()
         stats["ratio_max"] = ratio[mask].max().item() if mask.any() else 1.0
     return loss, stats
+
+
+SUMMED_STATS: tuple[str, ...] = ("loss", "pg_loss", "kl_ref")
+
+
+def merge_stats(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The statistics of a whole batch from those of its parts (`policy_loss`'s stats of each
+    micro-batch, from every rank), as if `policy_loss` had seen the batch at once.
+
+    - the loss terms (`loss`, `pg_loss`, `kl_ref`) are summed: each part's is already divided
+      by the batch's normalizer;
+    - `ratio_max` is the largest of the parts' (1.0 when no part has a token, as in
+      `policy_loss`);
+    - token counts (`tokens`, `{name}/tokens`) are summed;
+    - every other figure is a token mean: `{name}/x` weighted by the part's `{name}/tokens`
+      (that name's tokens, e.g. a role's), the others by its `tokens`; 0 over no token.
+    A non-finite value (an overflowing ratio) is left out, with its weight.
+    """
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    maxima: list[float] = []
+    for part in parts:
+        tokens = float(part.get("tokens", 0.0))
+        for k, v in part.items():
+            if k.endswith("tokens") or k in SUMMED_STATS:
+                if math.isfinite(v):
+                    sums[k] = sums.get(k, 0.0) + v
+            elif k == "ratio_max":
+                if tokens > 0 and math.isfinite(v):
+                    maxima.append(v)
+            elif math.isfinite(v):
+                name = k.rsplit("/", 1)[0] if "/" in k else ""
+                w = float(part.get(f"{name}/tokens", tokens) if name else tokens)
+                sums[k] = sums.get(k, 0.0) + v * w
+                weights[k] = weights.get(k, 0.0) + w
+    out = {k: (v / weights[k] if weights[k] > 0 else 0.0) if k in weights else v
+           for k, v in sums.items()}
+    if maxima:
+        out["ratio_max"] = max(maxima)
+    elif any("ratio_max" in p for p in parts) and not sums.get("tokens"):
+        out["ratio_max"] = 1.0  # no token anywhere
+    return out
 
 
 # -----------------------------------------------------------------------------

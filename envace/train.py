@@ -9,7 +9,8 @@ policy acts and rehearses; ``split``: a second model rehearses; ``simulator``: a
 answers; ``grpo``: the real environment answers), score them with the verifier (never seen by
 the policy), audit the rehearsed responses against reality, compute role-wise advantages and
 take one optimizer step on the clipped loss. Everything lands in the run directory
-(docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md.
+(docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md, and
+with ``kl_coef > 0`` the KL anchors (initial_model/: the trainees' weights at the start).
 
 Launched on several processes (``accelerate launch``), each rank takes a share of the step's
 groups and the gradients are summed: see ``envace.distributed``. Rank 0 writes the run directory.
@@ -36,7 +37,7 @@ from envace.fsdp import grad_norm_value
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
-from envace.train_setup import Policy, build_policy, training_pool
+from envace.train_setup import Policy, build_policy, check_anchors, training_pool
 
 TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
            "grpo": (ACT,)}
@@ -79,8 +80,9 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         norm = total if cfg.aggregation == "token_mean" else dist.sum(len(order))
         opt, sched = policy.optimizers[name], policy.schedulers[name]
         opt.zero_grad(set_to_none=True)
-        acc: dict[str, float] = {}
+        parts: list[dict[str, float]] = []  # each micro-batch's statistics
         ent_sum = 0.0
+        reference = policy.references.get(name) if cfg.kl_coef > 0 else None
         # FSDP averages gradients over ranks: scale the backward so that they are summed
         sharded = name in policy.sharded
         scale = float(dist.world) if sharded else 1.0
@@ -104,9 +106,9 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             logits = logits.float() / cfg.temperature
             lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
             ref_lp = None
-            if cfg.kl_coef > 0 and policy.reference is not None:
+            if reference is not None:  # this trainee's own anchor: its initial weights
                 with torch.no_grad():
-                    ref_logits = policy.reference(input_ids=ids, attention_mask=attn)
+                    ref_logits = reference(input_ids=ids, attention_mask=attn)
                     ref_lp = grpo.logprobs_from_logits(
                         ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
             loss, st = grpo.policy_loss(
@@ -117,11 +119,7 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             (loss * scale).backward()
             with torch.no_grad():
                 ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
-            n = float(mask.sum())
-            for k, v in st.items():
-                if isinstance(v, float) and math.isfinite(v) and not k.endswith("tokens"):
-                    acc[k] = acc.get(k, 0.0) + v * (1.0 if k in ("loss", "pg_loss", "kl_ref")
-                                                    else n / total)
+            parts.append(st)
         if sharded:  # FSDP reduced the gradients in each backward
             from envace.fsdp import idle_backward
 
@@ -130,9 +128,9 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         else:
             dist.sum_grads(model.parameters())
         if dist.active:  # statistics of the whole batch
-            parts = dist.gather(acc)
-            acc = {k: sum(p.get(k, 0.0) for p in parts) for k in sorted(set().union(*parts))}
+            parts = [p for rank_parts in dist.gather(parts) for p in rank_parts]
             ent_sum = dist.sum(ent_sum)
+        acc = {k: v for k, v in grpo.merge_stats(parts).items() if not k.endswith("tokens")}
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
@@ -248,6 +246,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
         from envace.train_setup import check_same_config
 
         check_same_config(run_dir, cfg)
+    if state is not None:  # before anything is written: a run without its KL anchor is refused
+        check_anchors(cfg, run_dir)
     dist.barrier()  # every rank has read the old config before rank 0 rewrites it
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -302,7 +302,8 @@ def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: 
                       f"loss {record.get('loss', float('nan')):.4f}", flush=True)
         last = step == cfg.steps - 1
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
-            policy.save(run_dir, step, {"config": to_dict(cfg)}, dist)  # every rank: see save
+            policy.save(run_dir, step, {"config": to_dict(cfg), "initial_model": str(policy.path)},
+                        dist)  # every rank: see save
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:

@@ -1,10 +1,17 @@
-"""What a training run is made of: the policy (and world model, simulator, reference), its
-optimizers and schedulers, the training tasks; built fresh or restored from a checkpoint.
+"""What a training run is made of: the policy (and world model, simulator, the KL references),
+its optimizers and schedulers, the training tasks; built fresh or restored from a checkpoint.
+
+The KL reference of each trainee (``kl_coef > 0``) is its own weights at the start of the run:
+a fresh run writes them once into the run directory (``initial_model/``, and
+``initial_world_model/`` for a separate ``world_model`` in mode ``split``) and a resumed run
+reads them back, so the anchor never moves to the checkpoint it resumes from.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +26,9 @@ from envace.envs.tasks import Task, split_tasks
 from envace.models import default_cache_dir, load_model, resolve_model
 from envace.rollout import ACT, REHEARSE
 
+# the folders in the run directory that hold each trainee's initial weights (the KL anchors)
+INITIAL_FOLDERS = {"policy": "initial_model", "world_model": "initial_world_model"}
+
 # keys that may differ between a run and its resumption
 RESUMABLE_CHANGES = {"resume_from", "steps", "checkpoint_every", "eval_every", "log_every",
                      "report_to"}
@@ -31,7 +41,8 @@ class Policy:
     path: Path
     world_model: Any | None = None
     simulator: Any | None = None
-    reference: Any | None = None
+    # the frozen KL anchor of each trainee, by name (policy, world_model); empty when kl_coef=0
+    references: dict[str, Any] = field(default_factory=dict)
     optimizers: dict[str, Any] = field(default_factory=dict)
     schedulers: dict[str, Any] = field(default_factory=dict)
     rollout: Any | None = None  # run_episodes' signature on another backend (vLLM); None: HF
@@ -160,18 +171,59 @@ def _optim(model: Any, cfg: TrainConfig) -> tuple[Any, Any]:
     return opt, sched
 
 
+def anchored(cfg: TrainConfig) -> list[str]:
+    """The trainees whose initial weights the run keeps as KL anchors (``INITIAL_FOLDERS``):
+    none when ``kl_coef`` is 0; the world model only when it is a separate model (in mode
+    ``split`` without ``world_model`` it starts as a copy of the policy: the same anchor)."""
+    if cfg.kl_coef <= 0:
+        return []
+    return ["policy", "world_model"] if cfg.mode == "split" and cfg.world_model else ["policy"]
+
+
+def check_anchors(cfg: TrainConfig, run_dir: Path) -> None:
+    """Refuse to resume with ``kl_coef > 0`` a run that lacks its initial weights (made before
+    the trainer kept them): it would anchor the KL to the checkpoint instead."""
+    for name in anchored(cfg):
+        folder = run_dir / INITIAL_FOLDERS[name]
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                f"{run_dir} has no {folder.name}/ (the {name}'s initial weights, the KL anchor; "
+                f"runs made before the trainer kept them lack it): resuming with "
+                f"kl_coef={cfg.kl_coef} would anchor the KL to the checkpoint instead. Copy the "
+                f"model the run started from into {folder} to resume, or start a new run")
+
+
+def write_initial(run_dir: Path, name: str, model: Any, tokenizer: Any) -> Path:
+    """Save ``model`` (and ``tokenizer``) as the run's initial ``name`` (``INITIAL_FOLDERS``),
+    atomically: into a temporary folder, then renamed into place."""
+    final = run_dir / INITIAL_FOLDERS[name]
+    tmp = run_dir / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
 def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
                  progress: bool = True, dist: Dist = Dist()) -> Policy:
+    """The models, optimizers and schedulers of a run: fresh, or from ``state``
+    (``load_latest``). With ``kl_coef > 0`` a fresh run writes each anchored trainee's initial
+    weights into ``run_dir`` (rank 0) and a resumed one requires them (``check_anchors``)."""
     torch.manual_seed(cfg.seed)
     if state is not None:  # resume: weights from the checkpoint
+        check_anchors(cfg, run_dir)
         folder = state["folder"]
-        model, tok = load_model(folder / "policy")
-        path = Path(state["info"].get("initial_model", folder / "policy"))
+        loaded_from = folder / "policy"
+        model, tok = load_model(loaded_from)
+        # the model the run started from (what its trajectories name), as the checkpoint says
+        path = Path(state["info"].get("initial_model", loaded_from))
         wm = load_model(folder / "world_model")[0] if (folder / "world_model").exists() else None
     else:
         if not dist.is_main:  # rank 0 makes (SFT, tiny build) or finds the model first
             dist.barrier()
-        path = initial_model_path(cfg, run_dir, progress)
+        path = loaded_from = initial_model_path(cfg, run_dir, progress)
         if dist.is_main:
             dist.barrier()
         model, tok = load_model(path)
@@ -179,16 +231,25 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         if cfg.mode == "split":
             wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
                 if cfg.world_model else copy.deepcopy(model)
-    if torch.cuda.is_available():  # one device per process; multi-GPU: see README, Scaling
-        model = model.to(dist.device())
-        wm = wm.to(dist.device()) if wm is not None else None
+        if dist.is_main:  # the KL anchors, before any step changes the weights
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for name in anchored(cfg):
+                write_initial(run_dir, name, model if name == "policy" else wm, tok)
+        dist.barrier()
+    device = dist.device() if torch.cuda.is_available() else None
+    if device is not None:  # one device per process; multi-GPU: see README, Scaling
+        model = model.to(device)
+        wm = wm.to(device) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout
         from envace.backends.vllm_backend import VLLMRollouts
 
-        policy.rollout = VLLMRollouts.for_config(cfg, model_path=path)
-    if cfg.kl_coef > 0:
-        policy.reference = load_model(path)[0].eval()
+        policy.rollout = VLLMRollouts.for_config(cfg, model_path=loaded_from)
+    for name in anchored(cfg):  # each trainee's own anchor, read back from the run directory
+        ref = load_model(run_dir / INITIAL_FOLDERS[name])[0].eval().requires_grad_(False)
+        policy.references[name] = ref.to(device) if device is not None else ref
+    if cfg.kl_coef > 0 and cfg.mode == "split" and "world_model" not in policy.references:
+        policy.references["world_model"] = policy.references["policy"]  # it started as a copy
     if cfg.mode == "simulator":
         policy.simulator = make_simulator(cfg)
     if dist.fsdp and dist.active:

@@ -17,6 +17,7 @@ from envace.grpo import (
     kl_k3,
     logprobs_from_logits,
     masked_mean,
+    merge_stats,
     per_role_stats,
     policy_loss,
     role_advantages,
@@ -225,6 +226,61 @@ def test_named_masks_give_per_role_stats():
     assert stats["rehearse/clip_frac"] == pytest.approx(0.5)  # token 3 clipped low
     assert stats["rehearse/dual_clip_frac"] == pytest.approx(0.5)
     assert stats["act/tokens"] == 2.0 and stats["tokens"] == 4.0
+
+
+def _micro_batch_stats() -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Two micro-batches' stats (normalised by the batch's 6 tokens) and the whole batch's.
+
+    A: act x3 at ratio 1.5 (advantage +1: clipped high), rehearse x1 at ratio 1.0.
+    B: act x1 at ratio 1.0, rehearse x1 at ratio 0.5 (advantage -1: clipped low)."""
+    roles = torch.tensor([[ACT, ACT, ACT, REHEARSE], [ACT, REHEARSE, CONTEXT, CONTEXT]])
+    ratio = torch.tensor([[1.5, 1.5, 1.5, 1.0], [1.0, 0.5, 1.0, 1.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, -1.0, 0.0, 0.0]])
+    old = torch.full((2, 4), -1.0)
+    lp, mask = old + ratio.log(), roles != CONTEXT
+    parts = [policy_loss(lp[i:i + 1], old[i:i + 1], adv[i:i + 1], mask[i:i + 1], normalizer=6,
+                         named_masks=role_masks(roles[i:i + 1], mask[i:i + 1]))[1]
+             for i in range(2)]
+    whole = policy_loss(lp, old, adv, mask, named_masks=role_masks(roles, mask))[1]
+    return parts, whole
+
+
+def test_merge_stats_known_answers():
+    parts, _ = _micro_batch_stats()
+    merged = merge_stats(parts)
+    assert merged["ratio_max"] == pytest.approx(1.5)  # the maximum, not a mean of maxima (4/3)
+    # each role's figures are weighted by that role's tokens in each micro-batch
+    assert merged["act/clip_frac"] == pytest.approx(3 / 4)  # not 1 x 4/6 + 0 x 2/6
+    assert merged["rehearse/clip_frac"] == pytest.approx(1 / 2)  # not 0 x 4/6 + 1 x 2/6
+    assert merged["clip_frac"] == pytest.approx(4 / 6)
+    assert merged["ratio_mean"] == pytest.approx((4.5 + 1.0 + 1.0 + 0.5) / 6)
+    assert (merged["tokens"], merged["act/tokens"], merged["rehearse/tokens"]) == (6, 4, 2)
+    # loss terms are already normalised by the batch: summed
+    assert merged["loss"] == pytest.approx(parts[0]["loss"] + parts[1]["loss"])
+
+
+def test_merge_stats_equal_the_whole_batch_and_ignore_the_split():
+    parts, whole = _micro_batch_stats()
+    for got in (merge_stats(parts), merge_stats(parts[::-1]), merge_stats([whole])):
+        assert got.keys() == whole.keys()
+        for k, v in whole.items():
+            assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+
+
+def test_merge_stats_edge_cases():
+    # a role without tokens reports 0; a non-finite figure is left out with its weight
+    parts = [{"tokens": 2.0, "act/tokens": 2.0, "act/clip_frac": 0.5, "rehearse/tokens": 0.0,
+              "rehearse/clip_frac": 0.0, "ratio_mean": float("inf"), "ratio_max": float("inf")},
+             {"tokens": 1.0, "act/tokens": 1.0, "act/clip_frac": 1.0, "rehearse/tokens": 0.0,
+              "rehearse/clip_frac": 0.0, "ratio_mean": 2.0, "ratio_max": 3.0}]
+    merged = merge_stats(parts)
+    assert merged["act/clip_frac"] == pytest.approx(2 / 3)
+    assert merged["rehearse/clip_frac"] == 0.0
+    assert merged["ratio_mean"] == 2.0 and merged["ratio_max"] == 3.0
+    # a micro-batch without tokens (ratio_max 1.0 by convention) cannot raise or lower the max
+    empty = {"tokens": 0.0, "ratio_max": 1.0}
+    assert merge_stats([empty, {"tokens": 3.0, "ratio_max": 0.5}])["ratio_max"] == 0.5
+    assert merge_stats([empty])["ratio_max"] == 1.0
 
 
 # -----------------------------------------------------------------------------

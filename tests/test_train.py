@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -209,6 +210,145 @@ def test_smollm2_preset_trains_a_step(tmp_path):
     assert row["step"] == 0 and row["tokens/act"] > 0 and "grad_norm" in row
     assert "smollm2" in (run / "config.yaml").read_text()
     assert (run / "report.md").exists() and (run / "checkpoints" / "step_0").is_dir()
+
+
+# -- the update and its KL anchors ------------------------------------------------------------
+
+TINY_SFT = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-sft"
+
+
+def _qwen(seed: int) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128))
+
+
+def _episodes(n: int, seed: int = 1) -> tuple[list[Any], Any]:
+    """Synthetic episodes of unequal lengths with both roles (`update` reads ids, roles and
+    log-probs only) and their [n, 2] advantages."""
+    import torch
+
+    from envace.rollout import ACT, CONTEXT, REHEARSE, Episode
+
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for i in range(n):
+        length = 10 + 7 * (i % 3)
+        ids = torch.randint(1, 61, (length,), generator=g).tolist()
+        roles = [CONTEXT] * 4 + [ACT if (k // (2 + i)) % 2 == 0 else REHEARSE
+                                 for k in range(length - 4)]
+        logprobs = [0.0] * 4 + (-torch.rand(length - 4, generator=g) * 6).tolist()
+        eps.append(Episode(None, None, ids, roles, logprobs, [-1] * length, 4, "finished", []))
+    return eps, torch.randn(n, 2, generator=g)
+
+
+def _policy(cfg: Any, model: Any, world_model: Any = None, references: dict | None = None
+            ) -> Any:
+    from types import SimpleNamespace
+
+    from envace.train_setup import Policy, _optim
+
+    pol = Policy(model, SimpleNamespace(pad_token_id=0), Path("."), world_model=world_model,
+                 references=references or {})
+    for name, m, _ in pol.trainees(cfg.mode):
+        pol.optimizers[name], pol.schedulers[name] = _optim(m, cfg)
+    return pol
+
+
+def test_update_statistics_do_not_depend_on_the_micro_batches():
+    """The step's ratio_max is the batch's maximum and each role's figures are that role's
+    token means, however the batch is cut (a weighted mean of per-micro-batch maxima, or role
+    figures weighted by all tokens, change with the cut)."""
+    from envace.config import TrainConfig
+    from envace.train import update
+
+    eps, adv = _episodes(6)
+    got = []
+    for mbs in (1, 6):
+        cfg = TrainConfig(micro_batch_size=mbs, lr=1e-3, group_size=2, prompts_per_step=3)
+        got.append(update(_policy(cfg, _qwen(0)), eps, adv, cfg))
+    one, whole = got
+    assert one.keys() == whole.keys()
+    for k in ("ratio_max", "ratio_mean", "clip_frac", "act/clip_frac", "rehearse/clip_frac",
+              "act/approx_kl", "rehearse/approx_kl", "act/dual_clip_frac", "loss", "entropy"):
+        assert one[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-6), k
+    assert whole["ratio_max"] > whole["ratio_mean"] > 0
+
+
+def test_each_trainee_is_anchored_to_its_own_initial_weights():
+    """Mode split: the world model's KL is taken against its own initial weights. On the first
+    step every trainee equals its anchor: both KL figures are 0 (against the policy's anchor the
+    world model's would not be)."""
+    import copy
+
+    from envace.config import TrainConfig
+    from envace.train import update
+
+    eps, adv = _episodes(4)
+    cfg = TrainConfig(mode="split", kl_coef=0.5, micro_batch_size=2, lr=1e-3, group_size=2,
+                      prompts_per_step=2)
+    policy, wm = _qwen(0), _qwen(1)
+    refs = {"policy": copy.deepcopy(policy), "world_model": copy.deepcopy(wm)}
+    st = update(_policy(cfg, policy, wm, refs), eps, adv, cfg)
+    assert st["kl_ref"] == 0.0 and st["world_model/kl_ref"] == 0.0
+    crossed = {"policy": refs["policy"], "world_model": refs["policy"]}
+    st = update(_policy(cfg, _qwen(0), _qwen(1), crossed), eps, adv, cfg)
+    assert st["kl_ref"] == 0.0 and st["world_model/kl_ref"] > 0.01
+
+
+def _other_model(tmp_path: Path) -> Path:
+    """tiny-sft with perturbed weights (same tokenizer): a separate world model."""
+    import torch
+
+    from envace.models import load_model
+
+    model, tok = load_model(TINY_SFT)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(tmp_path / "wm")
+    tok.save_pretrained(tmp_path / "wm")
+    return tmp_path / "wm"
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_build_policy_keeps_each_trainees_initial_weights_only_with_kl(tmp_path):
+    from envace.config import ConfigError, TrainConfig
+    from envace.train_setup import build_policy, check_anchors
+
+    wm_path = _other_model(tmp_path)
+    cfg = TrainConfig(model=str(TINY_SFT), mode="split", world_model=str(wm_path), kl_coef=0.1)
+    run = tmp_path / "run"
+    pol = build_policy(cfg, run, None, progress=False)
+    assert _same(pol.references["policy"], pol.model)
+    assert _same(pol.references["world_model"], pol.world_model)
+    assert not _same(pol.references["world_model"], pol.model)
+    assert sorted(p.name for p in run.iterdir()) == ["initial_model", "initial_world_model"]
+    check_anchors(cfg, run)  # a resume finds them
+    # without a separate world model it starts as the policy's copy: one anchor, one folder
+    shared = TrainConfig(model=str(TINY_SFT), mode="split", kl_coef=0.1)
+    pol = build_policy(shared, tmp_path / "shared", None, progress=False)
+    assert pol.references["world_model"] is pol.references["policy"]
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["initial_model"]
+    # no KL: nothing written, nothing loaded
+    pol = build_policy(TrainConfig(model=str(TINY_SFT)), tmp_path / "nokl", None, progress=False)
+    assert not pol.references and not list((tmp_path / "nokl").glob("initial*"))
+    # a run made before the anchors were kept is refused, saying why
+    (run / "initial_world_model" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="initial_world_model.*anchor the KL to the checkpoint"):
+        check_anchors(cfg, run)
+    check_anchors(TrainConfig(model=str(TINY_SFT), mode="split", world_model=str(wm_path)), run)
 
 
 def test_split_rollouts_pick_logits_on_their_device():

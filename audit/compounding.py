@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_intervals
+from audit.intervals import (
+    IntervalSpec,
+    TrajectoryResamples,
+    cluster_codes,
+    cluster_sums,
+    ratio_intervals,
+)
 from audit.intervals import wilson_ci as wilson_ci
 
 Step = dict
@@ -99,40 +105,66 @@ def _score(s: Step, name: str) -> float:
     return float(v) if _finite(v) else math.nan
 
 
+class _Table:
+    """Scored steps as arrays, built once: trajectory code, diverged and scores per step."""
+
+    def __init__(self, steps: Sequence[Step], scorers: Sequence[str], spec: IntervalSpec) -> None:
+        self.steps, self.scorers, self.spec = steps, list(scorers), spec
+        n = len(steps)
+        self.codes, self.ids = cluster_codes([s.get("trajectory_id") for s in steps])
+        cols = [np.fromiter((bool(s["diverged"]) for s in steps), dtype=float, count=n)]
+        cols += [np.fromiter((_score(s, m) for s in steps), dtype=float, count=n)
+                 for m in self.scorers]
+        self.values = np.stack(cols, axis=1) if n else np.empty((0, 1 + len(self.scorers)))
+        self.resamples = (TrajectoryResamples(len(self.ids), spec)
+                          if n and spec.resamples > 0 else None)
+
+    def stats(self, rows: Sequence[int] | None) -> dict:
+        """:func:`group_stats` of the steps at these row indices (None: all)."""
+        idx = np.arange(len(self.steps)) if rows is None else np.asarray(rows, dtype=np.int64)
+        n = len(idx)
+        values = self.values[idx]
+        k = int(values[:, 0].sum()) if n else 0
+        out: dict = {"n": n, "trajectories": 0, "diverged": k, "divergence_rate": None,
+                     "divergence_ci": None, "divergence_ci_method": None,
+                     "scores": {name: {"mean": None, "ci": None, "n": 0, "method": None}
+                                for name in self.scorers}}
+        if not n:
+            return out
+        uniq, local = np.unique(self.codes[idx], return_inverse=True)
+        sums, counts = cluster_sums(local.reshape(-1), values, len(uniq))
+        res = ratio_intervals(sums, counts, self.spec, self.resamples,
+                              None if len(uniq) == len(self.ids) else uniq)
+        out.update(trajectories=len(uniq), divergence_rate=k / n, divergence_ci=res[0]["ci"],
+                   divergence_ci_method=res[0]["method"])
+        for name, r in zip(self.scorers, res[1:], strict=True):
+            out["scores"][name] = {"mean": r["point"], "ci": r["ci"], "n": r["n"],
+                                   "method": r["method"]}
+        return out
+
+    def grouped(self, label: Callable[[Step], object]) -> dict:
+        groups: dict[object, list[int]] = defaultdict(list)
+        for i, s in enumerate(self.steps):
+            groups[label(s)].append(i)
+        return {g: self.stats(groups[g]) for g in sorted(groups)}
+
+
 def group_stats(steps: Sequence[Step], scorers: Sequence[str],
                 spec: IntervalSpec = IntervalSpec()) -> dict:
     """n, trajectories, diverged, divergence rate and each scorer's mean, with intervals that
     resample the group's trajectories (``audit.intervals``; method per figure)."""
-    n = len(steps)
-    k = sum(bool(s["diverged"]) for s in steps)
-    out: dict = {"n": n, "trajectories": 0, "diverged": k, "divergence_rate": None,
-                 "divergence_ci": None, "divergence_ci_method": None,
-                 "scores": {name: {"mean": None, "ci": None, "n": 0, "method": None}
-                            for name in scorers}}
-    if not n:
-        return out
-    codes, ids = cluster_codes([s.get("trajectory_id") for s in steps])
-    values = np.array([[float(bool(s["diverged"]))] + [_score(s, m) for m in scorers]
-                       for s in steps], dtype=float).reshape(n, 1 + len(scorers))
-    sums, counts = cluster_sums(codes, values, len(ids))
-    res = ratio_intervals(sums, counts, spec)
-    out.update(trajectories=len(ids), divergence_rate=k / n, divergence_ci=res[0]["ci"],
-               divergence_ci_method=res[0]["method"])
-    for name, r in zip(scorers, res[1:], strict=True):
-        out["scores"][name] = {"mean": r["point"], "ci": r["ci"], "n": r["n"],
-                               "method": r["method"]}
-    return out
+    return _Table(list(steps), scorers, spec).stats(None)
+
+
+def _by_depth(table: _Table) -> list[dict]:
+    return clean([{"depth": d, **v} for d, v in table.grouped(_depth).items()])
 
 
 def by_depth(steps: Iterable[Step], scorers: Sequence[str] | None = None,
              spec: IntervalSpec = IntervalSpec()) -> list[dict]:
     """One row per depth: n, diverged, divergence_rate, mean of each scorer, with intervals."""
     steps = _scored(steps)
-    names = _scorer_names(steps, scorers)
-    groups: dict[int, list[Step]] = defaultdict(list)
-    for s in steps:
-        groups[_depth(s)].append(s)
-    return clean([{"depth": d, **group_stats(groups[d], names, spec)} for d in sorted(groups)])
+    return _by_depth(_Table(steps, _scorer_names(steps, scorers), spec))
 
 
 def _stratum_label(step: Step, key: str, bins: Sequence[float]) -> str:
@@ -164,12 +196,13 @@ def strata(
     ``[lo, hi)``, the last closed), any other record field (e.g. ``"tool"``), or a function.
     """
     steps = _scored(steps)
-    names = _scorer_names(steps, scorers)
+    return _strata(_Table(steps, _scorer_names(steps, scorers), spec), key, bins)
+
+
+def _strata(table: _Table, key: str | Callable[[Step], str], bins: Sequence[float]
+            ) -> dict[str, dict]:
     label = key if callable(key) else (lambda s: _stratum_label(s, key, bins))
-    groups: dict[str, list[Step]] = defaultdict(list)
-    for s in steps:
-        groups[label(s)].append(s)
-    return clean({g: group_stats(groups[g], names, spec) for g in sorted(groups)})
+    return clean(table.grouped(label))
 
 
 def _trajectories(steps: Iterable[Step]) -> dict[str, list[Step]]:
@@ -503,7 +536,8 @@ def summarize(
     scored = _scored(all_steps)
     names = _scorer_names(scored, scorers)
     spec = IntervalSpec(resamples=n_boot, seed=seed, level=level)
-    overall = group_stats(scored, names, spec)
+    table = _Table(scored, names, spec)  # one set of trajectory resamples for every figure
+    overall = table.stats(None)
     fd = first_divergence_survival(scored)
     return clean(
         {
@@ -517,10 +551,10 @@ def summarize(
             "divergence_ci": overall["divergence_ci"],
             "divergence_ci_method": overall["divergence_ci_method"],
             "scores": overall["scores"],
-            "by_depth": by_depth(scored, names, spec),
-            "by_tool": strata(scored, "tool", names, spec=spec),
-            "by_mutates_state": strata(scored, "mutates_state", names, spec=spec),
-            "by_novelty": strata(scored, "novelty", names, spec=spec),
+            "by_depth": _by_depth(table),
+            "by_tool": _strata(table, "tool", NOVELTY_BINS),
+            "by_mutates_state": _strata(table, "mutates_state", NOVELTY_BINS),
+            "by_novelty": _strata(table, "novelty", NOVELTY_BINS),
             "first_divergence": fd,
             "median_first_divergence": fd["median"],
             "compounding": compounding_ratio(scored, n_boot=n_boot, seed=seed),

@@ -7,8 +7,10 @@ sums, ``sum_i x_i / sum_i n_i`` (a rate: ``x_i`` = diverged steps of trajectory 
 steps; a mean: ``x_i`` = the sum of its scores). An interval resamples whole trajectories with
 replacement: the ``B`` resamples are a ``(B x C)`` matrix ``W`` of multiplicities, so every
 replicate of every column is ``(W @ x) / (W @ n)``, one matrix product. With one step per
-trajectory this is the ordinary (iid) bootstrap. Intervals are percentile intervals, widened if
-need be to contain the point estimate.
+trajectory this is the ordinary (iid) bootstrap. Within a summary one set of resamples of the
+audit's trajectories serves every figure (``TrajectoryResamples``): a depth's or a tool's figure
+is computed in each resample from the resampled trajectories' steps in that group. Intervals
+are percentile intervals, widened if need be to contain the point estimate.
 
 Degenerate data are handled honestly. When the replicates have no spread (0 of n or n of n
 diverged, a single trajectory, every score equal) a percentile interval has zero width and claims
@@ -108,26 +110,60 @@ def cluster_sums(codes: np.ndarray, values: np.ndarray, n_clusters: int | None =
 
 
 def resample_weights(n_clusters: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
-    """Batches of ``(b x C)`` multiplicity matrices: each row is one resample of C clusters."""
+    """Batches of ``(b x C)`` multiplicity matrices (uint16): each row one resample of C clusters.
+
+    Seeded: the same arguments give the same matrices, batch by batch.
+    """
     rng = np.random.default_rng(seed)
     batch = max(1, _BATCH_CELLS // max(n_clusters, 1))
     for start in range(0, resamples, batch):
         b = min(batch, resamples - start)
-        idx = rng.integers(0, n_clusters, size=(b, n_clusters))
-        flat = idx + (np.arange(b) * n_clusters)[:, None]
-        yield np.bincount(flat.ravel(), minlength=b * n_clusters).reshape(b, n_clusters).astype(
-            float)
+        idx = rng.integers(0, n_clusters, size=(b, n_clusters), dtype=np.int32)
+        flat = (idx + (np.arange(b, dtype=np.int32) * n_clusters)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=b * n_clusters).reshape(b, n_clusters)
+        yield counts.astype(np.uint16)  # a multiplicity above 65535 has probability ~0
+
+
+class TrajectoryResamples:
+    """One set of B resamples of an audit's C trajectories, shared by every figure.
+
+    A group's figure (a depth, a tool) is computed in each resample from the resampled
+    trajectories' steps in that group, so all figures of a summary come from the same bootstrap
+    world and the trajectories are drawn once. The weights are kept in memory (uint16) when
+    ``B x C`` is at most ``cache_cells``; otherwise they are redrawn, identically, per figure.
+    """
+
+    def __init__(self, n_clusters: int, spec: IntervalSpec, cache_cells: int = 50_000_000
+                 ) -> None:
+        self.n_clusters, self.spec = n_clusters, spec
+        self._cache: list[np.ndarray] | None = None
+        if n_clusters * spec.resamples <= cache_cells:
+            self._cache = list(resample_weights(n_clusters, spec.resamples, spec.seed))
+
+    def batches(self) -> Iterator[np.ndarray]:
+        if self._cache is not None:
+            return iter(self._cache)
+        return resample_weights(self.n_clusters, self.spec.resamples, self.spec.seed)
+
+    def replicates(self, members: np.ndarray | None, sums: np.ndarray, counts: np.ndarray
+                   ) -> np.ndarray:
+        """``(B x m)`` replicates of each column's ratio for the clusters ``members`` (row ``i``
+        of ``sums``/``counts`` is cluster ``members[i]``; None: all, in order). NaN where a
+        resample holds none of the group's values."""
+        parts = []
+        for w in self.batches():
+            wg = (w if members is None else w[:, members]).astype(float)
+            num, den = wg @ sums, wg @ counts
+            with np.errstate(divide="ignore", invalid="ignore"):
+                parts.append(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
+        return np.concatenate(parts) if parts else np.empty((0, sums.shape[1]))
 
 
 def _replicates(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
                 seed_offset: int = 0) -> np.ndarray:
     """``(B x m)`` bootstrap replicates of each column's ratio (NaN where a resample is empty)."""
-    parts = []
-    for w in resample_weights(len(sums), spec.resamples, spec.seed + seed_offset):
-        num, den = w @ sums, w @ counts
-        with np.errstate(divide="ignore", invalid="ignore"):
-            parts.append(np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan))
-    return np.concatenate(parts) if parts else np.empty((0, sums.shape[1]))
+    shifted = IntervalSpec(spec.resamples, spec.seed + seed_offset, spec.level)
+    return TrajectoryResamples(len(sums), shifted, cache_cells=0).replicates(None, sums, counts)
 
 
 def _percentile(values: np.ndarray, level: float) -> tuple[float, float] | None:
@@ -139,17 +175,39 @@ def _percentile(values: np.ndarray, level: float) -> tuple[float, float] | None:
     return float(lo), float(hi)
 
 
+def _column_percentiles(reps: np.ndarray, level: float) -> list[tuple[float, float] | None]:
+    """Per column of replicates: the percentile interval, or None when they have no spread."""
+    if not np.isnan(reps).any():  # the usual case: one vectorised call
+        a = (1 - level) / 2
+        qs = np.quantile(reps, [a, 1 - a], axis=0)
+        spread = reps.max(axis=0) - reps.min(axis=0) if len(reps) else np.zeros(reps.shape[1])
+        return [(float(qs[0, j]), float(qs[1, j])) if spread[j] > 1e-12 else None
+                for j in range(reps.shape[1])]
+    return [_percentile(reps[:, j], level) if _spread(reps[:, j]) > 1e-12 else None
+            for j in range(reps.shape[1])]
+
+
 def _spread(values: np.ndarray) -> float:
     v = values[np.isfinite(values)]
     return float(v.max() - v.min()) if len(v) else 0.0
 
 
-def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec
-                    ) -> list[dict[str, Any]]:
-    """Per column: ``point``, ``ci``, ``method``, ``n`` (values), ``trajectories`` (with any)."""
+def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
+                    shared: TrajectoryResamples | None = None,
+                    members: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """Per column: ``point``, ``ci``, ``method``, ``n`` (values), ``trajectories`` (with any).
+
+    Row ``i`` of ``sums``/``counts`` is one trajectory. ``shared``: resample through these
+    shared resamples, row ``i`` being trajectory ``members[i]`` of them; otherwise the rows are
+    resampled on their own (seeded by ``spec``).
+    """
     sums = np.asarray(sums, dtype=float).reshape(len(sums), -1)
     counts = np.asarray(counts, dtype=float).reshape(len(counts), -1)
-    reps = _replicates(sums, counts, spec) if spec.resamples > 0 and len(sums) else None
+    reps = None
+    if spec.resamples > 0 and len(sums):
+        reps = (shared.replicates(members, sums, counts) if shared is not None
+                else _replicates(sums, counts, spec))
+    bounds = _column_percentiles(reps, spec.level) if reps is not None else None
     out = []
     for j in range(sums.shape[1]):
         n = float(counts[:, j].sum())
@@ -159,10 +217,9 @@ def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec
             continue
         point = float(sums[:, j].sum() / n)
         ci, method = None, None
-        if reps is not None:
-            col = reps[:, j]
-            pct = _percentile(col, spec.level)
-            if pct is not None and _spread(col) > 1e-12:
+        if bounds is not None:
+            pct = bounds[j]
+            if pct is not None:
                 ci, method = [min(pct[0], point), max(pct[1], point)], BOOTSTRAP
             else:
                 lo, hi = wilson_ci(point * clusters, clusters, spec.z)
@@ -212,11 +269,8 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
     if paired and sa.shape[0] != sb.shape[0]:
         raise ValueError("paired audits need the same trajectories in the same order")
     if paired and spec.resamples > 0 and len(sa):
-        parts = []
-        for w in resample_weights(len(sa), spec.resamples, spec.seed):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                parts.append((w @ sb) / (w @ nb) - (w @ sa) / (w @ na))
-        reps = np.concatenate(parts)
+        shared = TrajectoryResamples(len(sa), spec, cache_cells=0)
+        reps = shared.replicates(None, sb, nb) - shared.replicates(None, sa, na)
     elif spec.resamples > 0 and len(sa) and len(sb):
         reps = _replicates(sb, nb, spec, 1) - _replicates(sa, na, spec, 0)
     else:

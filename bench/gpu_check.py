@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -81,14 +82,20 @@ def _preflight_collect(ctx: Context, res: dict[str, Any]) -> None:
 
 
 def _pytest_cmd(ctx: Context, name: str, files: list[str], marker: str) -> list[str]:
-    return [ctx.python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-m", marker,
+    return [ctx.python, "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "-m", marker,
             f"--junitxml={ctx.out / (name + '.xml')}", *files]
 
 
 def _junit_collect(ctx: Context, res: dict[str, Any], name: str, skips_fail: bool) -> None:
     path = ctx.out / f"{name}.xml"
-    if not path.exists():
-        res["tests"] = None
+    if not path.exists():  # stopped at its cap: pytest writes junit at the end; count the log
+        text = ctx.log.read_text().rsplit(f"===== {name} ", 1)[-1]
+        seen = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", text, re.M)
+        res.update(tests=len(seen), partial=True, **{
+            k: sum(o == v for _, o in seen) for k, v in (
+                ("passed", "PASSED"), ("failures", "FAILED"), ("errors", "ERROR"),
+                ("skipped", "SKIPPED"))})
+        res["status"] = "failed"
         return
     root = ET.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -288,6 +295,8 @@ def run_check(out: Path, dry: bool, python: str = sys.executable,
             _write(json_path, result)
             _say(f"{stage.name:10s} skipped: {res['reason']}")
             continue
+        for old in out.glob(f"{stage.name}*"):  # a previous run's outputs of this stage
+            old.unlink()
         cmd = stage.command(ctx)
         with open(ctx.log, "a") as fh:
             fh.write(f"\n===== {stage.name} (cap {cap:.0f} s): {' '.join(cmd)}\n")

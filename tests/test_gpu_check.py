@@ -164,3 +164,17 @@ def test_a_rerun_can_select_stages_after_the_preflight(tmp_path, monkeypatch):
     assert list(res["stages"]) == ["preflight", "train"] and res["ok"]
     with pytest.raises(ValueError, match="unknown stages"):
         gc.run_check(tmp_path, dry=True, only={"trian"})
+
+
+def test_tests_stopped_at_their_cap_are_counted_from_the_log(tmp_path, monkeypatch):
+    import bench.gpu_check as gc
+
+    (tmp_path / "suite.xml").write_text("<testsuite tests='9'/>")  # a previous run's: ignored
+    code = ("print('tests/a.py::t1 PASSED'); print('tests/a.py::t2 FAILED', flush=True); "
+            "import time; time.sleep(60)")
+    monkeypatch.setattr(gc, "STAGES", [gc.Stage(
+        "suite", {"dry": 3}, lambda ctx: [sys.executable, "-c", code],
+        lambda ctx, res: gc._junit_collect(ctx, res, "suite", skips_fail=False))])
+    st = gc.run_check(tmp_path, dry=True)["stages"]["suite"]
+    assert st["status"] == "timeout" and st["partial"]
+    assert (st["tests"], st["passed"], st["failures"]) == (2, 1, 1)

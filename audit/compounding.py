@@ -206,10 +206,11 @@ def _strata(table: _Table, key: str | Callable[[Step], str], bins: Sequence[floa
 
 
 def _trajectories(steps: Iterable[Step]) -> dict[str, list[Step]]:
+    """Steps by trajectory id (ids sorted, so bootstraps do not depend on the input order)."""
     groups: dict[str, list[Step]] = defaultdict(list)
     for s in steps:
         groups[str(s.get("trajectory_id"))].append(s)
-    return {t: sorted(g, key=lambda s: _depth(s)) for t, g in groups.items()}
+    return {t: sorted(groups[t], key=_depth) for t in sorted(groups)}
 
 
 def first_divergence_survival(steps: Iterable[Step], z: float = 1.96) -> dict:

@@ -193,3 +193,29 @@ def test_difference_interval_contains_the_difference(ta, tb, paired):
     assert d["diff"] == pytest.approx(sum(vb) / len(vb) - sum(va) / len(va))
     assert d["ci"][0] - 1e-12 <= d["diff"] <= d["ci"][1] + 1e-12
     assert 0 < d["p_value"] <= 1
+
+
+def _steps(trajs: list[list[bool]], tools: str = "ab") -> list[dict]:
+    return [{"trajectory_id": f"t{i}", "step": d + 2, "depth": d, "tool": tools[(i + d) % 2],
+             "diverged": flag, "scores": {"exact": 0.0 if flag else 1.0}}
+            for i, flags in enumerate(trajs) for d, flag in enumerate(flags)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=5), min_size=1, max_size=10),
+       st.randoms(use_true_random=False))
+def test_summary_figures_contain_their_estimates_and_ignore_input_order(trajs, rnd):
+    steps = _steps(trajs)
+    out = summarize(steps, n_boot=60, logistic_boot=0)
+    rows = [out, *out["by_depth"], *out["by_tool"].values()]
+    for r in rows:
+        lo, hi = r["divergence_ci"]
+        assert 0.0 <= lo <= r["divergence_rate"] <= hi <= 1.0
+        ex = r["scores"]["exact"]
+        assert ex["ci"][0] <= ex["mean"] <= ex["ci"][1]
+    shuffled = list(steps)
+    rnd.shuffle(shuffled)
+    again = summarize(shuffled, n_boot=60, logistic_boot=0)
+    for key in ("divergence_ci", "scores", "by_depth", "by_tool", "first_divergence",
+                "compounding"):
+        assert again[key] == out[key], key

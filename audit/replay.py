@@ -69,7 +69,10 @@ def _reset(env_cache: dict[str, Environment], traj: Trajectory) -> Environment:
         raise ReplayError(str(exc)) from None
     target = traj.env["task"] if "task" in traj.env else traj.env["state"]
     try:
-        env.reset(target)
+        if hasattr(env, "reset_record"):  # a record with more than the task id (a version)
+            env.reset_record(traj.env)
+        else:
+            env.reset(target)
     except UnknownTask as exc:
         raise ReplayError(str(exc)) from None
     except (ValueError, TypeError) as exc:

@@ -1,6 +1,8 @@
 """The `envace` command.
 
     envace data export-real --split dev --out dev.jsonl     real trajectories (ground truth run)
+    envace data export-real --env agentdojo --split all --out agentdojo.jsonl
+    envace envs                                            environments installed: tasks, tools
     envace data splits                                     split sizes and overlap note
     envace sft --preset tiny                               cold start (trl SFTTrainer)
     envace rollout --model PATH --split dev --mode rehearse --out FILE.jsonl
@@ -14,14 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from envace.envs.tasks import CATEGORIES, SPLITS
 
 
 def _cmd_export_real(args: argparse.Namespace) -> int:
-    from envace.envs.tasks import UnknownTask, get_task, split_tasks
+    if args.env != "bfcl":
+        return _export_other(args)
+    from envace.envs.tasks import UnknownTask, get_task, load_tasks, split_tasks
     from envace.export import export_real
-    from envace.schema import TrajectoryWriter
 
     if args.tasks:
         try:
@@ -29,14 +33,75 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
         except UnknownTask as exc:
             print(f"envace: {exc}", file=sys.stderr)
             return 2
+    elif args.split == "all":
+        tasks = [t for t in load_tasks().values() if t.category in args.categories]
     else:
         tasks = split_tasks(args.split, tuple(args.categories))
+    return _write(export_real(tasks, turn_end=not args.no_turn_end), args.out)
+
+
+def _export_other(args: argparse.Namespace) -> int:
+    from envace.envs.base import UnknownEnvironment
+    from envace.export import export_env
+
+    try:
+        if args.tasks:
+            ids = list(args.tasks)
+        elif args.env == "agentdojo":
+            from envace.envs.agentdojo_tasks import DEFAULT_VERSION, load_tasks, split_ids
+
+            version = args.benchmark_version or DEFAULT_VERSION
+            known = load_tasks(version)
+            ids = list(known) if args.split == "all" else [
+                i for i in split_ids(args.split) if i in known]
+        else:
+            from envace.envs.base import make_env
+
+            env = make_env(args.env)
+            if args.split != "all" or not hasattr(env, "task_ids"):
+                print(f"envace: {args.env} has no committed splits: use --split all "
+                      "(needs task_ids) or --tasks", file=sys.stderr)
+                return 2
+            ids = list(env.task_ids())
+        trajs = export_env(args.env, ids, turn_end=not args.no_turn_end,
+                           version=args.benchmark_version)
+        return _write(trajs, args.out)
+    except (UnknownEnvironment, KeyError, ValueError) as exc:
+        print(f"envace: {exc}", file=sys.stderr)
+        return 2
+
+
+def _write(trajs: Any, out: str) -> int:
+    from envace.schema import TrajectoryWriter
+
     n = 0
-    with TrajectoryWriter(args.out, mode="w") as w:
-        for traj in export_real(tasks, turn_end=not args.no_turn_end):
+    with TrajectoryWriter(out, mode="w") as w:
+        for traj in trajs:
             w.write(traj)
             n += 1
-    print(f"wrote {n} real trajectories to {args.out}")
+    print(f"wrote {n} real trajectories to {out}")
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from envace.envs.base import describe_env, env_names
+
+    names = args.names or env_names()
+    for name in names:
+        d = describe_env(name)
+        print(f"{name}  [{d['source']}]")
+        if d["error"]:
+            print(f"  error: {d['error']}")
+            continue
+        for key in ("tasks", "tools"):
+            items = d[key]
+            if items is None:
+                print(f"  {key}: (not listed)")
+                continue
+            items = sorted(set(items)) if key == "tools" else items
+            shown = ", ".join(items if args.all else items[:8])
+            more = "" if args.all or len(items) <= 8 else ", ... (--all lists every one)"
+            print(f"  {key} ({len(items)}): {shown}{more}")
     return 0
 
 
@@ -54,8 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="tasks, splits and real trajectories")
     dsub = data.add_subparsers(dest="data_command", required=True)
     ex = dsub.add_parser("export-real", help="execute ground truth, write real trajectories")
-    ex.add_argument("--split", choices=SPLITS, default="dev")
-    ex.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES))
+    ex.add_argument("--env", default="bfcl",
+                    help="environment: bfcl, agentdojo or an installed plugin (see `envace envs`)")
+    ex.add_argument("--split", choices=(*SPLITS, "all"), default="dev",
+                    help="a committed split, or all tasks")
+    ex.add_argument("--benchmark-version", default=None,
+                    help="AgentDojo benchmark version (default v1.2.2)")
+    ex.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
+                    help="BFCL categories")
     ex.add_argument("--tasks", nargs="+", help="explicit task ids instead of a split")
     ex.add_argument("--out", required=True, help="output .jsonl")
     ex.add_argument("--no-turn-end", action="store_true",
@@ -63,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=_cmd_export_real)
     sp = dsub.add_parser("splits", help="print the split note")
     sp.set_defaults(func=_cmd_splits)
+    en = sub.add_parser("envs", help="environments installed (built in and plugins): tasks, tools")
+    en.add_argument("names", nargs="*", help="only these environments")
+    en.add_argument("--all", action="store_true", help="list every task and tool")
+    en.set_defaults(func=_cmd_envs)
 
     for name, module in _EXTRA.items():
         try:

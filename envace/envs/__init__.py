@@ -1,5 +1,14 @@
-"""Real, executable environments (the BFCL multi-turn backends) and their tasks."""
+"""Real, executable environments (BFCL multi-turn, AgentDojo, installed plugins) and tasks."""
 
-from envace.envs.base import Environment, ToolKind, ToolResult, make_env, register_env
+from envace.envs.base import (
+    Environment,
+    PluginLoadError,
+    ToolKind,
+    ToolResult,
+    env_names,
+    make_env,
+    register_env,
+)
 
-__all__ = ["Environment", "ToolKind", "ToolResult", "make_env", "register_env"]
+__all__ = ["Environment", "PluginLoadError", "ToolKind", "ToolResult", "env_names", "make_env",
+           "register_env"]

@@ -134,7 +134,8 @@ class _Table:
         uniq, local = np.unique(self.codes[idx], return_inverse=True)
         sums, counts = cluster_sums(local.reshape(-1), values, len(uniq))
         res = ratio_intervals(sums, counts, self.spec, self.resamples,
-                              None if len(uniq) == len(self.ids) else uniq)
+                              None if len(uniq) == len(self.ids) else uniq,
+                              binary=[True] + [False] * len(self.scorers))
         out.update(trajectories=len(uniq), divergence_rate=k / n, divergence_ci=res[0]["ci"],
                    divergence_ci_method=res[0]["method"])
         for name, r in zip(self.scorers, res[1:], strict=True):

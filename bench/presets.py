@@ -92,6 +92,87 @@ def paired_diff(a: list[float], b: list[float], groups: list[str], n_boot: int =
             "significant": bool(lo > 0 or hi < 0)}
 
 
+def report(results: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The table, the paired trained-vs-untrained comparison and the reference rows."""
+    any_res = next(iter(results.values()))
+    ref_rows = {n: {s: any_res["skill"][n][s]["f_ref"] for s in ("exact", "json_f1")}
+                for n in REFS}
+    # every trained tiny against the untrained one, paired on the same steps
+    comparison: dict[str, Any] = {}
+    base = results.get(ROWS[0])
+    for name, res in results.items():
+        if base is None or name == ROWS[0] or not name.startswith("tiny"):
+            continue
+        a, b = res["per_step"], base["per_step"]
+        groups = [tid for tid, _ in a["ids"]]
+        comparison[name] = {
+            key: paired_diff([float(x) for x in a[key]], [float(x) for x in b[key]], groups)
+            for key in ("parsed_call", "exact_call", "rehearse_exact", "rehearse_json_f1")}
+
+    header = ["model", "params", "parse call", "exact call", "rehearse exact", "json_f1",
+              "skill exact vs lookup", "skill json_f1 vs lookup", "free-run exact (steps)",
+              "SFT s", "SFT tok/s"]
+
+    def pct(x: dict) -> str:
+        return f"{x['rate']:.1%} [{x['ci'][0]:.0%}, {x['ci'][1]:.0%}]"
+
+    def sk(x: dict) -> str:
+        if x["point"] is None:
+            return "n/a"
+        lo = "?" if x["lo"] is None else f"{x['lo']:+.2f}"
+        hi = "?" if x["hi"] is None else f"{x['hi']:+.2f}"
+        return f"{x['point']:+.2f} [{lo}, {hi}]"
+
+    def free(x: dict | None) -> str:
+        if not x:
+            return "-"
+        if "error" in x or not (x.get("exact") or {}).get("n"):
+            return "n/a" if "error" not in x else "failed"
+        return f"{x['exact']['mean']:.1%} ({x['exact']['n']})"
+
+    rows = []
+    for name, r in results.items():
+        f1 = r["rehearse_json_f1"]
+        rows.append([name, f"{r['num_parameters'] / 1e6:.1f}M", pct(r["parsed_call"]),
+                     pct(r["exact_call"]), pct(r["rehearse_exact"]),
+                     f"{f1['mean']:.3f} [{f1['ci'][0]:.2f}, {f1['ci'][1]:.2f}]",
+                     sk(r["skill"]["lookup"]["exact"]), sk(r["skill"]["lookup"]["json_f1"]),
+                     free(r.get("free_running")),
+                     (r.get("sft") or {}).get("wall_seconds", "-"),
+                     (r.get("sft") or {}).get("tokens_per_s", "-")])
+    for ref_name, v in ref_rows.items():
+        rows.append([f"reference: {ref_name}", "-", "-", "-", f"{v['exact']:.1%}",
+                     f"{v['json_f1']:.3f}", "0", "0", "-", "-", "-"])
+    text = table(rows, header)
+    print(text)
+    for name, diffs in comparison.items():
+        for key, v in diffs.items():
+            print(f"{name} minus untrained, {key}: {v['diff']:+.3f} "
+                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" + (" *" if v["significant"] else ""))
+    return text, comparison, ref_rows
+
+
+def recompute_intervals(path: Path) -> dict[str, Any]:
+    """Every rate's and mean's interval from the stored per-step figures (no model runs): the
+    models' shares and json_f1 means with trajectory-bootstrap intervals, and the paired
+    comparison again. ``tool_name_match`` has no per-step record and keeps what it had."""
+    res = json.loads(path.read_text())
+    for r in res["models"].values():
+        ps = r["per_step"]
+        groups = [tid for tid, _ in ps["ids"]]
+        for key in ("parsed_call", "exact_call", "rehearse_exact"):
+            r[key] = share(ps[key], groups)
+        r["rehearse_json_f1"] = cluster_mean([float(x) for x in ps["rehearse_json_f1"]], groups)
+    text, comparison, _ = report(res["models"])
+    res["table"], res["tiny_sft_vs_untrained"] = text, comparison
+    res["history"] = [*res.get("history", []), {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": ["python", "-m", "bench.presets", "--recompute-intervals"],
+        "note": "intervals recomputed from the stored per-step figures: trajectory bootstrap "
+                "(audit.intervals) instead of Wilson/t over steps; points unchanged"}]
+    return res
+
+
 def train_sft(preset: str, out: Path, extra: list[str]) -> Path:
     """Run `envace sft` as a subprocess (its own wall clock; reused when up to date)."""
     cmd = [sys.executable, "-m", "envace.cli", "sft", "--preset", preset, "--out", str(out),
@@ -240,7 +321,16 @@ def main() -> None:
     ap.add_argument("--free-running", type=int, default=0, metavar="TASKS",
                     help="also roll out this many dev tasks per model and audit them (0: skip)")
     ap.add_argument("--keep", help="keep each model's probe audit directory under this folder")
+    ap.add_argument("--recompute-intervals", action="store_true",
+                    help="recompute the intervals of bench/results/presets.json from its stored "
+                         "per-step figures, without running any model")
     args = ap.parse_args()
+    if args.recompute_intervals:
+        res = recompute_intervals(Path(__file__).parent / "results" / "presets.json")
+        print(res["table"])
+        print("->", write_result("presets", {k: v for k, v in res.items()
+                                            if k not in ("benchmark", "date", "machine")}))
+        return
     load0 = os.getloadavg()
     t_start = time.perf_counter()
     import torch
@@ -322,61 +412,7 @@ def main() -> None:
             history = old.get("history", [])
             results = {**{k: v for k, v in old.get("models", {}).items() if k not in results},
                        **results}
-    any_res = next(iter(results.values()))
-    ref_rows = {n: {s: any_res["skill"][n][s]["f_ref"] for s in ("exact", "json_f1")}
-                for n in REFS}
-    # every trained tiny against the untrained one, paired on the same steps
-    comparison: dict[str, Any] = {}
-    base = results.get(ROWS[0])
-    for name, res in results.items():
-        if base is None or name == ROWS[0] or not name.startswith("tiny"):
-            continue
-        a, b = res["per_step"], base["per_step"]
-        groups = [tid for tid, _ in a["ids"]]
-        comparison[name] = {
-            key: paired_diff([float(x) for x in a[key]], [float(x) for x in b[key]], groups)
-            for key in ("parsed_call", "exact_call", "rehearse_exact", "rehearse_json_f1")}
-
-    header = ["model", "params", "parse call", "exact call", "rehearse exact", "json_f1",
-              "skill exact vs lookup", "skill json_f1 vs lookup", "free-run exact (steps)",
-              "SFT s", "SFT tok/s"]
-
-    def pct(x: dict) -> str:
-        return f"{x['rate']:.1%} [{x['ci'][0]:.0%}, {x['ci'][1]:.0%}]"
-
-    def sk(x: dict) -> str:
-        if x["point"] is None:
-            return "n/a"
-        lo = "?" if x["lo"] is None else f"{x['lo']:+.2f}"
-        hi = "?" if x["hi"] is None else f"{x['hi']:+.2f}"
-        return f"{x['point']:+.2f} [{lo}, {hi}]"
-
-    def free(x: dict | None) -> str:
-        if not x:
-            return "-"
-        if "error" in x or not (x.get("exact") or {}).get("n"):
-            return "n/a" if "error" not in x else "failed"
-        return f"{x['exact']['mean']:.1%} ({x['exact']['n']})"
-
-    rows = []
-    for name, r in results.items():
-        f1 = r["rehearse_json_f1"]
-        rows.append([name, f"{r['num_parameters'] / 1e6:.1f}M", pct(r["parsed_call"]),
-                     pct(r["exact_call"]), pct(r["rehearse_exact"]),
-                     f"{f1['mean']:.3f} [{f1['ci'][0]:.2f}, {f1['ci'][1]:.2f}]",
-                     sk(r["skill"]["lookup"]["exact"]), sk(r["skill"]["lookup"]["json_f1"]),
-                     free(r.get("free_running")),
-                     (r.get("sft") or {}).get("wall_seconds", "-"),
-                     (r.get("sft") or {}).get("tokens_per_s", "-")])
-    for ref_name, v in ref_rows.items():
-        rows.append([f"reference: {ref_name}", "-", "-", "-", f"{v['exact']:.1%}",
-                     f"{v['json_f1']:.3f}", "0", "0", "-", "-", "-"])
-    text = table(rows, header)
-    print(text)
-    for name, diffs in comparison.items():
-        for key, v in diffs.items():
-            print(f"{name} minus untrained, {key}: {v['diff']:+.3f} "
-                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" + (" *" if v["significant"] else ""))
+    text, comparison, ref_rows = report(results)
     out = write_result("presets", {
         "split": "dev (scenario-level held out)",
         "sampled_steps": sum(len(v) for v in steps.values()),

@@ -219,3 +219,24 @@ def test_summary_figures_contain_their_estimates_and_ignore_input_order(trajs, r
     for key in ("divergence_ci", "scores", "by_depth", "by_tool", "first_divergence",
                 "compounding"):
         assert again[key] == out[key], key
+
+
+def test_a_rare_event_rate_is_never_narrower_than_wilson_with_the_effective_size():
+    """1 of 150 independent steps: a percentile bootstrap alone reads about [0, 2 %] and misses
+    the truth far more often than 5 %; the rate's interval contains Wilson's (n_eff = n here,
+    one step per trajectory), and with clustered steps n_eff shrinks by the design effect."""
+    from audit.compounding import wilson_ci as wilson
+    from audit.intervals import cluster_ratio, effective_size
+
+    values = [1.0] + [0.0] * 149
+    r = cluster_ratio(values, list(range(150)))
+    lo, hi = wilson(1, 150)
+    assert r["ci"][0] <= lo + 1e-4 and r["ci"][1] >= hi - 1e-4 and r["ci"][1] > 0.035
+    assert effective_size(np.array([1.0] + [0.0] * 149), np.ones(150)) == pytest.approx(150)
+    # 30 trajectories of 5 steps that diverge together: the design effect is 5
+    sums = np.array([5.0] * 6 + [0.0] * 24)
+    counts = np.full(30, 5.0)
+    assert effective_size(sums, counts) == pytest.approx(30.0)
+    # a score mean (not a rate) keeps its bootstrap interval
+    m = cluster_ratio([0.5, 0.25, 0.75, 0.5] * 10, list(range(40)))
+    assert m["method"] == "trajectory_bootstrap" and m["ci"][1] - m["ci"][0] < 0.2

@@ -8,8 +8,10 @@
     envace-audit probe --model PATH INPUT.jsonl --out DIR     (teacher-forced, needs a model)
 
 Exit codes: 0 audit written and every record audited; 3 audit written but some records were
-skipped (listed in summary.json with file and line); 2 bad usage or unreadable input (nothing
-written); 1 an unexpected internal error.
+skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
+unreadable input or a refused output (nothing written); 130 interrupted (Ctrl-C; nothing
+written); 1 an internal error (a bug). Outputs go to a fresh directory renamed into place when
+complete, never over an input or another tool's files (``audit.output``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary.json)
 DEFAULT_SCORERS = ["exact", "json_f1", "fuzzy", "error_agreement"]
 
 
@@ -50,6 +53,13 @@ def _validate_scorers(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _list(kind: str, items: list[dict], fmt: str) -> None:
+    for item in items[:SHOWN]:
+        print(f"  {kind} " + fmt.format(**item), file=sys.stderr)
+    if len(items) > SHOWN:
+        print(f"  ... and {len(items) - SHOWN} more {kind} (see summary.json)", file=sys.stderr)
+
+
 def _finish(summary: dict, out: str) -> int:
     c = summary["counts"]
     rate = summary.get("divergence_rate")
@@ -61,20 +71,31 @@ def _finish(summary: dict, out: str) -> int:
           f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> {out}/report.md")
     if summary.get("determinism_warning"):
         print(f"  warning: {summary['determinism_warning']}", file=sys.stderr)
-    for s in summary["skipped_records"][:10]:
-        print(f"  skipped {s['file']}:{s['line']}: {s['reason']}", file=sys.stderr)
-    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
+    _list("skipped", summary["skipped_records"], "{file}:{line}: {reason}")
+    _list("warning", summary.get("warnings") or [], "{file}:{line}: {message}")
+    ref_skipped = summary.get("reference_skipped_records") or []
+    _list("skipped in --reference", ref_skipped, "{file}:{line}: {reason}")
+    return EXIT_SKIPPED if c["skipped"] or ref_skipped else EXIT_OK
+
+
+def _unreadable(paths: list[str]) -> str | None:
+    for p in paths:
+        if not Path(p).is_file():
+            return f"no such file: {p}"
+        if not os.access(p, os.R_OK):
+            return f"cannot read {p}: permission denied"
+    return None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from audit.pipeline import run_audit
 
-    missing = [p for p in args.inputs if not Path(p).is_file()]
-    if missing:
-        print(f"envace-audit: no such file: {', '.join(missing)}", file=sys.stderr)
+    err = _unreadable(args.inputs)
+    if err:
+        print(f"envace-audit: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if args.reference and not Path(args.reference).is_file():
-        print(f"envace-audit: no such reference file: {args.reference}", file=sys.stderr)
+    if args.reference and _unreadable([args.reference]):
+        print(f"envace-audit: reference: {_unreadable([args.reference])}", file=sys.stderr)
         return EXIT_USAGE
     opts = _options(args, workers=args.workers, reference=args.reference,
                     override=getattr(args, "model", None))
@@ -88,7 +109,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     if not (src / "steps.jsonl").is_file():
         print(f"envace-audit: {src} has no steps.jsonl (not an audit directory)", file=sys.stderr)
         return EXIT_USAGE
-    out = args.out or args.dir
+    out = args.dir if args.out is None else args.out
     return _finish(rescore(src, Path(out), _options(args)), out)
 
 
@@ -96,20 +117,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from audit.compare import compare_audits, render_compare
 
     for d in (args.a, args.b):
-        if not (Path(d) / "summary.json").is_file():
-            print(f"envace-audit: {d} is not an audit directory (no summary.json)",
+        if not (Path(d) / "steps.jsonl").is_file():
+            print(f"envace-audit: {d} is not an audit directory (no steps.jsonl)",
                   file=sys.stderr)
             return EXIT_USAGE
-    result = compare_audits(args.a, args.b, alpha=args.alpha)
-    text = render_compare(result)
-    print(text)
-    if args.out:
-        from audit.pipeline import write_json_atomic
+    if args.out is not None:
+        from audit.output import OutputDir
 
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(Path(args.out) / "compare.json", result)
-        (Path(args.out) / "compare.md").write_text(text)
-    return EXIT_OK
+        with OutputDir(args.out, [args.a, args.b], kind="compare") as tmp:
+            result = compare_audits(args.a, args.b, alpha=args.alpha)
+            text = render_compare(result)
+            from audit.output import write_json_atomic
+
+            write_json_atomic(tmp / "compare.json", result)
+            (tmp / "compare.md").write_text(text, encoding="utf-8")
+    else:
+        result = compare_audits(args.a, args.b, alpha=args.alpha)
+        text = render_compare(result)
+    print(text)
+    _list("skipped", result["skipped_records"], "{file}:{line}: {reason}")
+    return EXIT_SKIPPED if result["skipped_records"] else EXIT_OK
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -164,6 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code (Ctrl-C: 130 with one line, no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("envace-audit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
+    from audit.output import UsageError
+
     args = build_parser().parse_args(argv)
     for opt in ("quiet",):
         setattr(args, opt, getattr(args, opt, False))
@@ -179,6 +217,18 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("envace-audit: interrupted; nothing written (an earlier output is unchanged)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        print(f"envace-audit: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # the system refused a read or a write (disk full, permissions)
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"envace-audit: cannot read or write{where}: {exc.strerror or exc}; nothing "
+              "written", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:
         if os.environ.get("ENVACE_DEBUG"):
             raise

@@ -13,6 +13,10 @@ trajectory-bootstrap interval and p-value (``audit.intervals.ratio_difference``)
 ``design`` in the output says which. When both audits scored the same calls (same task, step,
 tool and arguments) the matched calls are also compared directly (``paired``: how many diverged
 in one audit only, and the difference on those calls, resampling A's trajectories).
+
+Damaged audits: a line of ``steps.jsonl`` or a field of ``summary.json`` that cannot be used is
+listed in ``skipped_records`` (file, line, reason) and left out; an audit with nothing usable
+raises :class:`audit.output.UsageError`.
 """
 
 from __future__ import annotations
@@ -25,27 +29,41 @@ import numpy as np
 
 from audit.compounding import clean, compounding_ratio
 from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
+from audit.output import UsageError
 from audit.population import population
+from audit.records import read_steps, read_summary
 
 PAIRED = "paired_by_trajectory"
 INDEPENDENT = "independent"
 
 
-def _load(dir_: Path) -> tuple[dict, list[dict]]:
-    summary = json.loads((dir_ / "summary.json").read_text())
-    steps = []
-    with open(dir_ / "steps.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                try:
-                    steps.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a truncated last line: the summary says what was audited
-    return summary, steps
+def _load(dir_: Path, skipped: list[dict[str, Any]]) -> tuple[dict, list[dict]]:
+    """An audit's usable summary fields and step records; what is not usable goes to
+    ``skipped`` (file, line, reason). Raises UsageError when nothing in it is usable."""
+    if not (dir_ / "steps.jsonl").is_file():
+        raise UsageError(f"{dir_} is not an audit directory (no steps.jsonl)")
+    try:
+        steps = read_steps(dir_)
+    except OSError as exc:
+        raise UsageError(f"cannot read {dir_ / 'steps.jsonl'}: {exc.strerror or exc}") from None
+    if steps.unusable:
+        first = steps.skipped[0]
+        raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; line "
+                         f"{first['line']}: {first['reason']})")
+    summary, problems = read_summary(dir_)
+    skipped.extend(problems + steps.skipped)
+    return summary, steps.records
+
+
+def _scored(rows: list[dict]) -> list[str]:
+    """Scorer names every row carries (an audit whose summary.json lost its list)."""
+    names = [set(r.get("scores") or {}) for r in rows]
+    return sorted(set.intersection(*names)) if names else []
 
 
 def _key(s: dict) -> str:
-    return json.dumps([s["task_id"], s["step"], s["tool"], s["arguments"]], sort_keys=True)
+    return json.dumps([s["task_id"], s["step"], s["tool"], s.get("arguments")], sort_keys=True,
+                      default=repr)
 
 
 def _columns(rows: list[dict], scorers: list[str]) -> np.ndarray:
@@ -70,11 +88,12 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
                    spec: IntervalSpec | None = None) -> dict[str, Any]:
     """Compare two audit directories (B − A); see the module docstring for the design."""
     spec = spec or IntervalSpec(resamples=2000, seed=0, level=1 - alpha)
-    sa, all_a = _load(Path(dir_a))
-    sb, all_b = _load(Path(dir_b))
+    skipped: list[dict[str, Any]] = []
+    sa, all_a = _load(Path(dir_a), skipped)
+    sb, all_b = _load(Path(dir_b), skipped)
     pa, pb = population(all_a), population(all_b)
     a, b = pa.rows, pb.rows
-    scorers = sorted(set(sa.get("scorers", [])) & set(sb.get("scorers", [])))
+    scorers = sorted(set(sa.get("scorers") or _scored(a)) & set(sb.get("scorers") or _scored(b)))
     ids_a = sorted({str(r["trajectory_id"]) for r in a})
     ids_b = sorted({str(r["trajectory_id"]) for r in b})
     paired = bool(ids_a) and ids_a == ids_b
@@ -91,6 +110,7 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
         "scores": dict(zip(scorers, diffs[1:], strict=True)),
         "compounding_ratio": {"a": compounding_ratio(a, n_boot=0)["ratio"],
                               "b": compounding_ratio(b, n_boot=0)["ratio"]},
+        "skipped_records": skipped,
     }
     index_b = {_key(s): s for s in b}
     pairs = [(s, index_b[_key(s)]) for s in a if _key(s) in index_b]
@@ -152,4 +172,7 @@ def render_compare(c: dict[str, Any]) -> str:
                       f"{p['only_b_diverged']}; B − A {f(p['diff'])} {ci(p)}, trajectory "
                       f"bootstrap p = {f(p['p_value'])} "
                       f"({'significant' if p.get('significant') else 'n.s.'})."]
+    if c.get("skipped_records"):
+        lines += ["", f"Not used ({len(c['skipped_records'])}):", ""]
+        lines += [f"- {r['file']}:{r['line']}: {r['reason']}" for r in c["skipped_records"][:20]]
     return "\n".join(lines) + "\n"

@@ -5,27 +5,42 @@
 
 Writes (docs/spec/trajectory.md, "Audit output"): ``steps.jsonl`` (one line per tool call),
 ``trajectories.jsonl`` (one line per trajectory), ``summary.json`` and ``report.md`` with PNG
-plots. Input is streamed: at most a bounded window of trajectories is in flight, and only a
-compact row per step (no texts) is kept for the statistics. A record that cannot be read or
-replayed is reported with its file and line number and skipped; read = audited + skipped.
+plots, all into a fresh directory renamed into place when complete (``audit.output``: locked,
+never over an input or another tool's files). Input is streamed: at most a bounded window of
+trajectories is in flight, and only a compact row per step (no texts) is kept for the
+statistics.
+
+One bad record costs one record: a line that cannot be read, validated, replayed, scored or
+serialised is listed in ``skipped_records`` with its file, line and a one-line reason, and the
+rest is audited (read = audited + skipped). A trajectory id seen before is skipped (the first
+record with an id is the one audited). Non-finite numbers (NaN, Infinity, 1e400) are replayed
+as the floats they are and named in ``warnings`` with their file, line and field.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.output import OutputDir, UsageError, write_json_atomic
 from audit.replay import AuditSettings, Override, ReplayError, replay_trajectory
 from audit.summary import build_summary, compact
 from envace.schema import Trajectory, read_trajectories
+
+__all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
+           "write_json_atomic", "nonfinite_paths"]
 
 
 @dataclass
@@ -43,22 +58,87 @@ class AuditOptions:
     plots: bool = True
 
 
+Triple = tuple[str, dict, str]
 _WORKER: dict[str, Any] = {}
 
 
-def reference_triples(path: str | os.PathLike[str]) -> list[tuple[str, dict, str]]:
+def read_reference(path: str | os.PathLike[str]) -> tuple[list[Triple], dict[str, Any]]:
+    """(tool, arguments, real response) of every answered, well-formed call in a file, and a
+    report of the file: records read, usable trajectories, calls, skipped lines (file, line,
+    reason). Raises :class:`UsageError` when nothing in it is usable."""
+    out: list[Triple] = []
+    skipped: list[dict[str, Any]] = []
+    read = usable = 0
+    try:
+        for item in read_trajectories(path):
+            read += 1
+            if item.trajectory is None:
+                skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                continue
+            usable += 1
+            for st in item.trajectory.tool_steps():
+                if (st.arguments is not None and st.response is not None
+                        and not st.response.rehearsed):
+                    out.append((st.tool, st.arguments, st.response.content or ""))
+    except OSError as exc:
+        raise UsageError(f"cannot read --reference {path}: {exc.strerror or exc}") from None
+    report = {"file": str(path), "records_read": read, "trajectories": usable,
+              "calls": len(out), "skipped_records": skipped}
+    if not out:
+        first = f"; line {skipped[0]['line']}: {skipped[0]['reason']}" if skipped else ""
+        raise UsageError(f"--reference {path} holds no usable record ({read} read, "
+                         f"{len(skipped)} unreadable{first}; no answered real call)")
+    return out, report
+
+
+def reference_triples(path: str | os.PathLike[str]) -> list[Triple]:
     """(tool, arguments, real response) of every answered, well-formed call in a file."""
-    out = []
-    for item in read_trajectories(path):
-        if item.trajectory is None:
-            continue
-        for st in item.trajectory.tool_steps():
-            if st.arguments is not None and st.response is not None and not st.response.rehearsed:
-                out.append((st.tool, st.arguments, st.response.content or ""))
-    return out
+    return read_reference(path)[0]
 
 
-def _init_worker(opts: AuditOptions, triples: list[tuple[str, dict, str]] | None) -> None:
+def nonfinite_paths(obj: Any, limit: int = 5) -> list[str]:
+    """Where ``obj`` (a trajectory, plain data) holds NaN or an infinity, e.g.
+    ``messages[1].tool_calls[0].function.arguments.x = nan`` (at most ``limit``; no
+    recursion, so any depth is safe)."""
+    from pydantic import BaseModel
+
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack and len(found) < limit:
+        where, v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                found.append(f"{where or '(value)'} = {v}")
+        elif isinstance(v, BaseModel):
+            items = {**v.__dict__, **(v.__pydantic_extra__ or {})}
+            stack.extend((f"{where}.{'schema' if k == 'schema_' else k}".lstrip("."), x)
+                         for k, x in reversed(items.items()))
+        elif isinstance(v, dict):
+            stack.extend((f"{where}.{k}".lstrip("."), x) for k, x in reversed(v.items()))
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        elif isinstance(v, str) and where.endswith("function.arguments") and v[:1] == "{":
+            with contextlib.suppress(ValueError, RecursionError):
+                stack.append((where, json.loads(v)))
+    return found
+
+
+# ---------------------------------------------------------------- the work on one record
+
+
+@dataclass
+class _Done:
+    """One audited trajectory, serialised: the lines to write and the rows to keep."""
+
+    steps_text: str
+    traj_text: str
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+    trajectory_id: str
+    n_steps: int
+
+
+def _setup_worker(opts: AuditOptions, triples: list[Triple] | None) -> None:
     from audit.reference import REFERENCE_NAMES, build_reference
 
     refs: dict[str, Override] = {}
@@ -73,33 +153,194 @@ def _init_worker(opts: AuditOptions, triples: list[tuple[str, dict, str]] | None
     )
 
 
-def _work(job: tuple[str, int, str]) -> tuple[str, int, Any]:
-    path, line, text = job
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this process when its parent dies (even by SIGKILL)."""
     try:
-        traj = Trajectory.model_validate_json(text)
-        result = replay_trajectory(traj, _WORKER["settings"], _WORKER["envs"], _WORKER["override"])
-        return path, line, result
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's shutdown still ends us
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _pool_init(parent: int, opts: AuditOptions, triples: list[Triple] | None) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _setup_worker(opts, triples)
+
+
+def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
+    path, line, traj = job
+    try:
+        res = replay_trajectory(traj, _WORKER["settings"], _WORKER["envs"], _WORKER["override"])
     except ReplayError as exc:
         return path, line, f"cannot replay: {exc}"
+    except RecursionError:
+        return path, line, "replay failed: nested too deeply"
     except Exception as exc:  # a bug or a hostile record must not stop the audit
-        return path, line, f"replay failed: {type(exc).__name__}: {exc}"
+        return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
+    try:
+        warnings = list(res.warnings)
+        bad = nonfinite_paths(traj)
+        if bad:
+            warnings.append("non-finite number(s) replayed as they are (written NaN/Infinity): "
+                            + "; ".join(bad))
+        steps_text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in res.steps)
+        traj_text = json.dumps({**res.summary, "file": path, "line": line},
+                               ensure_ascii=False) + "\n"
+        rows = [compact(r) for r in res.steps]
+    except (ValueError, TypeError, RecursionError) as exc:
+        return path, line, f"cannot serialise the audit of this record: {_one_line(exc)}"
+    return path, line, _Done(steps_text, traj_text, rows, warnings, traj.id, len(res.steps))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
 
 
 def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int]
-          ) -> Iterator[tuple[str, int, str]]:
+          ) -> Iterator[tuple[str, int, Trajectory]]:
+    first: dict[str, tuple[str, int]] = {}
     for p in paths:
         if not Path(p).exists():
             skipped.append({"file": str(p), "line": None, "reason": "file not found"})
             continue
-        for item in read_trajectories(p):
-            counts["read"] += 1
-            if item.trajectory is None:
-                skipped.append({"file": item.path, "line": item.line, "reason": item.error})
-                continue
-            yield item.path, item.line, item.trajectory.model_dump_json(by_alias=True)
+        try:
+            for item in read_trajectories(p):
+                counts["read"] += 1
+                traj = item.trajectory
+                if traj is None:
+                    skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                    continue
+                if traj.id in first:
+                    f, ln = first[traj.id]
+                    skipped.append({"file": item.path, "line": item.line,
+                                    "reason": f"duplicate trajectory id {traj.id!r:.80} (first "
+                                              f"at {f}:{ln}, which is audited); skipped"})
+                    continue
+                first[traj.id] = (item.path, item.line)
+                yield item.path, item.line, traj
+        except OSError as exc:
+            skipped.append({"file": str(p), "line": None,
+                            "reason": f"cannot read: {exc.strerror or exc}"})
+
+
+class _Pool:
+    """Worker processes that die with this one, results in input order, a bounded window."""
+
+    def __init__(self, opts: AuditOptions, triples: list[Triple] | None) -> None:
+        self.args = (os.getpid(), opts, triples)
+        self.n = opts.workers
+        self.ex = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
+
+    def map(self, jobs: Iterator[tuple[str, int, Trajectory]]) -> Iterator[tuple[str, int, Any]]:
+        pending: deque[tuple[str, int, Future | str]] = deque()
+        for job in jobs:
+            try:
+                pending.append((job[0], job[1], self.ex.submit(_work, job)))
+            except BrokenProcessPool:  # a worker died: records in flight are lost, go on
+                self.ex.shutdown(wait=False, cancel_futures=True)
+                self.ex = self._start()
+                pending.append((job[0], job[1], self.ex.submit(_work, job)))
+            if len(pending) >= 8 * self.n:
+                yield self._result(*pending.popleft())
+        while pending:
+            yield self._result(*pending.popleft())
+
+    @staticmethod
+    def _result(path: str, line: int, fut: Future) -> tuple[str, int, Any]:
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            return path, line, "not audited: a worker process died while this record was in flight"
+        except Exception as exc:  # e.g. the record could not be sent to a worker
+            return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
+
+    def close(self, cancel: bool) -> None:
+        self.ex.shutdown(wait=True, cancel_futures=cancel)
+
+
+# ---------------------------------------------------------------- the audit
+
+
+def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
+              opts: AuditOptions | None = None) -> dict[str, Any]:
+    """Replay, score and summarise; write the audit directory; return the summary.
+
+    Raises :class:`audit.output.UsageError` (nothing written) for an output that may not be
+    written (``audit.output``) or a ``--reference`` with nothing usable.
+    """
+    opts = opts or AuditOptions()
+    if opts.override and not opts.reference:
+        raise UsageError("auditing a reference needs --reference TRAIN.jsonl")
+    AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold)  # validate
+    with OutputDir(out_dir, [*inputs, opts.reference], kind="audit") as tmp:
+        triples, ref_report = read_reference(opts.reference) if opts.reference else (None, None)
+        summary = _audit_into(tmp, inputs, opts, triples)
+        if ref_report is not None:
+            summary["reference_counts"] = {k: ref_report[k] for k in
+                                           ("records_read", "trajectories", "calls")}
+            summary["reference_skipped_records"] = ref_report["skipped_records"]
+        write_json_atomic(tmp / "summary.json", summary)
+        from audit.report import write_report
+
+        write_report(tmp, summary, plots=opts.plots)
+    return summary
+
+
+def _audit_into(out: Path, inputs: list[str], opts: AuditOptions,
+                triples: list[Triple] | None) -> dict[str, Any]:
+    skipped: list[dict] = []
+    warnings: list[dict] = []
+    counts = {"read": 0}
+    rows: list[dict] = []
+    trajectories = 0
+    t0 = time.perf_counter()
+    bar = _progress(opts.progress)
+    jobs = _jobs(inputs, skipped, counts)
+    pool = None
+    if opts.workers > 1:
+        pool = _Pool(opts, triples)
+        results: Iterable = pool.map(jobs)
+    else:
+        _setup_worker(opts, triples)
+        results = map(_work, jobs)
+    done = False
+    try:
+        with open(out / "steps.jsonl", "w", encoding="utf-8") as steps_f, \
+                open(out / "trajectories.jsonl", "w", encoding="utf-8") as traj_f:
+            for path, line, res in results:
+                if isinstance(res, str):
+                    skipped.append({"file": path, "line": line, "reason": res})
+                    continue
+                trajectories += 1
+                for w in res.warnings:
+                    warnings.append({"file": path, "line": line,
+                                     "trajectory_id": res.trajectory_id, "message": w})
+                steps_f.write(res.steps_text)
+                traj_f.write(res.traj_text)
+                rows.extend(res.rows)
+                bar.update(res.n_steps)
+        done = True
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close(cancel=not done)
+    return build_summary(rows, opts, trajectories=trajectories, read=counts["read"],
+                         skipped=skipped, warnings=warnings, inputs=inputs,
+                         seconds=time.perf_counter() - t0)
 
 
 class _Writer:
+    """A JSONL file written through ``NAME.partial`` and renamed when finished (used by
+    ``envace.fidelity`` and ``audit.probe``, which write into a directory they own)."""
+
     def __init__(self, path: Path) -> None:
         self.tmp = path.with_suffix(path.suffix + ".partial")
         self.path = path
@@ -111,77 +352,6 @@ class _Writer:
     def finish(self) -> None:
         self.fh.close()
         os.replace(self.tmp, self.path)
-
-
-def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
-              opts: AuditOptions | None = None) -> dict[str, Any]:
-    """Replay, score and summarise; write the audit directory; return the summary."""
-    opts = opts or AuditOptions()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    triples = reference_triples(opts.reference) if opts.reference else None
-    if opts.override and triples is None:
-        raise ValueError("auditing a reference needs --reference TRAIN.jsonl")
-    AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold)  # validate
-    _init_worker(opts, triples)
-    skipped: list[dict] = []
-    warnings: list[dict] = []
-    counts = {"read": 0}
-    rows: list[dict] = []
-    trajectories = 0
-    t0 = time.perf_counter()
-    steps_w, traj_w = _Writer(out / "steps.jsonl"), _Writer(out / "trajectories.jsonl")
-    bar = _progress(opts.progress)
-    fn = _work
-    jobs = _jobs(inputs, skipped, counts)
-    if opts.workers > 1:
-        results = _ordered_map_init(fn, jobs, opts, triples)
-    else:
-        results = map(fn, jobs)
-    for path, line, res in results:
-        if isinstance(res, str):
-            skipped.append({"file": path, "line": line, "reason": res})
-            continue
-        trajectories += 1
-        for w in res.warnings:
-            warnings.append({"file": path, "line": line,
-                             "trajectory_id": res.summary["trajectory_id"], "message": w})
-        for rec in res.steps:
-            steps_w.write(rec)
-            rows.append(compact(rec))
-        traj_w.write({**res.summary, "file": path, "line": line})
-        bar.update(len(res.steps))
-    bar.close()
-    steps_w.finish()
-    traj_w.finish()
-    summary = build_summary(rows, opts, trajectories=trajectories, read=counts["read"],
-                            skipped=skipped, warnings=warnings, inputs=inputs,
-                            seconds=time.perf_counter() - t0)
-    write_json_atomic(out / "summary.json", summary)
-    from audit.report import write_report
-
-    write_report(out, summary, plots=opts.plots)
-    return summary
-
-
-def _ordered_map_init(fn: Callable, jobs: Iterator, opts: AuditOptions,
-                      triples: list | None) -> Iterator:
-    with ProcessPoolExecutor(opts.workers, initializer=_init_worker,
-                             initargs=(opts, triples)) as pool:
-        pending: deque[Future] = deque()
-        window = 8 * opts.workers
-        for job in jobs:
-            pending.append(pool.submit(fn, job))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class _NoBar:

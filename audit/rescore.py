@@ -6,6 +6,14 @@ the report are recomputed from ``steps.jsonl`` alone. Reference responses stored
 are rescored too. Files written before step records carried ``depth`` get it here (derived per
 trajectory from the order of its calls and the ``source_rehearsed`` flags).
 
+A new audit directory is written (``audit.output``: in place of the old one or at ``--out``,
+renamed in when complete). Nothing is dropped: a line of ``steps.jsonl`` that cannot be read,
+validated or scored is listed in ``skipped_records`` (file, line, reason) and kept verbatim in
+``steps.unreadable.jsonl`` of the new audit (an old ``steps.unreadable.jsonl`` is carried over);
+``trajectories.jsonl`` is copied as it is. A damaged ``summary.json`` is reported the same way and
+its counts recomputed from the steps. A ``steps.jsonl`` with lines but none usable is refused
+(:class:`audit.output.UsageError`, nothing written).
+
 ``summary_from_steps`` recomputes a summary without rewriting anything (the dashboard uses it for
 audits whose ``summary.json`` predates the current statistics).
 """
@@ -13,14 +21,20 @@ audits whose ``summary.json`` predates the current statistics).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from audit.pipeline import AuditOptions, _Writer, write_json_atomic
+from audit.output import OutputDir, UsageError, write_json_atomic
+from audit.pipeline import AuditOptions
 from audit.population import assign_depths
+from audit.records import read_steps, read_summary
 from audit.replay import AuditSettings
 from audit.scorers import ScoreContext, score_step
 from audit.summary import SUMMARY_VERSION, build_summary, compact
+
+UNREADABLE = "steps.unreadable.jsonl"
 
 
 def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, Any]:
@@ -45,52 +59,80 @@ def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, An
 def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
     """Rescore ``src/steps.jsonl`` into ``out`` (may be ``src``); return the new summary."""
     settings = AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold)
-    old = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    bad: list[dict] = []
-    writer = _Writer(out / "steps.jsonl")
-    pending: list[dict] = []  # one trajectory's records (they are contiguous in steps.jsonl)
+    src, out = Path(src), Path(out)
+    in_place = os.path.realpath(src) == os.path.realpath(out)
+    with OutputDir(out, [src], kind="audit", replaces=src if in_place else None) as tmp:
+        try:
+            steps = read_steps(src)
+        except OSError as exc:
+            raise UsageError(f"cannot read {src / 'steps.jsonl'}: {exc.strerror or exc}"
+                             ) from None
+        if steps.unusable:
+            raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; "
+                             f"line {steps.skipped[0]['line']}: {steps.skipped[0]['reason']})")
+        old, problems = read_summary(src)
+        bad = list(steps.skipped)
+        raw_bad = list(steps.bad)
+        rows: list[dict] = []
+        pending: list[dict] = []  # one trajectory's records (contiguous in steps.jsonl)
+        with open(tmp / "steps.jsonl", "w", encoding="utf-8") as fh:
+            def flush() -> None:
+                if pending and not all("depth" in r for r in pending):
+                    assign_depths(pending)
+                for r in pending:
+                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+                    rows.append(compact(r))
+                pending.clear()
 
-    def flush() -> None:
-        if pending and not all("depth" in r for r in pending):
-            assign_depths(pending)
-        for r in pending:
-            writer.write(r)
-            rows.append(compact(r))
-        pending.clear()
+            for rec, line in zip(steps.records, steps.lines, strict=True):
+                try:
+                    new = rescore_record(rec, settings)
+                    json.dumps(new)  # serialisable, or kept verbatim below
+                except Exception as exc:  # one bad record costs one record
+                    bad.append({"file": steps.path, "line": line,
+                                "reason": f"cannot rescore: {type(exc).__name__}: {exc}"[:300]})
+                    raw_bad.append((json.dumps(rec, ensure_ascii=False) + "\n").encode())
+                    continue
+                if pending and pending[-1]["trajectory_id"] != new["trajectory_id"]:
+                    flush()
+                pending.append(new)
+            flush()
+        _keep_unreadable(src / UNREADABLE, tmp / UNREADABLE, raw_bad, bad)
+        if (src / "trajectories.jsonl").is_file():
+            shutil.copyfile(src / "trajectories.jsonl", tmp / "trajectories.jsonl")
+        opts.reference = old.get("reference_file")
+        counts = old.get("counts", {})
+        n_traj = counts.get("trajectories", len({r["trajectory_id"] for r in rows}))
+        summary = build_summary(
+            rows, opts, trajectories=n_traj, read=counts.get("records_read", n_traj),
+            skipped=old.get("skipped_records", []) + problems + bad,
+            warnings=old.get("warnings", []), inputs=old.get("inputs", [str(src)]),
+            seconds=0.0)
+        if old.get("reference_skipped_records"):
+            summary["reference_skipped_records"] = old["reference_skipped_records"]
+        summary["rescored_from"] = str(src)
+        write_json_atomic(tmp / "summary.json", summary)
+        from audit.report import write_report
 
-    with open(src / "steps.jsonl", encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                bad.append({"file": str(src / "steps.jsonl"), "line": n,
-                            "reason": f"invalid JSON: {exc.msg}"})
-                continue
-            new = rescore_record(rec, settings)
-            if pending and pending[-1].get("trajectory_id") != new.get("trajectory_id"):
-                flush()
-            pending.append(new)
-    flush()
-    writer.finish()
-    if out != src and (src / "trajectories.jsonl").exists():
-        (out / "trajectories.jsonl").write_text((src / "trajectories.jsonl").read_text())
-    opts.reference = old.get("reference_file")
-    counts = old.get("counts", {})
-    summary = build_summary(
-        rows, opts,
-        trajectories=counts.get("trajectories", len({r["trajectory_id"] for r in rows})),
-        read=counts.get("records_read", 0), skipped=old.get("skipped_records", []) + bad,
-        warnings=old.get("warnings", []), inputs=old.get("inputs", [str(src)]), seconds=0.0)
-    summary["rescored_from"] = str(src)
-    write_json_atomic(out / "summary.json", summary)
-    from audit.report import write_report
-
-    write_report(out, summary, plots=opts.plots)
+        write_report(tmp, summary, plots=opts.plots)
     return summary
+
+
+def _keep_unreadable(old: Path, new: Path, raw: list[bytes], bad: list[dict]) -> None:
+    """Carry the old unreadable lines over and add this run's, verbatim; say where each is."""
+    if not raw and not old.is_file():
+        return
+    with open(new, "wb") as fh:
+        n = 0
+        if old.is_file():
+            with open(old, "rb") as prev:
+                for chunk in prev:
+                    fh.write(chunk)
+                    n += 1
+        for entry, line in zip(bad, raw, strict=True):
+            fh.write(line)
+            n += 1
+            entry["kept_in"] = f"{UNREADABLE}:{n}"
 
 
 def summary_from_steps(audit_dir: str | Path, logistic_boot: int = 0) -> dict[str, Any]:
@@ -101,16 +143,8 @@ def summary_from_steps(audit_dir: str | Path, logistic_boot: int = 0) -> dict[st
     (its many fits are the slow part). ``recomputed_from`` says where the figures came from.
     """
     src = Path(audit_dir)
-    old = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
-    rows = []
-    with open(src / "steps.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a truncated last line: counted by the readers that show it
-            if isinstance(rec, dict) and "trajectory_id" in rec:
-                rows.append(compact(rec))
+    old, _problems = read_summary(src)
+    rows = [compact(rec) for rec in read_steps(src).records]  # bad lines: rescore reports them
     verdict = old.get("verdict") or {}
     opts = AuditOptions(scorers=list(old.get("scorers") or sorted(
                             {k for r in rows for k in (r.get("scores") or {})})),

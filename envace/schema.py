@@ -153,8 +153,8 @@ def parse_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
             return {}, None
         try:
             value = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return None, f"arguments are not valid JSON: {exc}"
+        except (ValueError, RecursionError) as exc:  # ValueError: also an over-long integer
+            return None, f"arguments are not valid JSON: {exc or 'nested too deeply'}"
         if isinstance(value, dict):
             return value, None
         return None, f"arguments must be a JSON object, got {type(value).__name__}"
@@ -216,14 +216,21 @@ def parse_line(text: str) -> tuple[Trajectory | None, str | None]:
         return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
     except RecursionError:
         return None, "invalid JSON: nested too deeply"
+    except ValueError as exc:  # an integer longer than Python converts (sys.int_info)
+        return None, f"invalid JSON: {str(exc).split(';')[0]}"
     if not isinstance(data, dict):
         return None, f"a record must be a JSON object, got {type(data).__name__}"
     if data.get("schema") != SCHEMA_ID:
-        return None, f"schema is {data.get('schema')!r}, expected {SCHEMA_ID!r}"
+        got = data.get("schema")
+        got = (repr(got[:60]) if isinstance(got, str) else "missing" if got is None
+               else f"a {type(got).__name__}")
+        return None, f"schema is {got}, expected {SCHEMA_ID!r}"
     try:
         return Trajectory.model_validate(data), None
     except ValidationError as exc:
         return None, f"not a valid trajectory: {_describe(exc)}"
+    except RecursionError:
+        return None, "not a valid trajectory: nested too deeply"
 
 
 def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:

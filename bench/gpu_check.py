@@ -190,7 +190,7 @@ def _suite_collect(ctx: Context, res: dict[str, Any]) -> None:
 
 STAGES = [
     Stage("preflight", {"gpu": 60, "dry": 60}, _preflight_cmd, _preflight_collect),
-    Stage("gpu_tests", {"gpu": 150, "dry": 150}, _gpu_tests_cmd, _gpu_tests_collect),
+    Stage("gpu_tests", {"gpu": 180, "dry": 180}, _gpu_tests_cmd, _gpu_tests_collect),
     Stage("throughput", {"gpu": 150, "dry": 60}, _throughput_cmd, _throughput_collect),
     Stage("train", {"gpu": 120, "dry": 90}, _train_cmd, _train_collect),
     Stage("suite", {"gpu": 60, "dry": 60}, _suite_cmd, _suite_collect),

@@ -14,9 +14,10 @@ real response exactly as replay scores a recorded rehearsal (same step-record fi
 same model's own rollouts separates one-step error from the error that self-conditioning adds.
 
 A rehearser is any callable `(messages, tools, tool_name, arguments) -> str`; a neural one
-lives in `envace.probe_cli` (this module never imports torch). A reference world model fits
-through `reference_rehearser`; since it ignores the history, its probe fidelity equals its
-baseline audit fidelity.
+lives in `envace.probe_cli` (this module never imports torch). A rehearser that cannot answer
+(a served model that timed out) raises `Unanswered(reason)`: the step is recorded unanswered,
+with `unanswered_reason`. A reference world model fits through `reference_rehearser`; since it
+ignores the history, its probe fidelity equals its baseline audit fidelity.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ from envace.schema import Message, Trajectory, read_trajectories
 
 #: (messages so far with real responses, tool schemas, tool name, arguments) -> response text
 Rehearser = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]], str]
+
+
+class Unanswered(Exception):
+    """Raised by a rehearser that has no answer for a step; the message is the reason."""
 
 
 def reference_rehearser(reference: Callable[[str, dict], str]) -> Rehearser:
@@ -103,8 +108,12 @@ def probe_trajectory(
                                 for s in calls_of[index]
                                 if s.step < st.step and s.response is not None]
             asked = wanted is None or st.step in wanted
-            rehearsed = (rehearser(so_far, traj.tools, st.tool, dict(st.arguments or {}))
-                         if asked else None)
+            rehearsed = why = None
+            if asked:
+                try:
+                    rehearsed = rehearser(so_far, traj.tools, st.tool, dict(st.arguments or {}))
+                except Unanswered as exc:
+                    why = str(exc)
             if st.malformed is not None:
                 actual_text = f"Error during execution: malformed call: {st.malformed}"
                 actual_error = True
@@ -118,6 +127,8 @@ def probe_trajectory(
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
                                        history_text, settings))
+                if why is not None:
+                    records[-1]["unanswered_reason"] = why
     assign_depths(records)
     warnings = []
     if unknown:
@@ -157,12 +168,14 @@ def run_probe(
     label: str | None = None,
     steps: Mapping[str, Iterable[int]] | None = None,
     progress: Callable[[int], None] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
     `steps`: trajectory id -> step indices to probe (trajectories not named are skipped
-    silently); `label` names the audited model in the summary. Returns the summary. Unreadable
-    or unreplayable records are reported with file and line, never fatal.
+    silently); `label` names the audited model in the summary, `extra` adds summary fields.
+    Returns the summary. Unreadable or unreplayable records are reported with file and line,
+    never fatal.
     """
     opts = opts or AuditOptions()
     out = Path(out_dir)
@@ -218,6 +231,7 @@ def run_probe(
                             warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
     summary["audited_model"] = label
     summary["probe"] = "teacher_forced"
+    summary.update(extra or {})
     write_json_atomic(out / "summary.json", summary)
     from audit.report import write_report
 

@@ -6,6 +6,7 @@
     envace data splits                                     split sizes and overlap note
     envace sft --preset tiny                               cold start (trl SFTTrainer)
     envace rollout --model PATH --split dev --mode rehearse --out FILE.jsonl
+    envace probe --endpoint URL --model NAME dev.jsonl --out DIR   audit a served world model
     envace train [--config configs/tiny.yaml] [key=value ...] [--resume runs/NAME]
 
 Heavy modules (torch, transformers) are imported only by the subcommands that need them.
@@ -154,6 +155,7 @@ _EXTRA: dict[str, str] = {
     "rollout": "envace.rollout_cli",
     "train": "envace.train_cli",
     "eval": "envace.eval_cli",
+    "probe": "envace.probe_cli",
 }
 
 

@@ -1,12 +1,15 @@
 """A model as a world model and as an actor, probed one step at a time on real histories.
 
-    envace-audit probe --model runs/sft-tiny dev.jsonl --out probe_out [--reference train.jsonl]
+    envace probe --model runs/sft-tiny dev.jsonl --out probe_out [--reference train.jsonl]
+    envace probe --endpoint http://127.0.0.1:8000/v1 --model NAME dev.jsonl --out probe_out
 
-`run_probe_cli` is what `envace-audit probe` calls: the model rehearses every tool call of the
-input trajectories given the *real* history (`audit.probe`), greedily, until `<|im_end|>` or
-`--max-new-tokens`. Generation is batched: a first pass over the trajectories collects every
-prompt (the rehearser records and answers nothing), the prompts are generated in length-sorted
-batches, and a second pass audits with the answers in the order they were asked.
+`run_probe_cli` is what `envace probe` and `envace-audit probe` (local models only) call; with
+`--endpoint` it audits a served model through `envace.endpoint_probe` (no torch). Locally: the
+model rehearses every tool call of the input trajectories given the *real* history
+(`audit.probe`), greedily, until `<|im_end|>` or `--max-new-tokens`. Generation is batched: a
+first pass over the trajectories collects every prompt (the rehearser records and answers
+nothing), the prompts are generated in length-sorted batches, and a second pass audits with the
+answers in the order they were asked.
 
 Prompts are cut as the SFT windows are (`envace.sft.prompt_ids`) to the model's context length:
 the `seq_len` it was fine-tuned with (`envace_sft.json`), else `DEFAULT_CONTEXT` tokens.
@@ -232,27 +235,108 @@ def act_probe(
 # ---------------------------------------------------------------- the CLI entry
 
 
-def run_probe_cli(args: argparse.Namespace) -> int:
-    """`envace-audit probe`: load the model, probe, write the audit directory; exit code."""
-    from audit.pipeline import AuditOptions
-    from envace.models import default_cache_dir, load_model, resolve_model
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    """`envace probe`: the teacher-forced audit of a local or a served model."""
+    p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("inputs", nargs="+", help="real trajectories (envace data export-real)")
+    p.add_argument("--model", required=True,
+                   help="a model folder or smollm2; with --endpoint, the served model's name")
+    p.add_argument("--endpoint", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
+    p.add_argument("--reference", help="training trajectories: skill against reference models")
+    p.add_argument("--scorers", nargs="+", default=["exact", "json_f1", "fuzzy",
+                                                     "error_agreement"])
+    p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="diverged = verdict score < threshold (default 1.0)")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    e = p.add_argument_group("served model (--endpoint)")
+    e.add_argument("--api", default="completions", choices=["completions", "chat"],
+                   help="completions: envace's ChatML prompt (default); chat: chat/completions")
+    e.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
+    e.add_argument("--timeout", type=float, default=60.0, help="seconds per request attempt")
+    e.add_argument("--retries", type=int, default=3,
+                   help="retries of a timeout, 5xx or malformed answer (backoff 0.5 s, x2)")
+    p.set_defaults(func=run_probe_cli, prog=f"envace {name}")
+
+
+def _check_usage(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot work (one line), or None."""
+    from audit.scorers import list_scorers
 
     missing = [p for p in args.inputs if not Path(p).is_file()]
     if missing:
-        print(f"envace-audit probe: no such file: {', '.join(missing)}", file=sys.stderr)
-        return EXIT_USAGE
+        return f"no such file: {', '.join(missing)}"
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
-        print(f"envace-audit probe: no such reference file: {reference}", file=sys.stderr)
+        return f"no such reference file: {reference}"
+    known = set(list_scorers())
+    bad = [s for s in [*args.scorers, args.verdict] if s not in known]
+    if bad:
+        return f"unknown scorer(s) {', '.join(bad)}; known: {', '.join(sorted(known))}"
+    if getattr(args, "endpoint", None):
+        if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
+            return "--concurrency must be >= 1, --retries >= 0, --timeout > 0"
+    elif args.model == "tiny":
+        return ("the tiny preset is untrained; give a model folder (e.g. an `envace sft` "
+                "output) or smollm2")
+    return None
+
+
+def run_endpoint_probe(args: argparse.Namespace) -> int:
+    """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
+    from audit.pipeline import AuditOptions
+    from envace.endpoint import EndpointClient, EndpointError
+    from envace.endpoint_probe import _progress, probe_endpoint
+
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        client = EndpointClient(args.endpoint, args.model, api=args.api,
+                                max_tokens=args.max_new_tokens, timeout_s=args.timeout,
+                                retries=args.retries)
+        client.check()
+    except (ValueError, EndpointError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.model == "tiny":
-        print("envace-audit probe: the tiny preset is untrained; give a model folder (e.g. an "
-              "`envace sft` output) or smollm2", file=sys.stderr)
+    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=False,
+                        reference=getattr(args, "reference", None))
+    summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
+                             args.limit, progress=None if args.quiet else _progress)
+    c, block = summary["counts"], summary["endpoint"]
+    if not args.quiet:
+        rate = summary.get("divergence_rate")
+        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories on "
+              f"{client.label} (unanswered {block['unanswered']}, skipped {c['skipped']}): "
+              f"divergence {shown}; wrote {args.out}")
+    if block["unanswered"]:
+        print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
+              f"({block['unanswered_reasons']}); see unanswered_reason in steps.jsonl",
+              file=sys.stderr)
+    return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
+
+
+def run_probe_cli(args: argparse.Namespace) -> int:
+    """`envace probe` / `envace-audit probe`: probe, write the audit directory; exit code."""
+    from audit.pipeline import AuditOptions
+    from envace.models import default_cache_dir, load_model, resolve_model
+
+    prog = getattr(args, "prog", "envace-audit probe")
+    why = _check_usage(args)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "endpoint", None):
+        return run_endpoint_probe(args)
+    reference = getattr(args, "reference", None)
     try:
         path = resolve_model(args.model, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
-        print(f"envace-audit probe: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     import torch
 

@@ -2,6 +2,14 @@
 
     envace rollout --model PATH --split dev --mode rehearse --out dev_rollouts.jsonl
         [--tasks 20] [--unit turn|task] [--temperature 0.6] [--simulator PATH_OR_URL]
+    envace rollout --model PATH --mode simulator --simulator-endpoint http://127.0.0.1:8000/v1 \
+        [--simulator-model NAME] [--simulator-api completions|chat] --out FILE.jsonl
+
+With `--simulator-endpoint` (or an http(s) `--simulator`) the tool responses come from an
+OpenAI-compatible server (`envace.simulators.EndpointSimulator`): checked before the policy is
+loaded (exit 2 with one line when it is down or does not serve the model), requests retried with
+backoff, a request that still fails answered as an error (counted, printed at the end). Each
+trajectory's `meta.simulator` names it (`endpoint:<URL>#<model>`).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ import argparse
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -18,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     p.add_argument("--mode", default="rehearse", choices=["rehearse", "real", "simulator"])
     p.add_argument("--simulator", help="mode simulator: a model folder/preset or an http(s) URL")
+    p.add_argument("--simulator-endpoint", help="mode simulator: an OpenAI-compatible server URL")
+    p.add_argument("--simulator-model", help="the served model's name (default: the only one)")
+    p.add_argument("--simulator-api", default="completions", choices=["completions", "chat"],
+                   help="completions: envace's ChatML prompt (default); chat: chat/completions")
+    p.add_argument("--simulator-timeout", type=float, default=60.0, help="seconds per attempt")
+    p.add_argument("--simulator-retries", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--tasks", type=int, default=0, help="at most this many tasks (0: all)")
     p.add_argument("--unit", default="turn", choices=["turn", "task"])
@@ -33,6 +48,22 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from envace.config import TrainConfig
+    from envace.endpoint import EndpointError
+
+    endpoint = args.simulator_endpoint or (
+        args.simulator if (args.simulator or "").startswith(("http://", "https://")) else None)
+    if args.mode == "simulator" and not (args.simulator or endpoint):
+        print("envace rollout: --mode simulator needs --simulator PATH_OR_URL or "
+              "--simulator-endpoint URL", file=sys.stderr)
+        return 2
+    sim = None
+    if args.mode == "simulator" and endpoint:
+        try:
+            sim = endpoint_simulator(endpoint, args, TrainConfig().desc_chars)
+        except (ValueError, EndpointError) as exc:
+            print(f"envace rollout: {exc}", file=sys.stderr)
+            return 2
+    # the model side (torch) only once the simulator is known to answer
     from envace.envs.tasks import split_tasks
     from envace.models import default_cache_dir, load_model, resolve_model
     from envace.rewards import task_reward
@@ -41,9 +72,6 @@ def run(args: argparse.Namespace) -> int:
     from envace.train_setup import fitting_tasks, make_simulator
     from envace.turns import turn_tasks
 
-    if args.mode == "simulator" and not args.simulator:
-        print("envace rollout: --mode simulator needs --simulator PATH_OR_URL", file=sys.stderr)
-        return 2
     try:
         path = resolve_model(args.model, default_cache_dir()) if args.model != "tiny" else None
     except ValueError as exc:
@@ -61,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = fitting_tasks(tasks, tok, cfg)
     if args.tasks and len(tasks) > args.tasks:
         tasks = random.Random(args.seed).sample(tasks, args.tasks)
-    sim = None
-    if args.mode == "simulator":
+    if args.mode == "simulator" and sim is None:
         cfg.simulator_model = args.simulator
         sim = make_simulator(cfg)
     rcfg = RolloutConfig(mode=args.mode, temperature=args.temperature, top_p=args.top_p,
@@ -75,7 +102,32 @@ def run(args: argparse.Namespace) -> int:
                 r = task_reward("state", ep.task, ep.calls_per_turn)
                 ep.trajectory.reward = float(r["success"])
                 ep.trajectory.model = str(path)
+                if getattr(sim, "label", None):
+                    ep.trajectory.meta["simulator"] = sim.label
                 w.write(ep.trajectory)
                 n += 1
     print(f"wrote {n} {args.mode} trajectories to {args.out}")
+    if getattr(sim, "failures", 0):
+        print(f"envace rollout: {sim.failures} of {sim.calls} simulator requests failed; their "
+              "responses are errors (simulator endpoint failed: ...)", file=sys.stderr)
     return 0
+
+
+def endpoint_simulator(url: str, args: argparse.Namespace, desc_chars: int) -> Any:
+    """A checked `EndpointSimulator` (the model: `--simulator-model`, else the only one served)."""
+    from envace.endpoint import EndpointError
+    from envace.simulators import EndpointSimulator
+
+    def make(model: str) -> Any:
+        return EndpointSimulator(url, model, timeout_s=args.simulator_timeout,
+                                 max_tokens=args.max_new_tokens, api=args.simulator_api,
+                                 retries=args.simulator_retries, desc_chars=desc_chars)
+
+    sim = make(args.simulator_model or "")
+    served = sim.client.check()
+    if not args.simulator_model:
+        if len(served) != 1:
+            raise EndpointError(f"{sim.client.base} serves {len(served)} models "
+                                f"({', '.join(served[:10])}): name one with --simulator-model")
+        sim = make(served[0])
+    return sim

@@ -5,17 +5,18 @@ never trains on what it writes (its tokens enter the policy's context as CONTEXT
 
 - :class:`ModelSimulator`: a local model, prompted with the conversation so far and a forced
   tool header, greedy until ``<|im_end|>``.
-- :class:`EndpointSimulator`: an OpenAI-compatible ``/v1/chat/completions`` endpoint (e.g. a vLLM
-  server), asked to answer as the tool. Only the URL the user configured is contacted.
+- :class:`EndpointSimulator`: an OpenAI-compatible server (e.g. vLLM) through
+  `envace.endpoint` (``/v1/completions`` with envace's prompt, or ``/v1/chat/completions``).
+  Only the URL the user configured is contacted. This module imports torch only to generate.
+
+    sim = EndpointSimulator("http://127.0.0.1:8000/v1", "smollm2", api="completions")
+    sim.check(); text = sim(messages, tools, "ls", {})
 """
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
-
-import torch
 
 from envace import chat
 
@@ -29,41 +30,52 @@ class ModelSimulator:
         self.max_new_tokens, self.desc_chars = max_new_tokens, desc_chars
         self.im_end = chat.marker_id(tokenizer, chat.IM_END)
 
-    @torch.no_grad()
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool: str,
                  arguments: dict[str, Any]) -> str:
+        import torch
+
         ids, _ = chat.encode_with_roles(self.tok, messages, tools, generation_prompt="tool",
                                         desc_chars=self.desc_chars)
-        out = self.model.generate(torch.tensor([ids]), max_new_tokens=self.max_new_tokens,
-                                  do_sample=False, eos_token_id=self.im_end,
-                                  pad_token_id=self.tok.pad_token_id or self.im_end)
+        with torch.no_grad():
+            out = self.model.generate(torch.tensor([ids]), max_new_tokens=self.max_new_tokens,
+                                      do_sample=False, eos_token_id=self.im_end,
+                                      pad_token_id=self.tok.pad_token_id or self.im_end)
         text = self.tok.decode(out[0, len(ids):], skip_special_tokens=False)
         return text.split(chat.IM_END, 1)[0]
 
 
 class EndpointSimulator:
-    """An OpenAI-compatible chat endpoint playing the environment."""
+    """An OpenAI-compatible server playing the environment (`envace.endpoint.EndpointClient`).
 
-    SYSTEM = ("You simulate a tool backend. Given the conversation and the latest tool call, "
-              "reply with only the tool's response (JSON), nothing else.")
+    `api="completions"` sends envace's own ChatML prompt with an open tool header (what a model
+    trained here rehearses from, as `ModelSimulator` does); `api="chat"` asks a chat model to
+    answer as the tool. Greedy; timeouts, 5xx and malformed answers are retried with backoff. A
+    request that still fails answers an error as data (`{"error": "simulator endpoint failed:
+    ..."}`), counted in `failures`, so an episode goes on and the audit sees the error.
+    """
 
     def __init__(self, base_url: str, model: str = "default", timeout_s: float = 60.0,
-                 max_tokens: int = 256) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.timeout_s, self.max_tokens = model, timeout_s, max_tokens
+                 max_tokens: int = 256, api: str = "chat", retries: int = 3,
+                 desc_chars: int = 80) -> None:
+        from envace.endpoint import EndpointClient
+
+        self.client = EndpointClient(base_url, model, api=api, max_tokens=max_tokens,
+                                     timeout_s=timeout_s, retries=retries)
+        self.desc_chars, self.failures, self.calls = desc_chars, 0, 0
+        self.label = self.client.label
+
+    def check(self) -> None:
+        """Raise `envace.endpoint.EndpointError` when the server cannot be used."""
+        self.client.check()
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool: str,
                  arguments: dict[str, Any]) -> str:
-        prompt = chat.render(messages, tools)
-        body = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                "messages": [{"role": "system", "content": self.SYSTEM},
-                             {"role": "user", "content": f"{prompt}\nCall: {tool}"
-                              f"({json.dumps(arguments)})\nResponse:"}]}
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                data = json.loads(resp.read())
-            return str(data["choices"][0]["message"]["content"])
-        except Exception as exc:  # an unreachable simulator answers with an error, as data
-            return json.dumps({"error": f"simulator endpoint failed: {exc}"})
+        from envace.endpoint import request_for
+
+        req = request_for(messages, tools, tool, arguments, self.client.api, self.desc_chars)
+        ans = self.client.ask(req)
+        self.calls += 1
+        if ans.text is None:
+            self.failures += 1
+            return json.dumps({"error": f"simulator endpoint failed: {ans.error}"})
+        return ans.text

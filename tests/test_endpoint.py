@@ -1,0 +1,294 @@
+"""Auditing a served world model against real local HTTP servers (the standard library's).
+
+    .venv/bin/python -m pytest -q tests/test_endpoint.py
+
+A `ThreadingHTTPServer` speaks the OpenAI routes (`/v1/models`, `/v1/completions`,
+`/v1/chat/completions`) and misbehaves on request: non-JSON, the wrong schema, 5xx, 4xx, slow
+answers. The client retries what can pass (timeouts, 5xx, nonsense) with backoff and never what
+cannot (4xx); the probe records a request that still fails as an unanswered step with its reason;
+a server that is down is one line naming the URL and exit code 2. The vLLM server is in
+`tests/vllm/test_vllm_endpoint.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envace.endpoint import EndpointClient, EndpointError, normalize_base, request_for
+from envace.envs.tasks import split_tasks
+from envace.export import export_real
+from envace.schema import TrajectoryWriter
+from tests.conftest import ROOT
+
+ANSWER = '{"ok": true}'
+
+
+class FakeOpenAI:
+    """Behaviour of the server, changed by the tests; what it saw, counted."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"           # ok | nonsense | schema | 500 | 400 | slow | flaky
+        self.fail_first = 0        # flaky: this many 503s, then ok
+        self.delay = 0.0           # seconds each completion takes
+        self.models = ["world"]
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight = self.max_in_flight = 0
+
+    def completion(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        with self.lock:
+            self.requests.append(body)
+            n = len(self.requests)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            time.sleep(self.delay)
+            mode = self.mode
+            if mode == "flaky":
+                mode = "500" if n <= self.fail_first else "ok"
+            if mode == "slow":
+                time.sleep(2.0)
+            if mode == "nonsense":
+                return 200, b"<html>upstream proxy error</html>"
+            if mode == "schema":
+                return 200, json.dumps({"result": "no choices here"}).encode()
+            if mode == "500":
+                return 503, b'{"error": "overloaded"}'
+            if mode == "400":
+                return 400, b'{"error": {"message": "prompt too long"}}'
+            choice = ({"text": ANSWER + "<|im_end|>junk"} if path.endswith("/completions")
+                      and "chat" not in path else {"message": {"content": ANSWER}})
+            return 200, json.dumps({"choices": [choice]}).encode()
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _send(self, code: int, data: bytes) -> None:
+            # the client may have given up (a timeout): its socket is gone
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [
+                    {"id": m, "object": "model"} for m in state.models]}).encode())
+            else:
+                self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self) -> None:  # noqa: N802
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size) or b"{}")
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                self._send(404, b'{"error": "not found"}')
+                return
+            self._send(*state.completion(self.path, body))
+
+    return Handler
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, FakeOpenAI]]:
+    state = FakeOpenAI()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("endpoint") / "dev.jsonl"
+    with TrajectoryWriter(path, mode="w") as w:
+        for t in export_real(split_tasks("dev")[:2]):
+            w.write(t)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(url: str, **kw: Any) -> tuple[EndpointClient, list[float]]:
+    slept: list[float] = []
+    kw = {"retries": 3, "timeout_s": 5.0, "backoff_s": 0.01, "max_backoff_s": 0.03, **kw}
+    return EndpointClient(url, "world", sleep=lambda s: (slept.append(s), time.sleep(s)),
+                          **kw), slept
+
+
+PROMPT = request_for([{"role": "user", "content": "list files"},
+                      {"role": "assistant", "content": "", "tool_calls": [
+                          {"id": "c0", "type": "function",
+                           "function": {"name": "ls", "arguments": {}}}]}], None, "ls", {})
+
+
+def test_base_url_and_prompt():
+    assert normalize_base("http://h:8000") == "http://h:8000/v1"
+    assert normalize_base("http://h:8000/v1/") == "http://h:8000/v1"
+    with pytest.raises(ValueError):
+        normalize_base("ftp://h/v1")
+    assert PROMPT["prompt"].endswith("<|im_start|>tool\n") and "list files" in PROMPT["prompt"]
+
+
+def test_answers_greedy_cut_at_im_end_and_bounded_concurrency(server):
+    url, state = server
+    state.delay = 0.1
+    client, _ = _client(url)
+    assert client.check() == ["world"]
+    answers = client.answer_all([PROMPT] * 8, concurrency=3)
+    assert [a.text for a in answers] == [ANSWER] * 8 and all(a.attempts == 1 for a in answers)
+    assert 1 < state.max_in_flight <= 3
+    body = state.requests[0]
+    assert body["model"] == "world" and body["temperature"] == 0
+    assert body["stop"] == ["<|im_end|>"] and body["prompt"] == PROMPT["prompt"]
+    chat_client = EndpointClient(url, "world", api="chat")
+    req = request_for([{"role": "user", "content": "hi"}], None, "ls", {"a": 1}, api="chat")
+    assert chat_client.ask(req).text == ANSWER
+    assert state.requests[-1]["messages"][1]["content"].endswith('Call: ls({"a": 1})\nResponse:')
+
+
+@pytest.mark.parametrize("mode,reason", [("nonsense", "is not JSON"),
+                                         ("schema", "answer has no choices[0].text"),
+                                         ("500", "HTTP 503")])
+def test_retryable_failures_are_retried_with_backoff_then_reported(server, mode, reason):
+    url, state = server
+    state.mode = mode
+    client, slept = _client(url)
+    ans = client.ask(PROMPT)
+    assert ans.text is None and reason in ans.error and ans.attempts == 4
+    assert len(state.requests) == 4
+    assert slept == [0.01, 0.02, 0.03]  # exponential, capped at max_backoff_s
+
+
+def test_client_errors_are_not_retried(server):
+    url, state = server
+    state.mode = "400"
+    client, slept = _client(url)
+    ans = client.ask(PROMPT)
+    assert ans.attempts == 1 and slept == [] and "HTTP 400" in ans.error
+    assert "prompt too long" in ans.error
+
+
+def test_flaky_server_recovers_and_timeouts_are_retried(server):
+    url, state = server
+    state.mode, state.fail_first = "flaky", 2
+    client, slept = _client(url)
+    ans = client.ask(PROMPT)
+    assert ans.text == ANSWER and ans.attempts == 3 and len(slept) == 2
+    state.mode, state.requests = "slow", []
+    client, slept = _client(url, timeout_s=0.3, retries=1)
+    t0 = time.perf_counter()
+    ans = client.ask(PROMPT)
+    assert ans.text is None and "within 0.3 s" in ans.error and ans.attempts == 2
+    assert time.perf_counter() - t0 < 1.5  # the client does not wait for the slow answers
+
+
+def test_check_names_the_url_when_down_or_model_missing(server):
+    url, state = server
+    down = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(EndpointError, match=down.replace(".", r"\.")):
+        EndpointClient(down, "world").check()
+    state.models = ["other"]
+    with pytest.raises(EndpointError, match="does not serve model 'world'.*other"):
+        EndpointClient(url, "world").check()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """`envace probe ...` in a fresh interpreter; prints whether torch got imported."""
+    code = ("import sys; from envace.cli import main; rc = main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_probe_cli_audits_a_served_model_without_torch(server, dev, tmp_path):
+    url, state = server
+    out = tmp_path / "probe"
+    r = _cli("probe", "--endpoint", url, "--model", "world", str(dev), "--out", str(out),
+             "--concurrency", "2", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TORCH False" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert summary["audited_model"] == f"endpoint:{url}#world"
+    block = summary["endpoint"]
+    assert block["model"] == "world" and block["url"] == url and block["api"] == "completions"
+    assert block["requests"] == len(steps) == len(state.requests) == summary["counts"]["steps"]
+    assert block["unanswered"] == 0 and all(s["rehearsed"] == ANSWER for s in steps)
+    assert state.max_in_flight <= 2
+    # every prompt is the real history up to the call, opened as a tool turn
+    assert all(b["prompt"].endswith("<|im_start|>tool\n") for b in state.requests)
+
+
+def test_probe_records_failed_requests_as_unanswered_steps(server, dev, tmp_path):
+    url, state = server
+    state.mode = "nonsense"
+    out = tmp_path / "probe"
+    r = _cli("probe", "--endpoint", url, "--model", "world", str(dev), "--out", str(out),
+             "--retries", "1", "--limit", "1", "--quiet")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "requests failed" in r.stderr and "Traceback" not in r.stderr
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps and all(s["unanswered"] and s["rehearsed"] is None for s in steps)
+    assert all("is not JSON" in s["unanswered_reason"] for s in steps)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["unanswered_steps"] == len(steps)
+    assert summary["endpoint"]["unanswered"] == len(steps)
+    assert len(state.requests) == 2 * len(steps)  # one retry each
+
+
+def test_probe_with_the_server_down_is_one_line_and_exit_2(dev, tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    r = _cli("probe", "--endpoint", url, "--model", "world", str(dev), "--out",
+             str(tmp_path / "p"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0], r.stderr
+    assert not (tmp_path / "p").exists()
+    r = _cli("rollout", "--model", str(ROOT / "data" / "models" / "tiny-sft"), "--mode",
+             "simulator", "--simulator-endpoint", url, "--out", str(tmp_path / "r.jsonl"))
+    assert r.returncode == 2 and url in r.stderr and "TORCH False" in r.stdout
+
+
+def test_rollout_with_a_served_simulator(server, tmp_path):
+    """`envace rollout --mode simulator --simulator-endpoint`: the server answers every call
+    of the tiny SFT policy; its answers are the trajectories' (rehearsed) tool responses."""
+    url, state = server
+    out = tmp_path / "sim.jsonl"
+    r = _cli("rollout", "--model", str(ROOT / "data" / "models" / "tiny-sft"), "--split", "dev",
+             "--tasks", "4", "--mode", "simulator", "--simulator-endpoint", url, "--max-turns", "2",
+             "--max-new-tokens", "48", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    trajs = [json.loads(x) for x in out.read_text().splitlines()]
+    tools = [m for t in trajs for m in t["messages"] if m["role"] == "tool" and m.get("rehearsed")]
+    assert len(tools) == len(state.requests) > 0
+    assert all(m["content"] == ANSWER for m in tools)
+    assert all(t["meta"]["simulator"] == f"endpoint:{url}#world" for t in trajs)

@@ -97,8 +97,9 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
     ids_a = sorted({str(r["trajectory_id"]) for r in a})
     ids_b = sorted({str(r["trajectory_id"]) for r in b})
     paired = bool(ids_a) and ids_a == ids_b
-    diffs = ratio_difference(_per_trajectory(a, scorers, ids_a),
-                             _per_trajectory(b, scorers, ids_b), spec, paired)
+    ta, tb = _per_trajectory(a, scorers, ids_a), _per_trajectory(b, scorers, ids_b)
+    diffs = (ratio_difference(ta, tb, spec, paired) if ids_a and ids_b
+             else _points_only(ta, tb, 1 + len(scorers)))
     out: dict[str, Any] = {
         "a": str(dir_a), "b": str(dir_b), "alpha": alpha,
         "design": PAIRED if paired else INDEPENDENT,
@@ -120,6 +121,18 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
         if block.get("p_value") is not None:
             block["significant"] = block["p_value"] < alpha
     return clean(out)
+
+
+def _points_only(ta: tuple[np.ndarray, np.ndarray], tb: tuple[np.ndarray, np.ndarray],
+                 columns: int) -> list[dict[str, Any]]:
+    """An audit without a counted step: each side's figure where it has one, no difference."""
+    def point(t: tuple[np.ndarray, np.ndarray], j: int) -> float | None:
+        sums, counts = (np.asarray(x, dtype=float).reshape(-1, columns) for x in t)
+        n = counts[:, j].sum() if len(counts) else 0.0
+        return float(sums[:, j].sum() / n) if n > 0 else None
+
+    return [{"a": point(ta, j), "b": point(tb, j), "diff": None, "ci": None, "p_value": None,
+             "method": None} for j in range(columns)]
 
 
 def _matched_calls(pairs: list[tuple[dict, dict]], spec: IntervalSpec) -> dict[str, Any]:

@@ -75,8 +75,9 @@ def _reset(env_cache: dict[str, Environment], traj: Trajectory) -> Environment:
             env.reset(target)
     except UnknownTask as exc:
         raise ReplayError(str(exc)) from None
-    except (ValueError, TypeError) as exc:
-        raise ReplayError(f"cannot reset {name} to this state: {exc}") from None
+    except Exception as exc:  # an inline state of the wrong shape, whatever the backend raises
+        raise ReplayError(f"cannot reset {name} to this state: {type(exc).__name__}: "
+                          f"{str(exc)[:200]}") from None
     return env
 
 

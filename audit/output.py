@@ -17,8 +17,8 @@ Rules (README, "Formats and exit codes"):
   deleted. An interrupted command leaves the earlier output or nothing, never a mix; the next
   command into the same place deletes leftovers (and restores an earlier output whose
   replacement never arrived).
-- **One writer.** An exclusive ``flock`` on the sibling ``.NAME.lock`` (left in place: deleting
-  a lock file races with its next user); a second writer is refused at once.
+- **One writer.** An exclusive ``flock`` on the sibling ``.NAME.lock`` (deleted on release; a
+  lock taken on a file deleted meanwhile is retried); a second writer is refused at once.
 
 Every refusal is an :class:`OutputRefused` (the CLI's exit code 2), raised before anything is
 written.
@@ -26,6 +26,7 @@ written.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -129,6 +130,7 @@ class OutputDir:
         self.replaces = replaces
         self.tmp: Path | None = None
         self._lock_fd: int | None = None
+        self._lock_path: Path | None = None
 
     # ------------------------------------------------------------------ entering
     def __enter__(self) -> Path:
@@ -169,22 +171,35 @@ class OutputDir:
                                     "or new directory")
 
     def _lock(self) -> None:
+        """Take the exclusive lock on ``.NAME.lock`` or refuse at once. The file is deleted on
+        release, so a lock taken on a file that was meanwhile deleted (or replaced) is retried."""
         path = self.out.parent / f".{self.out.name}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise OutputRefused(f"cannot write in {self.out.parent}: {exc.strerror or exc}"
-                                ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise OutputRefused(f"another envace-audit command is writing to {self.out} "
-                                f"(lock {path} is held); wait for it to finish") from None
-        self._lock_fd = fd
+        for _ in range(100):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise OutputRefused(f"cannot write in {self.out.parent}: {exc.strerror or exc}"
+                                    ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise OutputRefused(f"another envace-audit command is writing to {self.out} "
+                                    f"(lock {path} is held); wait for it to finish") from None
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._lock_fd, self._lock_path = fd, path
+                return
+            os.close(fd)  # the holder released and deleted it between our open and flock
+        raise OutputRefused(f"cannot take the lock {path}")
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._lock_path)  # still held: no one else has it now
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None

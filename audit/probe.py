@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.pipeline import AuditOptions, _Writer, reference_triples, write_json_atomic
+from audit.output import OutputDir, write_json_atomic
+from audit.pipeline import AuditOptions, _Writer, reference_triples
 from audit.population import assign_depths
 from audit.replay import (
     MAX_HISTORY_CHARS,
@@ -175,11 +176,20 @@ def run_probe(
     `steps`: trajectory id -> step indices to probe (trajectories not named are skipped
     silently); `label` names the audited model in the summary, `extra` adds summary fields.
     Returns the summary. Unreadable or unreplayable records are reported with file and line,
-    never fatal.
+    never fatal. The directory is written like every audit's (``audit.output``: renamed into
+    place when complete, never over an input or another tool's files).
     """
     opts = opts or AuditOptions()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    inputs = [str(p) for p in paths]
+    with OutputDir(out_dir, [*inputs, opts.reference], kind="audit") as out:
+        summary = _probe_into(out, inputs, rehearser, opts, limit, label, steps, progress, extra)
+    return summary
+
+
+def _probe_into(out: Path, inputs: list[str], rehearser: Rehearser, opts: AuditOptions,
+                limit: int, label: str | None, steps: Mapping[str, Iterable[int]] | None,
+                progress: Callable[[int], None] | None, extra: Mapping[str, Any] | None
+                ) -> dict[str, Any]:
     settings = probe_settings(opts)
     env_cache: dict[str, Environment] = {}
     skipped: list[dict[str, Any]] = []
@@ -188,7 +198,6 @@ def run_probe(
     read = done = 0
     t0 = time.perf_counter()
     steps_w, traj_w = _Writer(out / "steps.jsonl"), _Writer(out / "trajectories.jsonl")
-    inputs = [str(p) for p in paths]
     for path in inputs:
         if not Path(path).exists():
             skipped.append({"file": path, "line": None, "reason": "file not found"})

@@ -126,8 +126,8 @@ def test_reauditing_replaces_the_whole_directory(audited, tmp_path, examples):
     assert not (audited / "tools.png").exists()
     s = json.loads((audited / "summary.json").read_text())
     assert s["counts"]["trajectories"] == 0 and lines(audited / "steps.jsonl") == []
-    leftovers = [p.name for p in tmp_path.iterdir() if ".partial-" in p.name or ".old-" in p.name]
-    assert leftovers == []
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # no partial, aside or lock file stays
 
 
 def test_bad_out_values_are_usage_errors(tmp_path, examples, monkeypatch):

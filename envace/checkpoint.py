@@ -2,6 +2,7 @@
 
     save_checkpoint(run_dir, step, models, tokenizer, optimizer_states, schedulers, extra)
     state = load_latest(run_dir)      # None when the run has none
+    state = load_checkpoint(run_dir, 3)  # a given one (envace.resume.plan_resume picks it)
 
 A checkpoint is written into a temporary folder and renamed into place, so a run killed while
 saving leaves the previous checkpoint intact. The newest ``keep`` checkpoints are kept.
@@ -61,7 +62,7 @@ def list_checkpoints(run_dir: Path) -> list[int]:
     if not root.exists():
         return []
     return sorted(int(p.name.split("_", 1)[1]) for p in root.glob("step_*")
-                  if (p / "trainer_state.json").exists())
+                  if p.name.split("_", 1)[1].isdigit() and (p / "trainer_state.json").exists())
 
 
 def load_latest(run_dir: Path) -> dict[str, Any] | None:
@@ -69,7 +70,13 @@ def load_latest(run_dir: Path) -> dict[str, Any] | None:
     steps = list_checkpoints(run_dir)
     if not steps:
         return None
-    folder = run_dir / "checkpoints" / f"step_{steps[-1]}"
+    return load_checkpoint(run_dir, steps[-1])
+
+
+def load_checkpoint(run_dir: Path, step: int) -> dict[str, Any]:
+    """Checkpoint ``step`` (an older one when the newest cannot be resumed exactly:
+    ``envace.resume.plan_resume``): its folder, step, extra info and torch state."""
+    folder = run_dir / "checkpoints" / f"step_{step}"
     info = json.loads((folder / "trainer_state.json").read_text())
     state = torch.load(folder / "trainer_state.pt", weights_only=False)
     return {"folder": folder, "step": info["step"], "info": info, **state}

@@ -160,6 +160,15 @@ _EXTRA: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; Ctrl-C ends it with one line and exit code 130 (no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("envace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may come after options (`envace train --quiet lr=1e-5 steps=3`)

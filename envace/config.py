@@ -16,7 +16,9 @@ field defaults < YAML file < overrides, in order.
 import copy
 import dataclasses
 import difflib
+import math
 import os
+import re
 import tempfile
 import textwrap
 import types
@@ -68,6 +70,7 @@ def coerce(value: Any, tp: Any, key: str, source: str = "") -> Any:
 
     Coercions: int -> float; a string that reads as a number -> int/float (PyYAML reads `1e-6` as
     a string); a comma-separated string -> list. Never bool <-> number, never number -> str.
+    A float must be finite (`inf`, `nan` and YAML's `.inf` are refused).
     """
     where = f" (from {source})" if source else ""
 
@@ -82,9 +85,13 @@ def coerce(value: Any, tp: Any, key: str, source: str = "") -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) == 1:  # `X | None`: X's own message (e.g. "give a finite number")
+            try:
+                return coerce(value, kinds[0], key, source)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (or null)") from None
+        for arg in kinds:
             try:
                 return coerce(value, arg, key, source)
             except ConfigError:
@@ -122,7 +129,12 @@ def coerce(value: Any, tp: Any, key: str, source: str = "") -> Any:
             except ValueError:
                 fail()
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                if math.isfinite(value):
+                    return float(value)
+            except OverflowError:  # an int beyond float's range
+                pass
+            fail("; give a finite number")
         fail()
     if tp is str:
         if isinstance(value, str):
@@ -228,16 +240,22 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
     value of the wrong type, a malformed override, or a combination `__post_init__` rejects.
     """
     values: dict = {}
+    sources: dict[str, str] = {}  # dotted key -> where its value came from
     if yaml_path is not None:
         source = str(yaml_path)
         try:
-            data = yaml.safe_load(Path(yaml_path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
+            data = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"cannot read config file {source}: it is not UTF-8 text (byte "
+                              f"{e.object[e.start:e.start + 1]!r} at position {e.start}); give a "
+                              "YAML file such as configs/tiny.yaml") from e
+        except (OSError, ValueError, yaml.YAMLError) as e:
             raise ConfigError(f"cannot read config file {source}: {e}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must hold a mapping of keys to values, not {data!r}")
         for key, value in _flatten(data, cls).items():
             _set(values, cls, key, value, source, raw=None)
+            sources[str(key)] = f"{source}"
 
     for item in overrides:
         source = f"override {item!r}"
@@ -250,10 +268,15 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
         except yaml.YAMLError:
             value = raw
         _set(values, cls, key, value, source, raw=raw)
+        sources[key] = source
 
     try:
         return _build(cls, values)
     except ConfigError as e:
+        named = [k for k in sources if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", str(e))]
+        if named:  # the keys the message names, each with where its value came from
+            where = "; ".join(f"{k} from {sources[k]}" for k in named)
+            raise ConfigError(f"{e} ({where})") from e
         origin = " + ".join(([str(yaml_path)] if yaml_path else []) + overrides) or "defaults"
         raise ConfigError(f"{e} [config from: {origin}]") from e
 
@@ -492,11 +515,33 @@ class TrainConfig:
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
         require(self.log_every >= 1, "log_every must be >= 1")
         require(self.eval_seeds >= 1, "eval_seeds must be >= 1")
+        require(self.desc_chars >= 0, f"desc_chars={self.desc_chars}: set desc_chars >= 0")
+        require(self.sft_max_minutes >= 0,
+                f"sft_max_minutes={self.sft_max_minutes}: set it >= 0 (0: no time budget)")
+        self._check_scorers()
         require(
             not self.audit_scorers or self.verdict_scorer in self.audit_scorers,
             f"verdict_scorer={self.verdict_scorer!r} is not among audit_scorers="
             f"{self.audit_scorers}: add it there or pick one of them",
         )
+
+    def _check_scorers(self) -> None:
+        """Every listed scorer (and the verdict's) is registered in the audit: a typo fails
+        here, not after the model loaded and the first step rolled out."""
+        if not self.audit_scorers:
+            return
+        from audit.scorers import list_scorers
+
+        known = list_scorers()
+        for i, name in enumerate(self.audit_scorers):
+            close = difflib.get_close_matches(name, known, n=1)
+            require(name in known,
+                    f"audit_scorers[{i}]={name!r} is not a registered scorer"
+                    + (f" (did you mean {close[0]!r}?)" if close else "")
+                    + f"; valid: {', '.join(known)}")
+        require(self.verdict_scorer in known,
+                f"verdict_scorer={self.verdict_scorer!r} is not a registered scorer; valid: "
+                f"{', '.join(known)}")
 
     @property
     def run_dir(self) -> Path:

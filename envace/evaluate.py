@@ -5,7 +5,8 @@
 Each task is attempted once per seed with the real environment answering the policy's calls
 (mode ``real``); the committed calls are then checked against the ground truth. Writes
 ``trajectories.jsonl`` (with reward and success in each record) and ``summary.json`` (success
-rate with a Wilson interval, per backend, pass@k over seeds, end reasons, tokens).
+rate with a Wilson interval, resampling tasks when there are several seeds; per backend, pass@k
+over seeds, end reasons, tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.compounding import wilson_ci
+from audit.intervals import cluster_ratio
 from audit.pipeline import write_json_atomic
 from envace.envs.tasks import Task
 from envace.rewards import task_reward
@@ -47,6 +49,17 @@ def pass_at_k(successes: list[list[bool]], k: int) -> float:
         n, c = len(s), sum(s)
         vals.append(1.0 if n - c < k else 1 - comb(n - c, k) / comb(n, k))
     return sum(vals) / len(vals) if vals else 0.0
+
+
+def success_interval(per_task: dict[str, list[bool]]) -> tuple[list[float | None], str]:
+    """95 % interval of the success rate over all attempts and its method: Wilson's when each
+    task was attempted once; with several attempts per task (seeds), which are not independent,
+    a bootstrap that resamples tasks (``audit.intervals``)."""
+    attempts = [x for v in per_task.values() for x in v]
+    if all(len(v) <= 1 for v in per_task.values()):
+        return list(wilson_ci(sum(attempts), len(attempts))), "wilson"
+    r = cluster_ratio([float(x) for x in attempts], [t for t, v in per_task.items() for _ in v])
+    return r["ci"], f"task_bootstrap ({r['method']})"
 
 
 def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
@@ -80,11 +93,12 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
                     tokens["rehearse"] += ep.tokens(REHEARSE)
     attempts = [x for v in per_task.values() for x in v]
     k = sum(attempts)
+    success_ci, ci_method = success_interval(per_task)
     summary = {
         "label": label, "mode": s.mode, "tasks": len(tasks), "seeds": s.seeds,
         "attempts": len(attempts), "successes": k,
         "success_rate": k / len(attempts) if attempts else None,
-        "success_ci": list(wilson_ci(k, len(attempts))),
+        "success_ci": success_ci, "success_ci_method": ci_method,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "pass_at_k": {str(j): pass_at_k(list(per_task.values()), j)
                       for j in range(1, s.seeds + 1)},

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 
 from envace import grpo
-from envace.checkpoint import load_latest, save_checkpoint, set_rng_state
+from envace.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from envace.config import ConfigError, TrainConfig, dump_yaml, to_dict
 from envace.distributed import Dist, init
 from envace.fidelity import audit_rollouts, fidelity_metrics
 from envace.fsdp import grad_norm_value
+from envace.resume import Heartbeat, check_new_run_dir, keep_metrics, plan_resume, running_marker
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
@@ -228,9 +229,13 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
 
 
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
-          rollout: Any | None = None) -> Path:
+          rollout: Any | None = None, restart: bool = False) -> Path:
     """Run (or resume) training; return the run directory. ``rollout``: run_episodes' signature
-    on another backend (the vLLM engines); by default ``cfg.backend`` decides."""
+    on another backend (the vLLM engines); by default ``cfg.backend`` decides.
+
+    Before anything is loaded or written (``envace.resume``): a new run refuses an existing
+    directory; a resumed one continues exactly from a checkpoint or is refused; ``restart``
+    (with ``resume``) starts a run that has no checkpoint over from step 0."""
     from envace.train_report import finish_run
 
     dist = init(cfg.sharding)
@@ -241,7 +246,12 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
                           f"{dist.world} processes: every rank needs at least one group")
     progress = progress and dist.is_main
     run_dir = cfg.run_dir
-    state = load_latest(run_dir) if resume else None
+    if resume:
+        plan = plan_resume(run_dir, restart)
+        state = load_checkpoint(run_dir, plan.step) if plan.step is not None else None
+    else:
+        check_new_run_dir(run_dir)
+        state = None
     if resume and (run_dir / "config.yaml").exists():
         from envace.train_setup import check_same_config
 
@@ -252,27 +262,30 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_yaml(cfg, run_dir / "config.yaml")
-        (run_dir / "RUNNING").write_text(str(time.time()))
-    policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
-    if rollout is not None:
-        policy.rollout = rollout
-    tasks = training_pool(cfg, policy.tokenizer)
-    start = 0
-    metrics = run_dir / "metrics.jsonl"
-    if state is not None:
-        start = state["step"] + 1
-        set_rng_state(state["rng"])
-        if dist.is_main:
-            _truncate_metrics(metrics, state["step"])
-    elif metrics.exists() and dist.is_main:
-        metrics.unlink()
-    torch.manual_seed(cfg.seed)
+        (run_dir / "RUNNING").write_text(running_marker())  # removed by a clean end only
+    beat = Heartbeat(run_dir, active=dist.is_main).start()
+    policy = None
     try:
+        policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
+        if rollout is not None:
+            policy.rollout = rollout
+        tasks = training_pool(cfg, policy.tokenizer)
+        start = 0
+        metrics = run_dir / "metrics.jsonl"
+        if state is not None:
+            start = state["step"] + 1
+            set_rng_state(state["rng"])
+            if dist.is_main:
+                _truncate_metrics(metrics, state["step"])
+        elif dist.is_main:  # --restart: the old rows are kept aside
+            keep_metrics(metrics, None)
+        torch.manual_seed(cfg.seed)
         _loop(cfg, policy, tasks, run_dir, start, metrics, progress, dist)
         if dist.is_main:  # the other ranks are done: evaluation runs on one process
             finish_run(cfg, policy, run_dir, progress=progress)
     finally:
-        if rollout is None:  # engines we started; a caller's stay running
+        beat.stop()
+        if rollout is None and policy is not None:  # engines we started; a caller's stay
             policy.close()
     return run_dir
 
@@ -307,19 +320,9 @@ def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: 
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:
-    """Drop metrics of steps after the checkpoint we resume from (they will be redone)."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= upto:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError):
-            continue  # a truncated last line from the killed run
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{x}\n" for x in keep))
-    tmp.replace(path)
+    """Drop metrics of steps after the checkpoint we resume from (they will be redone); a line
+    that does not parse (torn by a kill) is kept in ``metrics.jsonl.truncated``."""
+    keep_metrics(path, upto)
 
 
 __all__ = ["train", "train_step", "update", "save_checkpoint"]

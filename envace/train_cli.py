@@ -3,6 +3,7 @@
     envace train                                  # configs/tiny.yaml
     envace train --config configs/smollm2.yaml steps=20 lr=2e-6
     envace train --resume runs/<name>             # the run's own config.yaml, from its checkpoint
+    envace train --resume runs/<name> --restart   # a run without a checkpoint: over from step 0
     envace train --help-config                    # every key, its default and its help
 """
 
@@ -20,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        description=__doc__)
     p.add_argument("--config", help="YAML preset (default: configs/tiny.yaml)")
     p.add_argument("--resume", help="a run directory to continue from its last checkpoint")
+    p.add_argument("--restart", action="store_true",
+                   help="with --resume: start a run that has no checkpoint over from step 0 in "
+                        "its own directory (its old metrics.jsonl is kept aside)")
     p.add_argument("--help-config", action="store_true", help="list every config key")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("overrides", nargs="*", help="key=value")
@@ -34,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     config = args.config
     overrides = list(args.overrides)
+    if args.restart and not args.resume:
+        print("envace train: --restart goes with --resume runs/<name> (a new run needs no "
+              "restart)", file=sys.stderr)
+        return 2
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():
@@ -56,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
     from envace.train import train
 
     try:
-        train(cfg, resume=bool(args.resume), progress=not args.quiet)
+        train(cfg, resume=bool(args.resume), progress=not args.quiet, restart=args.restart)
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"envace train: interrupted; continue with `envace train --resume {cfg.run_dir}`",
+              file=sys.stderr)
+        return 130
     return 0

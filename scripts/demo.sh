@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/envace train --config configs/tiny.yaml "$@"
+# a new run never reuses a run directory: a second demo gets its own name
+name=()
+if [[ " $* " != *" run_name="* && " $* " != *" output_dir="* && -e runs/tiny-demo ]]; then
+  name=("run_name=tiny-demo-$(date +%Y%m%d-%H%M%S)")
+  echo "runs/tiny-demo exists: this demo writes runs/${name[0]#run_name=}"
+fi
+.venv/bin/envace train --config configs/tiny.yaml "$@" "${name[@]}"
 echo
 echo "Open the dashboard:  .venv/bin/envace-dashboard runs/   (then http://127.0.0.1:8501)"

@@ -223,6 +223,9 @@ def convert_smollm2(cache_dir: Path, check: bool = True) -> Path:
             if not torch.equal(model(ids).logits, gguf_model.eval()(ids).logits):
                 raise RuntimeError("converted SmolLM2 logits differ from the GGUF-loaded model")
     tokenizer.model_max_length = int(config.max_position_embeddings)
+    # SmolLM2-Instruct ends a message with <|im_end|>; transformers 5.17's GGUF reader makes
+    # <|im_start|> the eos token (5.24's does not): say it, whichever version converts
+    tokenizer.eos_token = IM_END
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_chat_tokens(tokenizer)

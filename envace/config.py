@@ -448,6 +448,11 @@ class TrainConfig:
     report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
     log_every: int = opt(1, "log metrics every N steps")
     checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end")
+    time_sync: bool = opt(
+        False, "on a GPU, wait for queued kernels at every boundary of the step's timed sections "
+        "(time/* in metrics.jsonl): each section's seconds are then its own, at the cost of a "
+        "pipeline stall per boundary; off: kernels still running are charged to a later section. "
+        "No effect on a CPU")
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -31,6 +31,7 @@ from envace.backends.hf import HFStepper, sample
 from envace.envs.bfcl import BFCLEnv
 from envace.envs.tasks import Task
 from envace.schema import Message, Trajectory
+from envace.timing import NULL_TIMER, Timer
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
 MODES = ("rehearse", "real", "simulator")
@@ -297,11 +298,16 @@ def choose_logits(all_logits: Sequence[torch.Tensor], rehearsing: Sequence[bool]
 @torch.no_grad()
 def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
                  simulator: Simulator | None = None,
-                 world_model: Any | None = None) -> list[Episode]:
+                 world_model: Any | None = None, timer: Timer = NULL_TIMER) -> list[Episode]:
     """Run one episode per task, all batched together; returns them in task order.
 
     ``world_model`` (the paper's unshared ablation, mode ``split``): a second model with the same
     tokenizer that reads every token too and writes the tool responses; ``model`` only acts.
+    ``timer`` sections: ``rollout/prefill`` (the prompts), ``rollout/decode`` (sampling, and
+    the forwards in which every row appends one sampled token), ``rollout/forced`` (the forwards
+    in which some row appends forced text: headers, real or simulated responses, user turns);
+    what is left (parsing, answers of the environment or simulator, bookkeeping) is the
+    caller's section.
     """
     eng = Engine(model, tokenizer, cfg, simulator)
     rows, prompt_lens = eng.start_all(tasks)
@@ -314,15 +320,19 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     # the batch holds only live rows (``live``: their indices); a row over the context limit is
     # never encoded, a finished row leaves the batch
     live = [i for i, r in enumerate(rows) if r.done is None]
-    all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
+    with timer.section("rollout/prefill"):
+        all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
     while live:
-        logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
-                                            for i in live])
-        toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
+        with timer.section("rollout/decode"):
+            logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
+                                                for i in live])
+            toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
         chunks: list[list[int]] = []
+        forced = False
         for j, i in enumerate(live):
             r = rows[i]
             if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
+                forced = True
                 chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
                 chunks.append([t for t, _, _ in chunk])
                 for t, role, step in chunk:
@@ -339,7 +349,8 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
                 break
             for s in steppers:
                 s.select(keep)
-        all_logits = [s.extend(chunks) for s in steppers]
+        with timer.section("rollout/forced" if forced else "rollout/decode"):
+            all_logits = [s.extend(chunks) for s in steppers]
     for m, flag in zip(models, was_training, strict=True):
         m.train(flag)
     return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]

@@ -38,6 +38,7 @@ from envace.resume import Heartbeat, check_new_run_dir, keep_metrics, plan_resum
 from envace.rewards import task_reward
 from envace.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.schema import TrajectoryWriter
+from envace.timing import NULL_TIMER, StepTimer, Timer
 from envace.train_setup import Policy, build_policy, check_anchors, training_pool
 
 TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
@@ -61,11 +62,14 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig,
-           dist: Dist = Dist()) -> dict[str, float]:
+           dist: Dist = Dist(), timer: Timer = NULL_TIMER) -> dict[str, float]:
     """One optimizer step per model on the clipped role-wise loss; returns its statistics.
 
     Under data parallelism ``episodes`` are this rank's share: the loss is normalised by the
-    count over all ranks and the gradients are summed across ranks before the step."""
+    count over all ranks and the gradients are summed across ranks before the step. ``timer``
+    sections: ``update/forward`` (forwards, log-probabilities, loss, entropy),
+    ``update/backward``, ``update/optimizer`` (gradient reduction, clipping, the optimizer and
+    scheduler steps); batching and statistics stay in ``update`` itself."""
     stats: dict[str, float] = {}
     for name, model, roles_trained in policy.trainees(cfg.mode):
         def trained(e: Episode, roles_trained: tuple[int, ...] = roles_trained) -> int:
@@ -102,41 +106,46 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             mask = torch.zeros_like(roles, dtype=torch.bool)
             for r in roles_trained:
                 mask |= roles == r
-            tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-            logits = logits.float() / cfg.temperature
-            lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
-            ref_lp = None
-            if reference is not None:  # this trainee's own anchor: its initial weights
-                with torch.no_grad():
-                    ref_logits = reference(input_ids=ids, attention_mask=attn)
-                    ref_lp = grpo.logprobs_from_logits(
-                        ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
-            loss, st = grpo.policy_loss(
-                lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
-                cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
-                normalizer=norm,
-                named_masks=grpo.role_masks(roles, mask))
-            (loss * scale).backward()
-            with torch.no_grad():
+            with timer.section("update/forward"):
+                tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
+                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                logits = logits.float() / cfg.temperature
+                lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
+                ref_lp = None
+                if reference is not None:  # this trainee's own anchor: its initial weights
+                    with torch.no_grad():
+                        ref_logits = reference(input_ids=ids, attention_mask=attn)
+                        ref_lp = grpo.logprobs_from_logits(
+                            ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
+                loss, st = grpo.policy_loss(
+                    lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
+                    cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
+                    normalizer=norm,
+                    named_masks=grpo.role_masks(roles, mask))
+            with timer.section("update/backward"):
+                (loss * scale).backward()
+            with timer.section("update/forward"), torch.no_grad():
                 ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
             parts.append(st)
         if sharded:  # FSDP reduced the gradients in each backward
             from envace.fsdp import idle_backward
 
-            for _ in range(idle):
-                idle_backward(model, policy.pad_id)
+            with timer.section("update/backward"):
+                for _ in range(idle):
+                    idle_backward(model, policy.pad_id)
         else:
-            dist.sum_grads(model.parameters())
+            with timer.section("update/optimizer"):
+                dist.sum_grads(model.parameters())
         if dist.active:  # statistics of the whole batch
             parts = [p for rank_parts in dist.gather(parts) for p in rank_parts]
             ent_sum = dist.sum(ent_sum)
         acc = {k: v for k, v in grpo.merge_stats(parts).items() if not k.endswith("tokens")}
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        opt.step()
-        sched.step()
-        policy.after_step(name)
+        with timer.section("update/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            opt.step()
+            sched.step()
+            policy.after_step(name)
         prefix = "" if name == "policy" else f"{name}/"
         stats.update({f"{prefix}{k}": v for k, v in acc.items()})
         stats[f"{prefix}entropy"] = ent_sum / total
@@ -157,9 +166,25 @@ def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
     return torch.stack([task, rehearse], dim=1), verdicts
 
 
+def step_timer(cfg: TrainConfig, policy: Policy | None = None, **kw: Any) -> StepTimer:
+    """A timer for one step; with ``time_sync`` on a GPU it waits for queued kernels at every
+    section boundary (``torch.cuda.synchronize``), otherwise it never touches the device."""
+    sync = None
+    if cfg.time_sync and torch.cuda.is_available() and policy is not None \
+            and next(policy.model.parameters()).is_cuda:
+        sync = torch.cuda.synchronize
+    return StepTimer(sync=sync, **kw)
+
+
 def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path,
-               dist: Dist = Dist()) -> dict[str, Any] | None:
-    """One step; returns its metrics record (on rank 0; None on the other ranks)."""
+               dist: Dist = Dist(), timer: StepTimer | None = None) -> dict[str, Any] | None:
+    """One step; returns its metrics record (on rank 0; None on the other ranks).
+
+    Without ``timer`` the step times itself and its record carries the ``time/*`` sections
+    (envace.timing); with one, the caller stops it and adds them (``_steps``: after the
+    checkpoint, which belongs to the step)."""
+    own = timer is None
+    timer = step_timer(cfg, policy) if timer is None else timer
     t0 = time.perf_counter()
     rng = random.Random(cfg.seed * 1_000_003 + step)
     chosen = dist.shard(rng.sample(tasks, min(cfg.prompts_per_step, len(tasks))))
@@ -169,17 +194,22 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars,
                          seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank)
-    episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg, policy.simulator,
-                                   policy.world_model)
+    with timer.section("rollout"):
+        episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg,
+                                       policy.simulator, policy.world_model, timer=timer)
     t_roll = time.perf_counter()
     rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
-    rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
-                               cfg.verdict_scorer, None)
-    rewards, verdicts = rewards_for(episodes, cfg, fid)
-    has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
-    adv = grpo.role_advantages(rewards, [e.task.id for e in episodes], has, cfg.scale_by_std)
+    with timer.section("fidelity"):
+        rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
+                                   cfg.verdict_scorer, None)
+    with timer.section("reward"):
+        rewards, verdicts = rewards_for(episodes, cfg, fid)
+        has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
+        adv = grpo.role_advantages(rewards, [e.task.id for e in episodes], has,
+                                   cfg.scale_by_std)
     t_audit = time.perf_counter()
-    st = update(policy, episodes, adv.float(), cfg, dist)
+    with timer.section("update"):
+        st = update(policy, episodes, adv.float(), cfg, dist, timer)
     t_end = time.perf_counter()
     if dist.active:  # rank 0 writes and logs the whole batch, groups in their sampled order
         g = cfg.group_size
@@ -188,6 +218,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
         groups = dist.gather_ordered(mine)
         rows = [r for part in dist.gather(rows) for r in part]
         if not dist.is_main:
+            if own:
+                timer.stop()
             return None
         episodes = [e for grp in groups for e in grp[0]]
         verdicts = [v for grp in groups for v in grp[1]]
@@ -200,15 +232,16 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             e.trajectory.meta.update(train_step=step, group=e.task.id, success=v["success"],
                                      verifier=v["detail"], advantage=adv[i].tolist())
             w.write(e.trajectory)
-    audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
-                   run_dir / "audit" / f"step_{step}", str(rollout_file))
+    with timer.section("fidelity"):  # the step's audit again, written to audit/step_<N>/
+        audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
+                       run_dir / "audit" / f"step_{step}", str(rollout_file))
     n_act = sum(e.tokens(ACT) for e in episodes)
     n_reh = sum(e.tokens(REHEARSE) for e in episodes)
     ends: dict[str, int] = {}
     for e in episodes:
         key = f"episodes/end_{e.end_reason.split(':')[0]}"
         ends[key] = ends.get(key, 0) + 1
-    return {
+    record = {
         "step": step, "time": time.time(),
         **{k: v for k, v in st.items() if not k.startswith(("act/tokens", "rehearse/tokens"))},
         "reward/mean": float(rewards[:, 0].mean()), "reward/act": float(rewards[:, 0].mean()),
@@ -226,6 +259,10 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
         **ends, **fidelity_metrics(rows, cfg.audit_scorers),
     }
+    if own:
+        timer.stop()
+        record.update(timer.metrics())
+    return record
 
 
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
@@ -277,6 +314,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
             set_rng_state(state["rng"])
             if dist.is_main:
                 _truncate_metrics(metrics, state["step"])
+                _restore_checkpoint_row(metrics, state)
         elif dist.is_main:  # --restart: the old rows are kept aside
             keep_metrics(metrics, None)
         torch.manual_seed(cfg.seed)
@@ -304,25 +342,52 @@ def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: i
 def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
            metrics: Path, progress: bool, dist: Dist, reporter: Any) -> None:
     for step in range(start, cfg.steps):
-        record = train_step(step, policy, tasks, cfg, run_dir, dist)
+        timer = step_timer(cfg, policy)
+        record = train_step(step, policy, tasks, cfg, run_dir, dist, timer)
+        last = step == cfg.steps - 1
+        if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
+            # the checkpoint holds the step's row (without its times): a run killed before the
+            # row reaches metrics.jsonl gets it back on resume
+            extra = {"config": to_dict(cfg), "initial_model": str(policy.path)}
+            if record is not None:
+                extra["metrics"] = record
+            with timer.section("checkpoint"):
+                policy.save(run_dir, step, extra, dist)  # every rank: see save
+        timer.stop()
         if record is not None:  # rank 0
+            record.update(timer.metrics())
             _append_jsonl(metrics, record)
             reporter.log(record, step)
             if progress:
                 print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
                       f"success {record['success/mean']:.2f} divergence "
                       f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
-                      f"loss {record.get('loss', float('nan')):.4f}", flush=True)
-        last = step == cfg.steps - 1
-        if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
-            policy.save(run_dir, step, {"config": to_dict(cfg), "initial_model": str(policy.path)},
-                        dist)  # every rank: see save
+                      f"loss {record.get('loss', float('nan')):.4f} "
+                      f"({record['time/step']:.1f} s)", flush=True)
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:
     """Drop metrics of steps after the checkpoint we resume from (they will be redone); a line
     that does not parse (torn by a kill) is kept in ``metrics.jsonl.truncated``."""
     keep_metrics(path, upto)
+
+
+def _restore_checkpoint_row(path: Path, state: dict[str, Any]) -> None:
+    """After ``_truncate_metrics``: when the run was killed between writing a checkpoint and
+    appending that step's row, append the row the checkpoint holds (it has no ``time/*``:
+    the checkpoint's own duration was not known when it was written)."""
+    row = state.get("info", {}).get("metrics")
+    if row is None:
+        return
+    steps = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except (json.JSONDecodeError, KeyError):
+                continue
+    if state["step"] not in steps:
+        _append_jsonl(path, row)
 
 
 __all__ = ["train", "train_step", "update", "save_checkpoint"]

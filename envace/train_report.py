@@ -13,6 +13,7 @@ from typing import Any
 from envace.config import TrainConfig
 from envace.envs.tasks import split_tasks
 from envace.evaluate import EvalSettings, evaluate
+from envace.timing import shares
 
 
 def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
@@ -44,6 +45,7 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
     if progress:
         print(f"[train] evaluating on {len(tasks)} {cfg.eval_split} tasks (real environment, "
               "then rehearsed)", flush=True)
+    t0 = time.perf_counter()
     real = evaluate(policy.model, policy.tokenizer, tasks, run_dir / "eval" / cfg.eval_split,
                     EvalSettings(mode="real", **base), label=cfg.eval_split,
                     rollout=policy.rollout)
@@ -54,7 +56,7 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
     audit = run_audit([str(reh_dir / "trajectories.jsonl")], reh_dir / "audit",
                       AuditOptions(scorers=list(cfg.audit_scorers),
                                    verdict_scorer=cfg.verdict_scorer, progress=False))
-    write_report(cfg, run_dir, real, reh, audit)
+    write_report(cfg, run_dir, real, reh, audit, eval_seconds=time.perf_counter() - t0)
     (run_dir / "RUNNING").unlink(missing_ok=True)
     if progress:
         print(f"[train] done: {run_dir}\n[train] report: {run_dir / 'report.md'}\n"
@@ -79,7 +81,21 @@ def _f(x: Any, pct: bool = False) -> str:
     return f"{x:.1%}" if pct else (f"{x:.3f}" if isinstance(x, float) else str(x))
 
 
-def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: dict) -> None:
+def time_line(rows: list[dict[str, Any]], eval_seconds: float | None = None) -> str:
+    """The report's line on where the steps' time went: mean seconds per step and each
+    section's share of all steps' time (``time/*`` of metrics.jsonl), largest first."""
+    mean, share = shares(rows)
+    n = sum("time/step" in r for r in rows)
+    tail = "" if eval_seconds is None else f"; final evaluation {eval_seconds:.1f} s"
+    if not n:
+        return f"- time: no timed steps{tail}"
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1])
+                      if v >= 0.005)
+    return f"- time: {mean:.1f} s per step (mean of {n}): {parts}{tail}"
+
+
+def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: dict,
+                 eval_seconds: float | None = None) -> None:
     rows = _metrics(run_dir)
     first, last = (rows[0], rows[-1]) if rows else ({}, {})
     ci = real.get("success_ci") or [None, None]
@@ -94,6 +110,7 @@ def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: 
     for k in ("reward/mean", "success/mean", "loss", "clip_frac", "entropy",
               "fidelity/divergence_rate", "fidelity/exact", "tokens/act", "tokens/rehearse"):
         lines.append(f"| {k} | {_f(first.get(k))} | {_f(last.get(k))} |")
+    lines += ["", time_line(rows, eval_seconds)]
     lines += ["", f"## Evaluation on {cfg.eval_split} ({real['attempts']} attempts)", "",
               f"- real environment: success {_f(real['success_rate'], True)} "
               f"[{_f(ci[0], True)}, {_f(ci[1], True)}], mean reward {_f(real['reward_mean'])}",

@@ -31,7 +31,7 @@ INITIAL_FOLDERS = {"policy": "initial_model", "world_model": "initial_world_mode
 
 # keys that may differ between a run and its resumption
 RESUMABLE_CHANGES = {"resume_from", "steps", "checkpoint_every", "eval_every", "log_every",
-                     "report_to"}
+                     "report_to", "time_sync"}
 
 
 @dataclass

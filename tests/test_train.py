@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from envace.envs.tasks import get_task
 from envace.envs.verify import ground_truth_calls
 from envace.evaluate import pass_at_k
 from envace.rewards import action_f1, partial_action_f1, task_reward
-from envace.train import _truncate_metrics
+from envace.timing import STEP_SECTIONS
+from envace.train import _restore_checkpoint_row, _truncate_metrics
 
 ENVACE = [sys.executable, "-m", "envace.cli"]
 calls = st.lists(st.tuples(st.sampled_from(["cd", "ls", "mv"]),
@@ -108,6 +110,20 @@ def test_truncate_metrics_drops_redone_steps_and_a_torn_line(tmp_path):
     assert [json.loads(x)["step"] for x in p.read_text().splitlines()] == [0, 1, 2]
 
 
+def test_a_row_lost_between_checkpoint_and_metrics_comes_back_from_the_checkpoint(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps({"step": i, "time/step": 1.0}) + "\n" for i in range(2)))
+    state = {"step": 2, "info": {"step": 2, "metrics": {"step": 2, "loss": 0.5}}}
+    _truncate_metrics(p, 2)
+    _restore_checkpoint_row(p, state)
+    _restore_checkpoint_row(p, state)  # once only
+    assert [json.loads(x) for x in p.read_text().splitlines()][1:] == [
+        {"step": 1, "time/step": 1.0}, {"step": 2, "loss": 0.5}]
+    _restore_checkpoint_row(p, {"step": 1, "info": {"metrics": {"step": 1}}})  # already there
+    _restore_checkpoint_row(p, {"step": 3, "info": {}})  # an older checkpoint without a row
+    assert len(p.read_text().splitlines()) == 3
+
+
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([*ENVACE, *args], capture_output=True, text=True, cwd=cwd, env=env)
@@ -126,9 +142,11 @@ def test_config_errors_are_clear(tmp_path):
 
 def test_train_smoke_end_to_end(tmp_path):
     """cleanrl-style: the whole entry point with a tiny budget, as a subprocess."""
+    wall = time.perf_counter()
     r = _run("train", f"output_dir={tmp_path}", "run_name=smoke", "steps=2",
              "prompts_per_step=2", "group_size=2", "eval_tasks=2", "max_new_tokens=12",
              "max_turns=2", "checkpoint_every=1", "report_to=tensorboard", "--quiet")
+    wall = time.perf_counter() - wall
     assert r.returncode == 0, r.stderr[-2000:]
     run = tmp_path / "smoke"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -141,6 +159,24 @@ def test_train_smoke_end_to_end(tmp_path):
     assert [e.value for e in logged] == pytest.approx([m["reward/mean"] for m in rows])
     for key in ("reward/mean", "tokens/act", "seconds/rollout", "tokens_per_s"):
         assert key in rows[0]
+    # where each step's time went: every section, adding up to the step's wall time, which
+    # includes its checkpoint (checkpoint_every=1) and fits in the whole command
+    times = {f"time/{n}/other" if any(x.startswith(n + "/") for x in STEP_SECTIONS)
+             else f"time/{n}" for n in STEP_SECTIONS} | {"time/other", "time/step"}
+    for r in rows:
+        assert times <= set(r), times - set(r)
+        parts = sum(r[k] for k in times if k != "time/step")
+        assert parts == pytest.approx(r["time/step"], rel=1e-9, abs=1e-6)
+        for k in ("rollout/prefill", "rollout/decode", "rollout/other", "reward", "fidelity",
+                  "update/forward", "update/backward", "update/optimizer", "checkpoint"):
+            assert r[f"time/{k}"] > 0, k
+        assert r["time/weight_sync"] == 0 and r["time/eval"] == 0  # transformers, no eval_every
+        assert r["time/rollout/prefill"] + r["time/rollout/decode"] + r["time/rollout/forced"] \
+            + r["time/rollout/other"] <= r["seconds/rollout"] + 1e-3
+    assert sum(r["time/step"] for r in rows) < wall  # the steps fit in the whole command
+    report = (run / "report.md").read_text()
+    assert f"- time: {sum(r['time/step'] for r in rows) / 2:.1f} s per step (mean of 2): " \
+        in report and "rollout/decode" in report and "final evaluation" in report
     assert (run / "rollouts" / "step_1.jsonl").exists()
     assert (run / "audit" / "step_1" / "summary.json").exists()
     assert (run / "eval" / "dev" / "summary.json").exists()

@@ -32,6 +32,7 @@ import torch
 if TYPE_CHECKING:
     from envace.envs.tasks import Task
     from envace.rollout import Episode, RolloutConfig, Simulator
+    from envace.timing import Timer
 
 
 @dataclass(frozen=True)
@@ -125,16 +126,22 @@ class HFBackend:
 
 def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Task],
                          cfg: RolloutConfig, simulator: Simulator | None = None,
-                         world_backend: GenerationBackend | None = None) -> list[Episode]:
+                         world_backend: GenerationBackend | None = None,
+                         timer: Timer | None = None) -> list[Episode]:
     """``envace.rollout.run_episodes`` on a message-level backend; episodes in task order.
 
     Each round, every live episode takes its forced text, then all of them write their next
     message in one batched request (rehearsals go to ``world_backend`` when given: mode
     ``split``). Caps keep a message within ``max_new_tokens`` and the context limit, so limits
     and end reasons are those of ``run_episodes``. Sampling is seeded per request from
-    ``cfg.seed``, the episode's index and its message count.
+    ``cfg.seed``, the episode's index and its message count. ``timer``: each request is a
+    ``rollout/decode`` section (a backend's prefill of the new tail is inside it; forced text
+    costs no forward here).
     """
     from envace.rollout import Engine, push_token
+    from envace.timing import NULL_TIMER
+
+    timer = NULL_TIMER if timer is None else timer
 
     eng = Engine(None, tokenizer, cfg, simulator)
     rows, prompt_lens = eng.start_all(tasks)
@@ -156,7 +163,8 @@ def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequ
             assert be is not None
             caps = [min(cfg.max_new_tokens, cfg.max_context - len(rows[i].ids)) for i in idx]
             seeds = [(cfg.seed * 1_000_003 + i * 7_919 + sent[i]) % 2**31 for i in idx]
-            gens = be.generate([rows[i].ids for i in idx], spec, caps, seeds)
+            with timer.section("rollout/decode"):
+                gens = be.generate([rows[i].ids for i in idx], spec, caps, seeds)
             for i, g in zip(idx, gens, strict=True):
                 sent[i] += 1
                 r = rows[i]

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from envace.config import TrainConfig
     from envace.envs.tasks import Task
     from envace.rollout import Episode, RolloutConfig, Simulator
+    from envace.timing import Timer
 
 
 def _cpu_only() -> bool:
@@ -216,7 +217,12 @@ class VLLMRollouts:
             kw["gpu_memory_utilization"] = float(os.environ["ENVACE_VLLM_GPU_MEMORY"])
         return cls(model_path, **kw)
 
-    def backend(self, role: str, model: torch.nn.Module, tokenizer: Any) -> VLLMBackend:
+    def backend(self, role: str, model: torch.nn.Module, tokenizer: Any,
+                timer: Timer | None = None) -> VLLMBackend:
+        """The engine for ``role``, started on first use, its weights synced with ``model``'s
+        (a ``weight_sync`` section of ``timer``)."""
+        from envace.timing import NULL_TIMER
+
         if role not in self.backends:
             path = self.model_path if role == "policy" and self.model_path else \
                 model_folder(model, tokenizer)
@@ -230,18 +236,19 @@ class VLLMRollouts:
             import time
 
             t = time.perf_counter()
-            be.update_weights(model.state_dict())
+            with (timer or NULL_TIMER).section("weight_sync"):
+                be.update_weights(model.state_dict())
             self.seconds_sync += time.perf_counter() - t
             self.synced[role] = version
         return be
 
     def __call__(self, model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
-                 simulator: Simulator | None = None, world_model: Any | None = None
-                 ) -> list[Episode]:
-        policy = self.backend("policy", model, tokenizer)
-        wm = self.backend("world_model", world_model, tokenizer) if world_model is not None \
-            else None
-        return run_episodes_backend(policy, tokenizer, tasks, cfg, simulator, wm)
+                 simulator: Simulator | None = None, world_model: Any | None = None,
+                 timer: Timer | None = None) -> list[Episode]:
+        policy = self.backend("policy", model, tokenizer, timer)
+        wm = self.backend("world_model", world_model, tokenizer, timer) \
+            if world_model is not None else None
+        return run_episodes_backend(policy, tokenizer, tasks, cfg, simulator, wm, timer)
 
     def close(self) -> None:
         for be in self.backends.values():

@@ -11,18 +11,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ENVACE_PY312_VENV:-.venv-py312}
-PY=${ENVACE_PY312:-}
-if [ -z "$PY" ]; then
-  if command -v python3.12 >/dev/null; then
-    PY=python3.12
-  elif command -v pyenv >/dev/null && [ -n "$(pyenv prefix 3.12 2>/dev/null || true)" ]; then
-    PY="$(pyenv prefix 3.12 | head -1)/bin/python3.12"
-  else
-    PY=$(ls -d /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)
+is312() { "$1" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; }
+PY=""
+# the first that runs as 3.12 (a pyenv shim of python3.12 exists but may not run)
+for cand in "${ENVACE_PY312:-}" python3.12 "$(pyenv prefix 3.12 2>/dev/null | head -1)/bin/python3.12" \
+            $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null); do
+  if [ -n "$cand" ] && is312 "$cand"; then
+    PY=$cand
+    break
   fi
-fi
-[ -n "$PY" ] && "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null \
-  || { echo "[device_stack] no Python 3.12 here (set ENVACE_PY312)" >&2; exit 2; }
+done
+[ -n "$PY" ] || { echo "[device_stack] no Python 3.12 here (set ENVACE_PY312)" >&2; exit 2; }
 stamp=$VENV/.envace-device-stack
 want=$(cat scripts/test_device_stack.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then

@@ -259,19 +259,21 @@ def _run_capped(cmd: list[str], cap: float, log: Path, env: dict[str, str]) -> t
 
 
 def run_check(out: Path, dry: bool, python: str = sys.executable,
-              budget_s: float | None = None, only: set[str] | None = None) -> dict[str, Any]:
+              budget_s: float | None = None, only: set[str] | None = None,
+              cap_scale: float = 1.0) -> dict[str, Any]:
     """Run every stage (or the preflight and those in ``only``); ``out/gpu_check.json`` is
-    rewritten after each. Returns the result."""
+    rewritten after each. Returns the result. ``cap_scale`` multiplies every stage's cap and
+    the default budget (a CPU shared with other jobs runs the dry run several times slower)."""
     mode = "dry" if dry else "gpu"
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="envace-gpu-check-"))
     ctx = Context(out, scratch, mode, python, out / "gpu_check.log")
-    budget = budget_s if budget_s is not None else BUDGET_S[mode]
+    budget = budget_s if budget_s is not None else BUDGET_S[mode] * cap_scale
     start = time.monotonic()
     result: dict[str, Any] = {
         "check": "envace gpu_check", "mode": "cpu-dry-run" if dry else "gpu",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-        "budget_s": budget, "stages": {}, "finished": False}
+        "budget_s": budget, "cap_scale": cap_scale, "stages": {}, "finished": False}
     json_path = out / "gpu_check.json"
     _write(json_path, result)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -287,7 +289,7 @@ def run_check(out: Path, dry: bool, python: str = sys.executable,
     result["selected"] = [s.name for s in stages]
     for stage in stages:
         left = budget - (time.monotonic() - start)
-        cap = min(stage.cap_s[mode], left)
+        cap = min(stage.cap_s[mode] * cap_scale, left)
         res: dict[str, Any] = {"cap_s": round(cap, 1)}
         if stop_reason or left < 5:
             res.update(status="skipped", reason=stop_reason or "the check's time budget is spent")
@@ -440,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the check's output folder")
     ap.add_argument("--cpu-dry-run", action="store_true", help="every stage at toy sizes, CPU")
     ap.add_argument("--budget-s", type=float, help="the whole check's time cap")
+    ap.add_argument("--cap-scale", type=float, default=float(
+        os.environ.get("ENVACE_GPU_CAP_SCALE", "1")), help="multiply every time cap (1)")
     ap.add_argument("--stages", help="comma-separated: only these (and the preflight), e.g. "
                     "for a rerun of the one that failed")
     ap.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
@@ -454,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         ap.error("--out OUTDIR is required")
     only = {x.strip() for x in args.stages.split(",") if x.strip()} if args.stages else None
-    res = run_check(args.out, args.cpu_dry_run, budget_s=args.budget_s, only=only)
+    res = run_check(args.out, args.cpu_dry_run, budget_s=args.budget_s, only=only,
+                    cap_scale=args.cap_scale)
     _print_tables(res)
     bad = [f"{k}: {v.get('status')}" for k, v in res["stages"].items() if v.get("status") != "ok"]
     _say(f"{'all stages ok' if not bad else 'NOT OK: ' + ', '.join(bad)} in {res['seconds']} s; "

@@ -10,7 +10,8 @@
 #   bash scripts/gpu_check.sh --cpu-dry-run OUTDIR    # here: every stage at toy sizes, on .venv
 # Knobs: ENVACE_GPU_PYTHON (python3), ENVACE_GPU_WHEELS (.gpu-wheels), ENVACE_GPU_BUDGET_S
 # (450: the stages' total; each stage has its own cap too), ENVACE_GPU_STAGES (all; e.g.
-# "gpu_tests,train" reruns those two after the preflight), ENVACE_DRY_PYTHON (.venv/bin/python).
+# "gpu_tests,train" reruns those two after the preflight), ENVACE_GPU_CAP_SCALE (1: multiplies
+# every cap and the budget), ENVACE_DRY_PYTHON (.venv/bin/python).
 # Fails early, with a one-line reason, when the GPU, a wheel or the interpreter is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -224,7 +224,7 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_130(tmp_path, capsys, monkeypa
 
 
 TIMING = ("time", "tokens_per_s", "seconds/")
-ARGS = [f"model={ROOT / 'data' / 'models' / 'tiny-sft'}", "steps=2", "prompts_per_step=2",
+ARGS = [f"model={ROOT / 'data' / 'models' / 'tiny-sft'}", "steps=3", "prompts_per_step=2",
         "group_size=2", "max_new_tokens=24", "max_turns=2", "checkpoint_every=1",
         "eval_tasks=1", "lr=1e-3"]
 
@@ -250,10 +250,18 @@ def test_sigint_then_a_torn_tail_then_resume(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     run = tmp_path / "r"
-    ckpt = run / "checkpoints" / "step_0" / "trainer_state.json"
-    deadline = time.time() + 600
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+
+    def logged() -> set[int]:  # the steps with a complete row
+        try:
+            text = (run / "metrics.jsonl").read_text()
+        except FileNotFoundError:
+            return set()
+        return {json.loads(x)["step"] for x in text.splitlines()[:-1 if text[-1:] != "\n"
+                                                                  else None]}
+
+    deadline = time.time() + 900
+    while 1 not in logged() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # step 1 done: whichever row is torn below, a checkpoint precedes it
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
@@ -273,7 +281,7 @@ def test_sigint_then_a_torn_tail_then_resume(tmp_path):
     r = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     after = _rows(run)
-    assert sorted(after) == [0, 1]
+    assert sorted(after) == [0, 1, 2]
     assert all(after[s] == before[s] for s in before if s in after), "a step changed"
     assert (run / "metrics.jsonl.truncated").read_text() == last[:30] + "\n"
     assert (run / "report.md").exists() and run_status(run) == "finished"

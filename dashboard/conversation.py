@@ -4,6 +4,8 @@ Differences are highlighted by the JSON-aware diff (``dashboard.jsondiff``); the
 divergence is marked; when the trajectory is aligned against a reference (``dashboard.align``)
 each step says whether its call was inserted or has other arguments. Works from the audit's
 ``steps.jsonl`` alone when the trajectory file is not at hand (no user or assistant text then).
+Every text from the files is shown as text (``st.text``, ``st.code``, escaped HTML, or through
+``dashboard.safe`` inside markdown): a trajectory cannot plant markdown images or links.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard.jsondiff import json_diff
+from dashboard.safe import code, md
 
 MAX_TEXT = 1500
 OP_BADGE = {"same": ":green-badge[same call as the reference]",
@@ -40,8 +43,8 @@ def _text(body: str) -> None:
 
 
 def _scores(rec: dict[str, Any]) -> str:
-    return " · ".join(f"{k} {v:.2f}" for k, v in (rec.get("scores") or {}).items()
-                      if isinstance(v, int | float))
+    return " · ".join(f"{md(k)} {v:.2f}" for k, v in (rec.get("scores") or {}).items()
+                      if isinstance(v, int | float) and not isinstance(v, bool))
 
 
 def render_step(rec: dict[str, Any], first_div: int | None, op: str | None = None) -> None:
@@ -49,14 +52,14 @@ def render_step(rec: dict[str, Any], first_div: int | None, op: str | None = Non
     k = rec.get("step")
     with st.container(border=True):
         if first_div is not None and k == first_div:
-            st.markdown(f":red-background[⚑ **First divergence** — step {k}: from here on the "
+            st.markdown(f":red-background[⚑ **First divergence** — step {md(k)}: from here on the "
                         "rehearsal no longer matches reality.]")
         verdict = ":red[**✗ diverged**]" if rec.get("diverged") else ":green[**✓ matches**]"
         if rec.get("unanswered"):
             verdict = ":gray[no response recorded]"
         badge = f" {OP_BADGE[op]}" if op in OP_BADGE else ""
-        st.markdown(f"**Step {k}** · `{call_text(rec.get('tool', '?'), rec.get('arguments'))}`"
-                    f" · {verdict} · {_scores(rec)}{badge}")
+        call = code(call_text(rec.get("tool", "?"), rec.get("arguments")))
+        st.markdown(f"**Step {md(k)}** · {call} · {verdict} · {_scores(rec)}{badge}")
         if rec.get("source_rehearsed") is False:
             st.caption("This response was written by the real environment (not rehearsed).")
         d = json_diff(rec.get("rehearsed"), rec.get("actual"))
@@ -69,14 +72,14 @@ def render_step(rec: dict[str, Any], first_div: int | None, op: str | None = Non
             st.caption(f"Actual (the real environment){err}")
             st.html(d.right_html)
         if d.leaves:
-            shown = "; ".join(f"{x.path} {x.kind}" for x in d.leaves[:8])
+            shown = "; ".join(f"{md(x.path)} {md(x.kind)}" for x in d.leaves[:8])
             more = f" and {len(d.leaves) - 8} more" if len(d.leaves) > 8 else ""
             st.caption(f"{len(d.leaves)} difference(s): {shown}{more}")
         refs = rec.get("references") or {}
         if refs:
             with st.expander("Reference world models on this call"):
                 for name, r in refs.items():
-                    st.markdown(f"**{name}** · {_scores(r)}")
+                    st.markdown(f"**{md(name)}** · {_scores(r if isinstance(r, dict) else {})}")
                     st.code(str(r.get("response", ""))[:MAX_TEXT], language="json")
 
 
@@ -118,8 +121,11 @@ def render_conversation(traj: dict[str, Any], steps: dict[int, dict[str, Any]],
     for m in traj.get("messages") or []:
         role = m.get("role")
         content = m.get("content") or ""
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
         if role == "system":
-            st.caption(f"system: {content[:MAX_TEXT]}")
+            st.caption("system")
+            _text(content)
         elif role == "user":
             with st.chat_message("user"):
                 _text(content)
@@ -145,7 +151,8 @@ def render_conversation(traj: dict[str, Any], steps: dict[int, dict[str, Any]],
                 render_skipped(skips, k)
                 shown.add(k)
             else:
-                st.caption(f"tool {m.get('name')} (not in the audit): {content[:MAX_TEXT]}")
+                st.caption(f"tool {code(m.get('name'))} (not in the audit):")
+                _text(content)
     rest = {k: v for k, v in steps.items() if k not in shown}
     if rest:
         st.caption("Audited calls the conversation does not show:")

@@ -5,7 +5,9 @@ the tests call them directly. Every reader returns data plus *notes*: sentences 
 user (a truncated last line, bad lines, a missing file), never an exception for bad content.
 
 - :func:`read_jsonl` — records, bad lines, truncated last line.
-- :func:`metrics_frame` — ``metrics.jsonl`` as a numeric DataFrame indexed by row.
+- :func:`metrics_frame` — ``metrics.jsonl`` as a numeric DataFrame indexed by row; a row
+  without a usable step is dropped and named, a non-finite value is a gap (one bad line costs
+  one point, never the charts).
 - :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
   with the byte offset of each line so :func:`read_lines_at` fetches texts on demand.
 - :func:`audit_summary` — an audit's ``summary.json``; one written before the current statistics
@@ -17,6 +19,7 @@ user (a truncated last line, bad lines, a missing file), never an exception for 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ class JsonlData:
 
     records: list[dict[str, Any]] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)  # byte offset of each record's line
+    lines: list[int] = field(default_factory=list)  # 1-based line number of each record
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, reason)
     truncated: bool = False  # the last line has no newline and does not parse
     missing: bool = False
@@ -93,6 +97,7 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
             continue
         out.records.append({k: rec.get(k) for k in keep} if keep else rec)
         out.offsets.append(start)
+        out.lines.append(lineno)
     return out
 
 
@@ -145,29 +150,56 @@ class Frame:
 
 
 def _number(v: Any) -> float | None:
+    """A finite number as float (bools count); None for anything else (inf and NaN too)."""
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, int | float):
-        return float(v)
+        try:
+            x = float(v)
+        except OverflowError:
+            return None
+        return x if math.isfinite(x) else None
     return None
+
+
+def _step(v: Any) -> int | None:
+    """A row's step: a non-negative integer (``3`` or ``3.0``), else None."""
+    x = _number(v)
+    if x is None or isinstance(v, bool) or x < 0 or not x.is_integer():
+        return None
+    return int(x)
 
 
 def metrics_frame(path: str | os.PathLike[str]) -> Frame:
     """``metrics.jsonl`` → one row per record, every numeric key a column (``step`` first).
 
-    Keys are kept as written (flat, '/'-grouped); non-numeric values are dropped, so a new
-    metric appears without code changes.
+    Keys are kept as written (flat, '/'-grouped); non-numeric and non-finite values are dropped
+    (a gap in a chart), so a new metric appears without code changes. A record whose ``step``
+    is not a non-negative integer (``"two"``, ``null``, ``1.5``) is left out and named in the
+    notes; a file where no record has a step is numbered by row.
     """
     data = read_jsonl(path)
-    rows = [{k: x for k, v in r.items() if (x := _number(v)) is not None} for r in data.records]
+    notes = data.notes("metrics.jsonl")
+    has_steps = any("step" in r for r in data.records)
+    rows, bad = [], []
+    for i, (r, line) in enumerate(zip(data.records, data.lines, strict=True)):
+        row = {k: x for k, v in r.items() if k != "step" and (x := _number(v)) is not None}
+        step = _step(r.get("step")) if has_steps else i
+        if step is None:
+            bad.append(f"line {line} (step {str(r.get('step'))[:20]!r})")
+            continue
+        rows.append({"step": step, **row})
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        notes.append(f"metrics.jsonl: skipped {len(bad)} record(s) without a usable step: "
+                     f"{', '.join(bad[:5])}{more}.")
     frame = pd.DataFrame(rows)
     if not frame.empty:
-        if "step" not in frame:
-            frame.insert(0, "step", range(len(frame)))
+        frame["step"] = frame["step"].astype(int)
         frame = frame.sort_values("step", kind="stable").reset_index(drop=True)
         cols = ["step"] + sorted(c for c in frame.columns if c != "step")
         frame = frame[cols]
-    return Frame(frame, data.notes("metrics.jsonl"))
+    return Frame(frame, notes)
 
 
 def metric_groups(columns: list[str]) -> dict[str, list[str]]:

@@ -4,16 +4,21 @@ A *run* is a training run directory (``docs/spec/run_dir.md``: ``config.yaml``, 
 ``rollouts/``, ``audit/step_<N>/``, ``eval/<name>/``, ``report.md``), a plain audit directory
 made by ``envace-audit replay`` (``steps.jsonl`` and ``summary.json``), which opens as a run with
 one audit, or an evaluation directory made by ``envace eval`` (``summary.json`` beside
-``trajectories.jsonl``, its plans' audit in ``audit/``). Status is read from the files:
-*finished* when ``report.md`` exists, *running* when a ``RUNNING`` file exists or
-``metrics.jsonl`` (or a heartbeat) changed in the last two minutes, otherwise *died*. Paths
-outside the root are refused (:func:`resolve_inside`).
+``trajectories.jsonl``, its plans' audit in ``audit/``). Status is read from the files
+(:func:`run_status`): *finished* when ``report.md`` exists (a clean end); otherwise *running*
+only while the run shows a sign of life — its ``heartbeat`` (or ``metrics.jsonl``, or the
+``RUNNING`` marker itself) changed in the last two minutes and, when ``RUNNING`` names a PID on
+this host, that process is alive; otherwise *died*. A ``RUNNING`` marker alone never makes a
+run "running": a crashed run leaves it behind. Paths outside the root are refused
+(:func:`resolve_inside`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +26,7 @@ from pathlib import Path
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "report.md", "rollouts", "audit", "eval",
                "checkpoints", "RUNNING")
 AUDIT_MARKERS = ("summary.json", "steps.jsonl")
-HEARTBEATS = ("metrics.jsonl", "heartbeat", "HEARTBEAT", "heartbeat.json")
+HEARTBEATS = ("metrics.jsonl", "heartbeat", "HEARTBEAT", "heartbeat.json", "RUNNING")
 RUNNING_WINDOW_S = 120.0
 MAX_DEPTH = 3
 _STEP = re.compile(r"step_(\d+)$")
@@ -115,12 +120,41 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    except (OSError, OverflowError, ValueError):
+        return False
+    return True
+
+
+def _runner(p: Path) -> tuple[int, str] | None:
+    """(pid, host) from the ``RUNNING`` marker the trainer writes (JSON); None for an older
+    marker (a time stamp) or an unreadable one."""
+    try:
+        data = json.loads((p / "RUNNING").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid, host = data.get("pid"), data.get("host")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and isinstance(host, str):
+        return pid, host
+    return None
+
+
 def run_status(p: Path, now: float | None = None) -> str:
-    """finished / running / died, read from the files (see the module docstring)."""
+    """finished / running / died, read from the files (see the module docstring): the
+    heartbeat and the PID are checked before the ``RUNNING`` marker is believed."""
     if (p / "report.md").is_file():
         return "finished"
-    if (p / "RUNNING").exists():
-        return "running"
+    runner = _runner(p) if (p / "RUNNING").exists() else None
+    if runner is not None and runner[1] == socket.gethostname() and not _pid_alive(runner[0]):
+        return "died"  # its process is gone without a clean end
     now = time.time() if now is None else now
     if any(now - _mtime(p / h) < RUNNING_WINDOW_S for h in HEARTBEATS if (p / h).exists()):
         return "running"

@@ -2,7 +2,9 @@
 
 ``app.py`` calls :func:`sidebar` once per rerun; pages call :func:`context` or
 :func:`require_run`. The run may be named in the URL (``?run=demo``); a name that resolves
-outside the root is refused with a message, never followed.
+outside the root is refused with a message, never followed. Names, paths and messages that
+come from files or the URL go through ``dashboard.safe`` (:func:`md`, :func:`code`) before
+they reach markdown.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard.runs import Audit, OutsideRoot, Run, describe, discover, resolve_inside
+from dashboard.safe import code, md
+
+__all__ = ["code", "md"]  # re-exported for the pages
 
 ROOT_ENV = "ENVACE_DASHBOARD_ROOT"
 REFRESH_S = 10
@@ -48,9 +53,9 @@ def _requested(root: Path, runs: list[Run], wanted: str) -> tuple[Run | None, st
     try:
         p = resolve_inside(root, wanted)
     except OutsideRoot as exc:
-        return None, f"Refused: {exc}"
+        return None, f"Refused: {md(exc)}"
     if not p.is_dir():
-        return None, f"No directory {wanted!r} under {root}."
+        return None, f"No directory {code(wanted)} under {code(root)}."
     return describe(root.resolve(), p), None
 
 
@@ -67,13 +72,13 @@ def sidebar(root: Path) -> Context:
     """Render the run picker; remember and return the context for the pages."""
     ctx = Context(root=root)
     if not root.is_dir():
-        ctx.problem = (f"The dashboard root {root} is not a directory. Start it on a directory "
-                       "of runs: `envace-dashboard runs/`.")
+        ctx.problem = (f"The dashboard root {code(root)} is not a directory. Start it on a "
+                       "directory of runs: `envace-dashboard runs/`.")
     else:
         ctx.runs = discover(root)
     names = [r.name for r in ctx.runs]
     by_name = {r.name: r for r in ctx.runs}
-    st.sidebar.caption(f"Root: `{root}`")
+    st.sidebar.caption(f"Root: {code(root)}")
     wanted = st.query_params.get("run")
     if wanted and wanted not in by_name and not ctx.problem:
         run, ctx.problem = _requested(root, ctx.runs, wanted)
@@ -101,7 +106,8 @@ def sidebar(root: Path) -> Context:
         else:
             ctx.run = run
     if ctx.run is not None:
-        st.sidebar.caption(f"{ctx.run.kind} · {ctx.run.status} · {len(ctx.run.audits)} audit(s)")
+        st.sidebar.caption(f"{md(ctx.run.kind)} · {md(ctx.run.status)} · "
+                           f"{len(ctx.run.audits)} audit(s)")
     st.session_state["_envace_ctx"] = ctx
     return ctx
 
@@ -121,7 +127,7 @@ def require_run() -> tuple[Context, Run]:
         st.error(ctx.problem)
         st.stop()
     if ctx.run is None:
-        st.info(f"No runs found under `{ctx.root}`. Point the dashboard at a directory holding "
+        st.info(f"No runs found under {code(ctx.root)}. Point the dashboard at a directory holding "
                 "training runs (`runs/<name>/`) or audit directories made by "
                 "`envace-audit replay ... --out DIR`.")
         st.stop()
@@ -129,15 +135,16 @@ def require_run() -> tuple[Context, Run]:
 
 
 def notes(messages: list[str]) -> None:
-    """Show reading notes (truncated lines, skipped lines) as warnings."""
+    """Show reading notes (truncated lines, skipped lines) as warnings (as text: they quote
+    the files)."""
     for m in messages:
-        st.warning(m, icon="⚠️")
+        st.warning(md(m), icon="⚠️")
 
 
 def pick_audit(run: Run, key: str, title: str = "Audit") -> Audit | None:
     """A selectbox over the run's audits (latest step first); None with a message if none."""
     if not run.audits:
-        st.info(f"No audit yet in `{run.name}`: audits appear as `audit/step_<N>/` when the "
+        st.info(f"No audit yet in {code(run.name)}: audits appear as `audit/step_<N>/` when the "
                 "trainer audits its rollouts, or run `envace-audit replay "
                 "rollouts/step_<N>.jsonl --out audit/step_<N>`.")
         return None
@@ -169,7 +176,7 @@ def guard(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:  # noqa: BLE001 — the page must stay up whatever the files hold
-        st.error(f"Could not show {what}: {type(exc).__name__}: {exc}")
+        st.error(f"Could not show {what}: {type(exc).__name__}: {md(exc)}")
 
 
 def refresh_every(run: Run) -> str | None:

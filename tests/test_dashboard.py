@@ -8,6 +8,7 @@ from, not only on the page rendering.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -40,8 +41,14 @@ def open_page(monkeypatch, root: Path, page: str, run: str | None = None,
     return at
 
 
+def shown(markdown_text: object) -> str:
+    """What a markdown string reads as: the backslash escapes and word joiners that
+    ``dashboard.safe.md`` puts into file content resolved."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(markdown_text)).replace("\u2060", "")
+
+
 def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+    return {shown(m.label): m.value for m in at.metric}
 
 
 def charts(at: AppTest) -> dict[str, list]:
@@ -58,7 +65,7 @@ def charts(at: AppTest) -> dict[str, list]:
 def texts(at: AppTest) -> str:
     parts = [e.value for kind in ("markdown", "caption", "info", "warning", "error", "success")
              for e in at.get(kind)]
-    return "\n".join(str(p) for p in parts)
+    return "\n".join(shown(p) for p in parts)
 
 
 def pct(x: float) -> str:
@@ -73,6 +80,7 @@ def summary(path: Path) -> dict:
 
 
 def test_runs_page_lists_every_run_with_its_status(monkeypatch, root):
+    (root / "live" / "heartbeat").write_text("now")  # a live run beats every 20 s
     at = open_page(monkeypatch, root, "runs", run="demo")
     table = at.table[0].value
     assert table.loc["demo", "status"] == "finished"
@@ -316,6 +324,7 @@ def test_truncated_metrics_and_no_audit_yet(monkeypatch, root):
     for page in ("fidelity", "trajectories"):
         at = open_page(monkeypatch, root, page, run="live")
         assert "No audit yet in `live`" in texts(at)
+    (root / "live" / "heartbeat").write_text("now")  # a live run beats every 20 s
     at = open_page(monkeypatch, root, "runs", run="live")
     assert metrics(at)["Status"] == "running"
     assert "Refreshing every" in texts(at)

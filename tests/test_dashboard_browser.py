@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.browser,
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     root = shared_root(tmp_path_factory.getbasetemp())
+    (root / "live" / "heartbeat").write_text("now")  # a live run beats every 20 s
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with screens.serve(root) as url, screens.browser() as driver:
         yield root, url, driver

@@ -102,8 +102,9 @@ def test_discover_status_and_audits(tmp_path):
     assert [a.step for a in found["fin"].audits] == [2, 10]  # numeric order, not text
     assert found["fin"].status == "finished" and found["live"].status == "running"
     assert found["dead"].status == "died" and found["group/plain"].kind == "audit"
-    (dead / "RUNNING").write_text("")
-    assert runs.run_status(dead) == "running"
+    (dead / "RUNNING").write_text("")  # a marker left behind by a crash: not a sign of life
+    os.utime(dead / "RUNNING", (old, old))
+    assert runs.run_status(dead) == "died"
     assert [r.name for r in runs.discover(fin / "audit" / "step_2")] == ["."]
     assert runs.discover(tmp_path / "missing") == []
 

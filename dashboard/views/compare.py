@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import charts, data, ui
 from dashboard.readers import read_text
 from dashboard.runs import Audit, Run
+from dashboard.safe import md
 
 
 def all_audits(runs: list[Run]) -> dict[str, Audit]:
@@ -54,8 +55,8 @@ def compare_audits(ctx: ui.Context) -> None:
     c = data.compare(audits[a].path, audits[b].path)
     dr = c["divergence_rate"]
     cols = st.columns(3)
-    cols[0].metric(f"A · {a}", ui.pct(dr.get("a")), help="divergence rate")
-    cols[1].metric(f"B · {b}", ui.pct(dr.get("b")), help="divergence rate")
+    cols[0].metric(f"A · {md(a)}", ui.pct(dr.get("a")), help="divergence rate")
+    cols[1].metric(f"B · {md(b)}", ui.pct(dr.get("b")), help="divergence rate")
     cols[2].metric("B − A", "–" if dr.get("diff") is None else f"{dr['diff'] * 100:+.1f} pts",
                    help=f"trajectory bootstrap p = {_fmt(dr.get('p_value'))}")
 

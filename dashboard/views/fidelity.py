@@ -17,6 +17,7 @@ import streamlit as st
 
 from dashboard import charts, data, ui
 from dashboard.runs import Run
+from dashboard.safe import code, md
 
 
 def strata(table: dict[str, dict[str, Any]], label: str) -> pd.DataFrame:
@@ -39,7 +40,7 @@ def scope(s: dict[str, Any]) -> None:
                    "rehearsed), so its figures are the real steps replayed against the "
                    "environment, not fidelity. The divergence rate must be 0.")
     if s.get("determinism_warning"):
-        st.error(f"Real responses diverge: {s['determinism_warning']}.")
+        st.error(f"Real responses diverge: {md(s['determinism_warning'])}.")
     if s.get("recomputed_from"):
         st.info("This audit's summary.json predates the current statistics (it pooled real "
                 "history steps with rehearsed ones); the figures here are recomputed from its "
@@ -65,9 +66,10 @@ def headline(s: dict[str, Any], run: Run, audit_label: str) -> None:
     verdict = s.get("verdict") or {}
     iv = s.get("interval") or {}
     stats = s.get("statistics") or {}
-    st.caption(f"{run.name} · {audit_label}: divergence {ui.pct(s.get('divergence_rate'))} "
-               f"{ui.ci(s.get('divergence_ci'))}; diverged = `{verdict.get('scorer')}` < "
-               f"{verdict.get('threshold')}; {c.get('malformed_calls', 0)} malformed, "
+    st.caption(f"{md(run.name)} · {md(audit_label)}: divergence "
+               f"{ui.pct(s.get('divergence_rate'))} "
+               f"{ui.ci(s.get('divergence_ci'))}; diverged = {code(verdict.get('scorer'))} < "
+               f"{md(verdict.get('threshold'))}; {md(c.get('malformed_calls', 0))} malformed, "
                f"{c.get('unanswered_steps', 0)} unanswered, {c.get('skipped', 0)} records skipped; "
                f"{stats.get('real_steps_excluded', 0)} real history steps left out"
                + (f", {stats['unmarked_steps_counted_as_rehearsed']} unmarked responses counted "
@@ -123,10 +125,10 @@ def compounding(s: dict[str, Any]) -> None:
                    help="P(diverge | an earlier divergence) / P(diverge | none)")
     cols[1].metric("P(diverge | earlier divergence)", ui.pct(comp.get("p_after_divergence")))
     cols[2].metric("P(diverge | no earlier divergence)", ui.pct(comp.get("p_no_prior_divergence")))
-    st.caption(f"Ratio {ui.ci(comp.get('ci'), as_pct=False)} ({comp.get('ci_method', '')}); "
+    st.caption(f"Ratio {ui.ci(comp.get('ci'), as_pct=False)} ({md(comp.get('ci_method', ''))}); "
                f"{comp.get('n_steps', 0)} steps after the first of "
                f"{comp.get('n_trajectories', 0)} trajectories."
-               + (f" Note: {comp['note']}" if comp.get("note") else ""))
+               + (f" Note: {md(comp['note'])}" if comp.get("note") else ""))
     t = comp.get("table") or {}
     if t:
         st.dataframe(pd.DataFrame(
@@ -137,7 +139,8 @@ def compounding(s: dict[str, Any]) -> None:
         st.altair_chart(charts.conditional(comp["by_depth"]), width="stretch")
     lg = s.get("logistic") or {}
     if lg.get("odds_ratio_prior_divergence") is not None:
-        st.caption(f"Logistic model over {', '.join(lg.get('features', []))}: odds ratio of a "
+        st.caption(f"Logistic model over {md(', '.join(map(str, lg.get('features', []))))}: "
+                   "odds ratio of a "
                    f"prior divergence {ui.num(lg['odds_ratio_prior_divergence'], 2)} "
                    f"{ui.ci(lg.get('odds_ratio_ci'), as_pct=False)}.")
 
@@ -171,7 +174,7 @@ def counts(s: dict[str, Any]) -> None:
     st.json({k: s.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
                                    "inputs", "audited_model", "reconciles")}, expanded=False)
     for w in s.get("warnings") or []:
-        st.warning(str(w))
+        st.warning(md(w))
     skipped = s.get("skipped_records") or []
     if skipped:
         st.warning(f"{len(skipped)} record(s) skipped by the audit:")
@@ -184,7 +187,8 @@ def page(run: Run) -> None:
         return
     s, err = data.summary(audit.path)
     if s is None:
-        st.warning(f"{audit.label}: {err}. The audit may still be writing; its steps are on the "
+        st.warning(f"{md(audit.label)}: {md(err)}. The audit may still be writing; its steps are "
+                   "on the "
                    "Trajectories page.")
         return
     headline(s, run, audit.label)

@@ -5,7 +5,8 @@ in a training run's ``eval/<name>/`` or standing alone: ``trajectories.jsonl`` (
 ``meta.plan`` is "rehearsal_<i>" or "commit"; the commit carries ``meta.memory``,
 ``meta.success`` and ``meta.budget``), ``summary.json`` (success with its interval, budget,
 rehearsal audit, fidelity vs success), and ``audit/`` (the plans' rehearsed responses replayed
-for real) to say how realistic each plan's imagined responses were.
+for real) to say how realistic each plan's imagined responses were. Names and texts from the
+files are shown as text (``dashboard.safe``), never as markdown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import streamlit as st
 
 from dashboard import conversation, data, ui
 from dashboard.runs import Run, is_audit_dir
+from dashboard.safe import md
 
 NONE_MSG = ("No rehearsal evaluations in this run: test-time rehearsal results appear under "
             "`eval/<name>/` (`envace eval --rehearsal parallel|sequential`), as trajectories "
@@ -56,16 +58,21 @@ def headline(summ: dict[str, Any]) -> None:
     cols[0].metric("Success rate", ui.pct(summ.get("success_rate")),
                    help=ui.ci(summ.get("success_ci")))
     cols[1].metric("Attempts", summ.get("attempts", summ.get("tasks", "–")))
-    cols[2].metric(f"Strategy (n={summ.get('n', '–')})", str(summ.get("strategy", "–")))
+    cols[2].metric(f"Strategy (n={md(summ.get('n', '–'))})", str(summ.get("strategy", "–")))
     cols[3].metric("Rehearsal divergence", ui.pct(ra.get("divergence_rate")),
-                   help=f"{ra.get('steps', '–')} rehearsed responses replayed for real")
+                   help=f"{md(ra.get('steps', '–'))} rehearsed responses replayed for real")
     cols[4].metric("Fidelity ↔ success (r)", ui.num(fs.get("point_biserial_r"), 2),
-                   help=fs.get("note") or f"p = {ui.num(fs.get('p_value'))}")
+                   help=md(fs.get("note")) if fs.get("note") else
+                   f"p = {ui.num(_float(fs.get('p_value')))}")
     budget = summ.get("budget") or {}
     if budget:
         st.caption("Mean budget per attempt: " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.4g}" for k, v in budget.items()
+            f"{md(str(k).replace('_', ' '))} {v:.4g}" for k, v in budget.items()
             if isinstance(v, int | float)))
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def eval_audit(eval_dir: Path) -> Path | None:
@@ -122,13 +129,14 @@ def show_task(recs: list[dict], fid: pd.DataFrame, audit_dir: Path | None) -> No
     cols = st.columns(max(1, len(plans)))
     for col, p in zip(cols, plans, strict=False):
         with col, st.container(border=True):
-            st.markdown(f"**{p['meta']['plan']}** · imagined reward {p.get('reward')}")
+            st.markdown(f"**{md(p['meta']['plan'])}** · imagined reward {md(p.get('reward'))}")
             if p["id"] in fid.index:
                 k, n = int(fid.loc[p["id"], "diverged"]), int(fid.loc[p["id"], "calls"])
                 st.caption(f"{k} of {n} rehearsed responses diverge from reality")
             st.code("\n".join(_calls(p)) or "(no calls)", language="python")
             if p["meta"].get("critique"):
-                st.caption(f"Self-critique: {p['meta']['critique']}")
+                st.caption("Self-critique:")
+                st.text(str(p["meta"]["critique"]))
     if audit_dir is not None and plans:
         pick = st.selectbox("Rehearsed responses vs reality, for plan",
                             [p["meta"]["plan"] for p in plans], key="rh_plan")
@@ -138,27 +146,27 @@ def show_task(recs: list[dict], fid: pd.DataFrame, audit_dir: Path | None) -> No
         recs_ = data.step_texts(audit_dir, rows["offset"].tolist())
         steps = {int(r["step"]): r for r in recs_ if "step" in r}
         first = min((k for k, r in steps.items() if r.get("diverged")), default=None)
-        with st.expander(f"{pick}: {len(steps)} audited calls", expanded=False):
+        with st.expander(f"{md(pick)}: {len(steps)} audited calls", expanded=False):
             conversation.render_steps_only(steps, first)
     st.markdown("#### Rehearsal memory")
     memory = (commit or {}).get("meta", {}).get("memory")
     st.code(memory if memory else "(no memory recorded)", language=None)
     dropped = (commit or {}).get("meta", {}).get("memory_dropped")
     if dropped:
-        st.caption(f"{dropped} earlier plan(s) were dropped to fit the context.")
+        st.caption(f"{md(dropped)} earlier plan(s) were dropped to fit the context.")
     st.markdown("#### Committed run")
     if commit is None:
         st.warning("No committed run recorded for this task.")
         return
     reward = commit.get("reward")
     if succeeded(commit):
-        st.success(f"Outcome: success (reward {reward})")
+        st.success(f"Outcome: success (reward {md(reward)})")
     else:
-        st.error(f"Outcome: failure (reward {reward})")
+        st.error(f"Outcome: failure (reward {md(reward)})")
     st.code("\n".join(_calls(commit)) or "(no calls)", language="python")
     budget = commit["meta"].get("budget")
     if budget:
-        st.caption("Budget: " + json.dumps(budget))
+        st.caption("Budget: " + md(json.dumps(budget)))
 
 
 def page(run: Run) -> None:
@@ -170,7 +178,7 @@ def page(run: Run) -> None:
         elif recs:
             plain.append(d.name)
     if plain:
-        st.caption(f"Evaluations without rehearsal (commits only): {', '.join(plain)}.")
+        st.caption(f"Evaluations without rehearsal (commits only): {md(', '.join(plain))}.")
     if not found:
         st.info(NONE_MSG)
         return
@@ -183,7 +191,7 @@ def page(run: Run) -> None:
         with st.expander("summary.json"):
             st.json(summ)
     else:
-        st.warning(err)
+        st.warning(md(err))
     audit_dir = eval_audit(d)
     fid = fidelity(audit_dir)
     groups: dict[str, list[dict]] = {}

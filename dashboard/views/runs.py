@@ -1,12 +1,17 @@
 """Runs page: every run under the root, its status, config and headline figures.
 
-A run in progress (``RUNNING`` file, or metrics written in the last two minutes) refreshes itself
-every few seconds.
+A run in progress (status *running*: a fresh heartbeat from a live process, ``dashboard.runs``)
+refreshes itself every few seconds. ``report.md`` is shown as its text, never rendered as
+markdown (a report quotes trajectory content: no image or link of it may load); the report's
+plots are the PNG files beside it, read and served by the dashboard itself.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -14,7 +19,10 @@ import streamlit as st
 
 from dashboard import data, ui
 from dashboard.readers import read_text
-from dashboard.runs import Run, describe
+from dashboard.runs import Run, describe, is_inside
+from dashboard.safe import code, md
+
+IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
 def headline(run: Run) -> dict[str, Any]:
@@ -25,16 +33,38 @@ def headline(run: Run) -> dict[str, Any]:
         m = data.metrics(run.metrics).frame
         if not m.empty:
             out["steps logged"] = len(m)
-            if "reward/mean" in m and m["reward/mean"].notna().any():
-                out["last reward"] = float(m["reward/mean"].dropna().iloc[-1])
+            finite = m["reward/mean"].dropna() if "reward/mean" in m else []
+            finite = [float(x) for x in finite if math.isfinite(float(x))]
+            if finite:  # the last step with a usable reward (a bad line costs its point only)
+                out["last reward"] = finite[-1]
     if run.latest_audit is not None:
         s, _ = data.summary(run.latest_audit.path)
         if s:
-            out["latest divergence"] = s.get("divergence_rate")
+            out["latest divergence"] = _finite(s.get("divergence_rate"))
             out["divergence CI"] = s.get("divergence_ci")
-            out["compounding ratio"] = (s.get("compounding") or {}).get("ratio")
+            out["compounding ratio"] = _finite((s.get("compounding") or {}).get("ratio"))
             out["audited calls"] = data.scored_steps(s)
     return out
+
+
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def report_images(run_dir: Path, report: str) -> list[Path]:
+    """The PNG files report.md shows, when they lie in the run directory: the dashboard reads
+    and serves them itself (a link to anywhere else is never followed)."""
+    found = []
+    for target in IMAGE_LINK.findall(report):
+        if re.match(r"^[a-zA-Z][\w+.-]*:", target) or target.startswith("//"):
+            continue  # a URL: never fetched
+        p = run_dir / target
+        if p.suffix.lower() == ".png" and p.is_file() and is_inside(run_dir, p) \
+                and p.resolve() not in found:
+            found.append(p.resolve())
+    return found
 
 
 def runs_table(runs: list[Run]) -> pd.DataFrame:
@@ -52,9 +82,9 @@ def runs_table(runs: list[Run]) -> pd.DataFrame:
 
 
 def details(run: Run) -> None:
-    st.subheader(f"{ui.label(run)}")
+    st.subheader(md(ui.label(run)))
     if run.kind == "empty":
-        st.info(f"`{run.name}` holds nothing the dashboard can read yet: no config.yaml, "
+        st.info(f"{code(run.name)} holds nothing the dashboard can read yet: no config.yaml, "
                 "metrics.jsonl, audit/ or summary.json.")
         return
     h = headline(run)
@@ -66,8 +96,8 @@ def details(run: Run) -> None:
                    help=ui.ci(h["divergence CI"]))
     cols[4].metric("Compounding ratio", ui.num(h["compounding ratio"], 2))
     if h["divergence CI"]:
-        st.caption(f"Latest audit ({run.latest_audit.label}): {h['audited calls']} rehearsed "
-                   f"calls, divergence {ui.pct(h['latest divergence'])} "
+        st.caption(f"Latest audit ({md(run.latest_audit.label)}): {md(h['audited calls'])} "
+                   f"rehearsed calls, divergence {ui.pct(h['latest divergence'])} "
                    f"{ui.ci(h['divergence CI'])}.")
     if run.metrics.is_file():
         ui.notes(data.metrics(run.metrics).notes)
@@ -76,20 +106,22 @@ def details(run: Run) -> None:
     if run.kind == "eval":
         s, err = data.json_file(run.path / "summary.json")
         if s:
-            st.write(f"Evaluation: success {ui.pct(s.get('success_rate'))} "
-                     f"{ui.ci(s.get('success_ci'))} over {s.get('attempts', '–')} attempts, "
-                     f"rehearsal `{s.get('strategy', '–')}` n={s.get('n', '–')}; plans and "
-                     "commits are on the Test-time rehearsal page.")
+            st.write(f"Evaluation: success {ui.pct(_finite(s.get('success_rate')))} "
+                     f"{ui.ci(s.get('success_ci'))} over {md(s.get('attempts', '–'))} attempts, "
+                     f"rehearsal {code(s.get('strategy', '–'))} n={md(s.get('n', '–'))}; plans "
+                     "and commits are on the Test-time rehearsal page.")
         elif err:
-            st.warning(err)
+            st.warning(md(err))
     if run.kind == "audit":
         s, err = data.summary(run.path)
         if err:
-            st.warning(err)
+            st.warning(md(err))
         elif s:
-            st.write(f"Audit of {', '.join(map(str, s.get('inputs', [])))} · verdict "
-                     f"`{(s.get('verdict') or {}).get('scorer')}` · audited model "
-                     f"{s.get('audited_model') or 'the trajectories’ own rehearsals'}")
+            inputs = s.get("inputs") if isinstance(s.get("inputs"), list) else []
+            verdict = s.get("verdict") if isinstance(s.get("verdict"), dict) else {}
+            st.write(f"Audit of {md(', '.join(map(str, inputs)))} · verdict "
+                     f"{code(verdict.get('scorer'))} · audited model "
+                     f"{md(s.get('audited_model') or 'the trajectories’ own rehearsals')}")
     left, right = st.columns(2)
     with left:
         cfg = read_text(run.path / "config.yaml")
@@ -98,13 +130,15 @@ def details(run: Run) -> None:
     with right, st.expander("Contents", expanded=True):
         st.markdown("\n".join([
             f"- rollouts: {', '.join(f'step {s}' for s in sorted(run.rollouts)) or 'none'}",
-            f"- audits: {', '.join(a.label for a in run.audits) or 'none yet'}",
-            f"- evaluations: {', '.join(e.name for e in run.evals) or 'none'}",
-            f"- checkpoints: {_checkpoints(run) or 'none'}"]))
+            f"- audits: {md(', '.join(a.label for a in run.audits)) or 'none yet'}",
+            f"- evaluations: {md(', '.join(e.name for e in run.evals)) or 'none'}",
+            f"- checkpoints: {md(_checkpoints(run)) or 'none'}"]))
     report = read_text(run.path / "report.md")
     if report:
         with st.expander("report.md"):
-            st.markdown(report)
+            st.code(report, language="markdown", wrap_lines=True)  # text: nothing it links loads
+            for png in report_images(run.path, report):
+                st.image(png.read_bytes(), caption=png.name)
 
 
 def _checkpoints(run: Run) -> str:

@@ -4,7 +4,8 @@ Filters: task, tool, diverged, depth (a trajectory is listed when one of its ste
 them). The trajectory is shown with each rehearsed response beside the actual one (JSON-aware
 diff), its first divergence marked, and its calls aligned with ``difflib`` against a reference
 trajectory of the same task (by default a real one from another audit under the root), so an
-inserted or skipped call shows as such.
+inserted or skipped call shows as such. Ids, names and texts from the files are shown as text
+(``dashboard.safe``), never as markdown.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import streamlit as st
 
 from dashboard import align, conversation, data, ui
 from dashboard.runs import Audit, OutsideRoot, Run, audit_source_file, discover
+from dashboard.safe import code, md
 
 
 def filters(steps: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +93,7 @@ def alignment(ctx_root: Path, run: Run, audit: Audit, task: str,
     right = [(ref[k].get("tool", "?"), ref[k].get("arguments")) for k in sorted(ref)]
     rows = align.align_calls(left, right)
     counts = align.summarize(rows)
-    st.markdown(f"Aligned with difflib against **{choice}**: {counts['same']} same, "
+    st.markdown(f"Aligned with difflib against **{md(choice)}**: {counts['same']} same, "
                 f"{counts['arguments differ']} with other arguments, {counts['inserted']} "
                 f"inserted, {counts['skipped']} skipped.")
     lk, rk = sorted(recs), sorted(ref)
@@ -126,26 +128,27 @@ def show(ctx_root: Path, run: Run, audit: Audit, steps: pd.DataFrame, trajs: pd.
     task = str(row["task_id"]) if row is not None else str(next(iter(recs.values()))["task_id"])
     n_div = sum(bool(r.get("diverged")) for r in recs.values())
     reward = row.get("reward") if row is not None else None
-    st.subheader(f"{tid}")
-    st.markdown(f"Task `{task}` · {len(recs)} calls · {n_div} diverged · first divergence at "
+    st.subheader(md(tid))
+    st.markdown(f"Task {code(task)} · {len(recs)} calls · {n_div} diverged · first divergence at "
                 f"**{'step ' + str(first) if first is not None else 'none'}**"
-                + (f" · reward {reward}" if reward is not None and pd.notna(reward) else ""))
+                + (f" · reward {md(reward)}" if reward is not None and pd.notna(reward) else ""))
     ops, skips = alignment(ctx_root, run, audit, task, recs)
     traj = None
     if row is not None and pd.notna(row.get("line")):
         try:
             path = audit_source_file(ctx_root, run, audit, row.get("file"))
         except OutsideRoot as exc:
-            st.warning(f"Not reading the conversation: {exc}. Showing the audited calls only.")
+            st.warning(f"Not reading the conversation: {md(exc)}. Showing the audited calls "
+                       "only.")
             path = None
         if path is not None:
             traj = data.trajectory_record(path, int(row["line"]))
             if traj is not None and traj.get("id") != tid:
-                st.warning(f"Line {int(row['line'])} of {path.name} is not {tid} (the file changed "
-                           "since the audit); showing the audited calls only.")
+                st.warning(f"Line {int(row['line'])} of {md(path.name)} is not {md(tid)} (the "
+                           "file changed since the audit); showing the audited calls only.")
                 traj = None
         elif path is None and row.get("file"):
-            st.caption(f"The trajectory file {row.get('file')} is not at hand: showing the "
+            st.caption(f"The trajectory file {md(row.get('file'))} is not at hand: showing the "
                        "audited calls without the conversation.")
     if traj is not None:
         conversation.render_conversation(traj, recs, first, ops, skips)
@@ -161,7 +164,7 @@ def page(ctx_root: Path, run: Run) -> None:
     ui.notes(got.notes)
     steps = got.frame
     if steps.empty:
-        st.info(f"{audit.label}: no audited steps yet (steps.jsonl is empty or absent).")
+        st.info(f"{md(audit.label)}: no audited steps yet (steps.jsonl is empty or absent).")
         return
     tgot = data.trajectories(audit.path)
     ui.notes(tgot.notes)

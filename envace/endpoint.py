@@ -21,13 +21,16 @@ Failures are data, never a crash: a timeout, a refused connection, a 5xx/408/429
 is not JSON or lacks ``choices[0].text`` (``message.content`` for chat) is retried with
 exponential backoff (`backoff_s` * 2^k, at most `max_backoff_s`, `retries` times); any other 4xx
 is not retried. What still fails comes back as `Answer(text=None, error=reason)`. Nothing but
-the configured URL is contacted; the server's text is only ever used as a string.
+the configured URL is contacted; the server's text is only ever used as a string. A server that
+wants a key gets `Authorization: Bearer $ENVACE_ENDPOINT_API_KEY` when that variable is set
+(never any other variable: a key is sent only where the user said so).
 Stdlib only (urllib and a thread pool): no torch, no HTTP dependency.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -45,6 +48,7 @@ CHAT_SYSTEM = ("You simulate a tool backend. Given the conversation and the late
                "reply with only the tool's response (JSON), nothing else.")
 RETRY_STATUS = {408, 429}  # besides 5xx: request timeout, rate limited
 MAX_REASON = 300
+API_KEY_ENV = "ENVACE_ENDPOINT_API_KEY"
 
 
 class EndpointError(RuntimeError):
@@ -115,6 +119,9 @@ class EndpointClient:
         self.max_tokens, self.timeout_s, self.retries = max_tokens, timeout_s, retries
         self.backoff_s, self.max_backoff_s, self._sleep = backoff_s, max_backoff_s, sleep
         self.label = f"endpoint:{self.base}#{model}"
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if os.environ.get(API_KEY_ENV):
+            self.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
 
     # ------------------------------------------------------------ one HTTP exchange
 
@@ -122,8 +129,7 @@ class EndpointClient:
         url = self.base + path
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Accept": "application/json"})
+                                     headers=self.headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()

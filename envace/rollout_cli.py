@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {n} {args.mode} trajectories to {args.out}")
     if getattr(sim, "failures", 0):
         print(f"envace rollout: {sim.failures} of {sim.calls} simulator requests failed; their "
-              "responses are errors (simulator endpoint failed: ...)", file=sys.stderr)
+              f"responses are errors (the last: {sim.last_error})", file=sys.stderr)
     return 0
 
 

@@ -62,6 +62,7 @@ class EndpointSimulator:
         self.client = EndpointClient(base_url, model, api=api, max_tokens=max_tokens,
                                      timeout_s=timeout_s, retries=retries)
         self.desc_chars, self.failures, self.calls = desc_chars, 0, 0
+        self.last_error: str | None = None
         self.label = self.client.label
 
     def check(self) -> None:
@@ -77,5 +78,6 @@ class EndpointSimulator:
         self.calls += 1
         if ans.text is None:
             self.failures += 1
+            self.last_error = ans.error
             return json.dumps({"error": f"simulator endpoint failed: {ans.error}"})
         return ans.text

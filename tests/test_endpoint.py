@@ -46,6 +46,7 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.in_flight = self.max_in_flight = 0
+        self.auth: list[str | None] = []
 
     def completion(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         with self.lock:
@@ -100,6 +101,7 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             size = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(size) or b"{}")
+            state.auth.append(self.headers.get("Authorization"))
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._send(404, b'{"error": "not found"}')
                 return
@@ -186,6 +188,16 @@ def test_retryable_failures_are_retried_with_backoff_then_reported(server, mode,
     assert ans.text is None and reason in ans.error and ans.attempts == 4
     assert len(state.requests) == 4
     assert slept == [0.01, 0.02, 0.03]  # exponential, capped at max_backoff_s
+
+
+def test_a_key_is_sent_only_from_its_own_variable(server, monkeypatch):
+    url, state = server
+    monkeypatch.setenv("OPENAI_API_KEY", "not-for-this-server")
+    monkeypatch.delenv("ENVACE_ENDPOINT_API_KEY", raising=False)
+    assert EndpointClient(url, "world").ask(PROMPT).text == ANSWER
+    monkeypatch.setenv("ENVACE_ENDPOINT_API_KEY", "k1")
+    assert EndpointClient(url, "world").ask(PROMPT).text == ANSWER
+    assert state.auth == [None, "Bearer k1"]
 
 
 def test_client_errors_are_not_retried(server):
@@ -292,3 +304,16 @@ def test_rollout_with_a_served_simulator(server, tmp_path):
     assert len(tools) == len(state.requests) > 0
     assert all(m["content"] == ANSWER for m in tools)
     assert all(t["meta"]["simulator"] == f"endpoint:{url}#world" for t in trajs)
+
+
+def test_simulator_answers_a_failed_request_with_an_error_as_data(server):
+    from envace.simulators import EndpointSimulator
+
+    url, state = server
+    sim = EndpointSimulator(url, "world", api="completions", retries=0)
+    msgs = [{"role": "user", "content": "list files"}]
+    assert sim(msgs, [], "ls", {}) == ANSWER and sim.label == f"endpoint:{url}#world"
+    state.mode = "400"
+    err = json.loads(sim(msgs, [], "ls", {}))
+    assert err["error"].startswith("simulator endpoint failed: HTTP 400")
+    assert (sim.calls, sim.failures) == (2, 1) and "prompt too long" in sim.last_error

@@ -36,6 +36,24 @@ def lines(frame: pd.DataFrame, x: str, cols: list[str], title: str,
     return base.mark_line() + base.mark_circle(size=28)
 
 
+def stacked(frame: pd.DataFrame, x: str, cols: list[str], title: str,
+            x_title: str | None = None, domain: list[float] | None = None,
+            y_title: str = "seconds") -> alt.Chart:
+    """Stacked areas of ``cols`` against ``x`` (parts of a whole, e.g. a step's time by
+    section), with a point per sample carrying each part's value as a tooltip."""
+    long = frame[[x, *cols]].melt(id_vars=x, var_name="part", value_name="value").dropna()
+    scale = alt.Scale(domain=domain) if domain else alt.Undefined
+    base = alt.Chart(long, title=title, height=HEIGHT).encode(
+        x=alt.X(f"{x}:Q", title=x_title or x, scale=scale),
+        y=alt.Y("value:Q", title=y_title, stack="zero"),
+        color=alt.Color("part:N", sort=cols, legend=alt.Legend(
+            orient="bottom", title=None, columns=3, labelLimit=220)),
+        order=alt.Order("part_order:Q"),
+        tooltip=[x, "part", alt.Tooltip("value:Q", format=".3g")],
+    ).transform_calculate(part_order=f"indexof({cols!r}, datum.part)")
+    return base.mark_area(opacity=0.85) + base.mark_circle(size=18)
+
+
 def band(rows: list[dict[str, Any]] | pd.DataFrame, x: str, y: str, lo: str, hi: str,
          title: str, y_title: str, series: str | None = None, percent: bool = True,
          domain: list[float] | None = None) -> alt.Chart:

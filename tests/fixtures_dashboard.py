@@ -128,6 +128,7 @@ def _metrics(audits: dict[int, dict], n_steps: int = 11) -> list[dict[str, Any]]
             "clip_frac/act": 0.05 + 0.02 * math.cos(s), "clip_frac/rehearse": 0.04,
             "kl": 0.002 * s, "entropy": 1.4 - 0.3 * x, "tokens/act": 900 + 10 * s,
             "tokens/rehearse": 1400 - 20 * s, "tokens_per_s": 250.0 + s,
+            **_times(s, checkpoint=s in STEPS),
         }
         if s in audits:
             summ = audits[s]
@@ -138,6 +139,23 @@ def _metrics(audits: dict[int, dict], n_steps: int = 11) -> list[dict[str, Any]]
                 row[f"fidelity/depth_{d['depth']}"] = d["divergence_rate"]
         rows.append(row)
     return rows
+
+
+def _times(step: int, checkpoint: bool) -> dict[str, float]:
+    """Made-up ``time/*`` sections of a step (the trainer's keys, envace.timing) that add up to
+    its ``time/step``, as the trainer's do."""
+    from envace.timing import STEP_SECTIONS, StepTimer
+
+    clock = iter(range(10_000)).__next__
+    timer = StepTimer(clock=lambda: float(clock()))  # one "second" per clock reading
+    for name in STEP_SECTIONS:
+        if name in ("weight_sync", "eval") or (name == "checkpoint" and not checkpoint):
+            continue
+        with timer.section(name):
+            for _ in range((step + len(name)) % 3):
+                clock()
+    timer.stop()
+    return timer.metrics()
 
 
 CONFIG = """# resolved configuration (fixture: synthetic until the trainer exists)

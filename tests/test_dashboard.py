@@ -116,6 +116,16 @@ def test_training_page_plots_every_metric_group_on_one_axis(monkeypatch, root):
         s = summary(root / "demo" / "audit" / f"step_{step}")
         assert trend.set_index("step").loc[step, "divergence_rate"] == pytest.approx(
             s["divergence_rate"])
+    # where each step's time went: the time/* sections stacked, the whole left out of the stack
+    assert "time" not in shown  # not drawn as lines as well
+    stack = shown["Where each step's time went (seconds)"][0]
+    sections = {k for k in rows[0] if k.startswith("time/") and k != "time/step"}
+    assert set(stack["part"]) == sections and "time/rollout/decode" in sections
+    for r in rows:
+        drawn = stack[stack["step"] == r["step"]]
+        assert dict(zip(drawn["part"], drawn["value"], strict=True)) == pytest.approx(
+            {k: r[k] for k in sections})
+        assert drawn["value"].sum() == pytest.approx(r["time/step"])
 
 
 def test_training_page_shows_a_new_metric_key_without_code_changes(monkeypatch, tmp_path):

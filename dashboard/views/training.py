@@ -3,6 +3,8 @@
 Reward (overall and by role), loss, KL, clip fractions, entropy, tokens by role and fidelity
 share one x axis (step, or wall time). A key the trainer adds later appears in its prefix's
 chart without code changes. Fidelity measured by the run's audits is drawn on the same axis.
+Where each step's time went (the ``time/*`` sections, which add up to ``time/step``) is a
+stacked chart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dashboard.runs import Run, describe
 
 ORDER = ["reward", "loss", "kl", "clip_frac", "entropy", "tokens", "tokens_per_s", "fidelity",
          "fidelity/depth", "adv"]
+TIME_TITLE = "Where each step's time went (seconds)"
 TITLES = {"reward": "Reward (overall and by role)", "loss": "Loss", "kl": "KL to reference",
           "clip_frac": "Clip fraction by role", "entropy": "Entropy", "tokens": "Tokens by role",
           "tokens_per_s": "Throughput (tokens/s)", "fidelity": "Fidelity (logged by the trainer)",
@@ -64,12 +67,19 @@ def page(run: Run) -> None:
                    delta_color=sense)
     st.caption(f"{len(frame)} steps logged, last step {int(frame['step'].iloc[-1])}.")
     groups = metric_groups(list(frame.columns))
+    # the step's sections stack up to its whole (time/step, left out of the stack)
+    sections = [c for c in groups.pop("time", []) if c != "time/step"]
     names = sorted(groups, key=lambda g: (ORDER.index(g) if g in ORDER else len(ORDER), g))
     grid = st.columns(2)
     for i, g in enumerate(names):
         with grid[i % 2]:
             st.altair_chart(charts.lines(frame, x, groups[g], TITLES.get(g, g), x_title=x,
                                          domain=domain), width="stretch")
+    if sections:
+        with grid[len(names) % 2]:
+            st.altair_chart(charts.stacked(frame, x, sections, TIME_TITLE, x_title=x,
+                                           domain=domain), width="stretch")
+        names.append("time")
     trend = data.audit_trend(run.audits)
     if x == "step" and not trend.empty:
         with grid[len(names) % 2]:

@@ -207,3 +207,12 @@ def test_vllm_weight_sync_is_its_own_section_and_only_when_weights_changed():
     timer.stop()
     assert engine.syncs == 1 and "weight_sync" in timer.seconds()
     assert timer.metrics()["time/weight_sync"] == timer.seconds()["weight_sync"]
+
+
+def test_the_timer_is_torch_free():
+    import subprocess
+    import sys
+
+    code = ("import sys, envace.timing; "
+            "sys.exit(1 if {'torch', 'transformers'} & set(sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MAX_LINE_BYTES = 64 * 1024 * 1024
+from envace.schema import MAX_LINE_BYTES, bounded_lines
 
 
 @dataclass
@@ -103,17 +103,8 @@ def read_steps(audit_dir: str | Path) -> StepsRead:
     path = Path(audit_dir) / "steps.jsonl"
     out = StepsRead(str(path))
     with open(path, "rb") as fh:
-        n = 0
-        while True:
-            raw = fh.readline(MAX_LINE_BYTES + 1)
-            if not raw:
-                break
-            n += 1
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                rest = raw
-                while rest and not rest.endswith(b"\n"):
-                    rest = fh.readline(MAX_LINE_BYTES)
-                    raw += rest
+        for n, raw, too_long in bounded_lines(fh, keep_long=True):
+            if too_long:
                 _skip(out, n, raw, f"line longer than {MAX_LINE_BYTES} bytes")
                 continue
             if not raw.strip():

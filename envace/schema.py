@@ -233,6 +233,27 @@ def parse_line(text: str) -> tuple[Trajectory | None, str | None]:
         return None, "not a valid trajectory: nested too deeply"
 
 
+def bounded_lines(fh: Any, keep_long: bool = False) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number, bytes, too long)`` for each line of a binary file. A line over
+    ``MAX_LINE_BYTES`` is flagged and, unless ``keep_long``, not held in memory (its bytes are
+    empty); with ``keep_long`` it is returned whole, so a caller can keep it verbatim."""
+    lineno = 0
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            kept = raw if keep_long else b""
+            while raw and not raw.endswith(b"\n"):  # the rest of the oversized line
+                raw = fh.readline(MAX_LINE_BYTES)
+                if keep_long:
+                    kept += raw
+            yield lineno, kept, True
+            continue
+        yield lineno, raw, False
+
+
 def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:
     """Stream a JSONL file: one :class:`ReadItem` per non-blank line, bad lines included.
 
@@ -241,15 +262,8 @@ def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:
     """
     p = str(path)
     with open(p, "rb") as fh:
-        lineno = 0
-        while True:
-            raw = fh.readline(MAX_LINE_BYTES + 1)
-            if not raw:
-                break
-            lineno += 1
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):  # skip the rest of the oversized line
-                    raw = fh.readline(MAX_LINE_BYTES)
+        for lineno, raw, too_long in bounded_lines(fh):
+            if too_long:
                 yield ReadItem(p, lineno, error=f"line longer than {MAX_LINE_BYTES} bytes")
                 continue
             ended = raw.endswith(b"\n")

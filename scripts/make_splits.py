@@ -21,6 +21,7 @@ import json
 import random
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 from envace.envs.tasks import CATEGORIES, load_tasks
 from envace.export import real_trajectory
@@ -62,6 +63,23 @@ def call_key(name: str, args: dict) -> str:
     return name + json.dumps(args, sort_keys=True)
 
 
+def overlap_steps(ids: dict[str, list[str]], trajectory: Any
+                  ) -> tuple[dict[str, list[tuple[str, str]]], set[str], set[tuple[str, str]]]:
+    """Each split's ground-truth (call, response) steps, and the calls and pairs of train."""
+    seen_calls: set[str] = set()
+    seen_pairs: set[tuple[str, str]] = set()
+    steps: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for split, lst in ids.items():
+        for tid in lst:
+            for st in trajectory(tid).tool_steps():
+                key = call_key(st.tool, st.arguments)
+                steps[split].append((key, st.response.content))
+                if split == "train":
+                    seen_calls.add(key)
+                    seen_pairs.add((key, st.response.content))
+    return steps, seen_calls, seen_pairs
+
+
 def main() -> None:
     tasks = load_tasks()
     split_of = assign()
@@ -73,16 +91,7 @@ def main() -> None:
     for name, lst in ids.items():
         (OUT / f"{name}.txt").write_text("\n".join(lst) + "\n")
     # overlap of held-out steps with train
-    seen_calls, seen_pairs = set(), set()
-    steps = defaultdict(list)
-    for split, lst in ids.items():
-        for tid in lst:
-            for st in real_trajectory(tasks[tid]).tool_steps():
-                key = call_key(st.tool, st.arguments)
-                steps[split].append((key, st.response.content))
-                if split == "train":
-                    seen_calls.add(key)
-                    seen_pairs.add((key, st.response.content))
+    steps, seen_calls, seen_pairs = overlap_steps(ids, lambda tid: real_trajectory(tasks[tid]))
     lines = [
         "# Task splits",
         "",
@@ -143,15 +152,8 @@ def main_agentdojo() -> None:
     SPLIT_DIR.mkdir(parents=True, exist_ok=True)
     for name, lst in ids.items():
         (SPLIT_DIR / f"{name}.txt").write_text("\n".join(lst) + "\n")
-    seen_calls, seen_pairs, steps = set(), set(), defaultdict(list)
-    for split in SIZES:
-        for tid in ids[split]:
-            for st in agentdojo_trajectory(tasks[tid]).tool_steps():
-                key = call_key(st.tool, st.arguments)
-                steps[split].append((key, st.response.content))
-                if split == "train":
-                    seen_calls.add(key)
-                    seen_pairs.add((key, st.response.content))
+    steps, seen_calls, seen_pairs = overlap_steps(
+        ids, lambda tid: agentdojo_trajectory(tasks[tid]))
     version = next(iter(tasks.values())).version
     lines = [
         AGENTDOJO_HEADING,

@@ -79,9 +79,15 @@ def test_page_in_chromium(site, path, name, wait_for):
     assert not missing, f"{name}: not visible: {missing}"
     assert "Traceback" not in text and "Could not show" not in text
     if name in ("training", "fidelity", "compare"):
+        from selenium.common.exceptions import TimeoutException
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
 
-        assert driver.find_elements(By.CSS_SELECTOR, ".vega-embed"), "no chart drawn"
+        try:  # the text arrives before vega has embedded the charts, later on a loaded machine
+            WebDriverWait(driver, 60).until(
+                lambda d: d.find_elements(By.CSS_SELECTOR, ".vega-embed"))
+        except TimeoutException:
+            pytest.fail(f"{name}: no chart drawn within 60 s")
 
 
 def test_first_divergence_and_diff_highlights_in_chromium(site):

@@ -124,32 +124,62 @@ def _byte_symbol(b: int) -> str:
 
 # ---------------------------------------------------------------- strategies
 
-plain_text = st.text(max_size=40).filter(lambda s: not any(m in s for m in MARKERS))
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
+# SmolLM2's vocabulary cannot spell these bytes (see _smol_can_spell): drawing its texts from an
+# alphabet without them keeps hypothesis from filtering most examples away (a FailedHealthCheck
+# in CI); the assume() guard stays for anything the alphabet misses.
+SMOL_CHARS = st.characters(
+    max_codepoint=0x3FFFF,
+    exclude_categories=("Cs",),
+    exclude_characters="\x04\x06\x13\x14\x16\x1d",
 )
-names = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != "")
-calls = st.builds(
-    lambda n, a: {"id": "x", "type": "function", "function": {"name": n, "arguments": a}},
-    names,
-    st.dictionaries(st.text(max_size=8), json_values, max_size=3),
-)
-assistant_msgs = st.builds(
-    lambda c, tc: {"role": "assistant", "content": c, "tool_calls": tc},
-    plain_text,
-    st.lists(calls, max_size=3),
-)
-tool_msgs = st.builds(
-    lambda c, r: {"role": "tool", "tool_call_id": "x", "name": "f", "content": c, "rehearsed": r},
-    plain_text,
-    st.booleans(),
-)
-user_msgs = st.builds(lambda c: {"role": "user", "content": c}, plain_text)
-conversations = st.lists(st.one_of(user_msgs, assistant_msgs, tool_msgs), max_size=6)
+
+
+def _messages(chars: st.SearchStrategy[str] | None = None) -> dict[str, st.SearchStrategy]:
+    """Strategies for assistant messages and whole conversations over an alphabet."""
+
+    def text(**kw: int) -> st.SearchStrategy[str]:
+        return st.text(chars, **kw) if chars is not None else st.text(**kw)
+
+    plain = text(max_size=40).filter(lambda s: not any(m in s for m in MARKERS))
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text(max_size=12),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(text(max_size=8), inner, max_size=3)
+        ),
+        max_leaves=8,
+    )
+    names = text(min_size=1, max_size=12).filter(lambda s: s.strip() != "")
+    calls = st.builds(
+        lambda n, a: {"id": "x", "type": "function", "function": {"name": n, "arguments": a}},
+        names,
+        st.dictionaries(text(max_size=8), values, max_size=3),
+    )
+    assistant = st.builds(
+        lambda c, tc: {"role": "assistant", "content": c, "tool_calls": tc},
+        plain,
+        st.lists(calls, max_size=3),
+    )
+    tool = st.builds(
+        lambda c, r: {
+            "role": "tool",
+            "tool_call_id": "x",
+            "name": "f",
+            "content": c,
+            "rehearsed": r,
+        },
+        plain,
+        st.booleans(),
+    )
+    user = st.builds(lambda c: {"role": "user", "content": c}, plain)
+    return {
+        "assistant": assistant,
+        "conversations": st.lists(st.one_of(user, assistant, tool), max_size=6),
+    }
+
+
+assistant_msgs = _messages()["assistant"]
+conversations = _messages()["conversations"]
+smol_conversations = _messages(SMOL_CHARS)["conversations"]
 
 
 def _decode(tok, ids: list[int]) -> str:
@@ -186,7 +216,7 @@ def test_roles_exact_tiny(tiny_tok, messages):
 
 
 @SETTINGS
-@given(conversations)
+@given(smol_conversations)
 def test_roles_exact_smollm2(smol_tok, messages):
     assume(_smol_can_spell(smol_tok, messages))
     _check_roles(smol_tok, messages)
@@ -194,7 +224,7 @@ def test_roles_exact_smollm2(smol_tok, messages):
 
 @SETTINGS
 @given(
-    conversations.filter(
+    smol_conversations.filter(
         lambda ms: all(not m["content"][:1].isspace() for m in ms if m["role"] != "user")
     )
 )

@@ -141,7 +141,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     try:
-        from envace.probe_cli import run_probe_cli
+        from envace.cli.probe import run_probe_cli
     except ImportError as exc:  # the model side needs torch
         print(f"envace-audit probe needs the model runtime: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -37,7 +37,7 @@ from typing import Any
 from audit.output import OutputDir, UsageError, write_json_atomic
 from audit.replay import AuditSettings, Override, ReplayError, replay_trajectory
 from audit.summary import build_summary, compact
-from envace.schema import Trajectory, read_trajectories
+from envace.core.schema import Trajectory, read_trajectories
 
 __all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
            "write_json_atomic", "nonfinite_paths"]
@@ -339,7 +339,7 @@ def _audit_into(out: Path, inputs: list[str], opts: AuditOptions,
 
 class _Writer:
     """A JSONL file written through ``NAME.partial`` and renamed when finished (used by
-    ``envace.fidelity`` and ``audit.probe``, which write into a directory they own)."""
+    ``envace.training.fidelity`` and ``audit.probe``, which write into a directory they own)."""
 
     def __init__(self, path: Path) -> None:
         self.tmp = path.with_suffix(path.suffix + ".partial")

@@ -14,7 +14,7 @@ real response exactly as replay scores a recorded rehearsal (same step-record fi
 same model's own rollouts separates one-step error from the error that self-conditioning adds.
 
 A rehearser is any callable `(messages, tools, tool_name, arguments) -> str`; a neural one
-lives in `envace.probe_cli` (this module never imports torch). A rehearser that cannot answer
+lives in `envace.cli.probe` (this module never imports torch). A rehearser that cannot answer
 (a served model that timed out) raises `Unanswered(reason)`: the step is recorded unanswered,
 with `unanswered_reason`. A reference world model fits through `reference_rehearser`; since it
 ignores the history, its probe fidelity equals its baseline audit fidelity.
@@ -43,8 +43,8 @@ from audit.replay import (
     trajectory_row,
 )
 from audit.summary import build_summary, compact
-from envace.envs.base import Environment
-from envace.schema import Message, Trajectory, read_trajectories
+from envace.core.envs.base import Environment
+from envace.core.schema import Message, Trajectory, read_trajectories
 
 #: (messages so far with real responses, tool schemas, tool name, arguments) -> response text
 Rehearser = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]], str]

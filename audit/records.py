@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envace.schema import MAX_LINE_BYTES, bounded_lines
+from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
 
 @dataclass

@@ -22,9 +22,9 @@ from audit.canonical import is_error_response
 from audit.compounding import novelty
 from audit.population import assign_depths, is_rehearsed
 from audit.scorers import ScoreContext, Verdict, make_verdict, score_step
-from envace.envs.base import Environment, make_env
-from envace.envs.tasks import UnknownTask
-from envace.schema import Trajectory
+from envace.core.envs.base import Environment, make_env
+from envace.core.envs.tasks import UnknownTask
+from envace.core.schema import Trajectory
 
 #: An alternative writer of the "rehearsed" side, e.g. a reference world model:
 #: (tool, arguments) -> response text.

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from bench.bfcl_replay import run_bfcl
 from bench.machine import table, write_result
-from envace.envs.tasks import load_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter
+from envace.core.envs.tasks import load_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
 
 CHILD = r"""
 import json, resource, sys, time

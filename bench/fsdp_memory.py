@@ -5,11 +5,11 @@
 Two real processes over gloo on this CPU run the trainer's ``update`` on the same synthetic
 batch (episodes of random tokens with act / rehearse roles: this measures the optimizer step,
 not rollouts), first with every rank holding a replica (``sharding=replicate``: gradients summed
-by one all-reduce), then with the trained model sharded (``sharding=fsdp``: ``envace.fsdp``).
-Per rank it records the bytes of the training state it holds (trained parameters, their
-gradients, AdamW's two moments), the bytes of the whole copy kept for generation under FSDP, the
-process's RSS after the updates and its peak, and the median seconds per update; the FSDP /
-replicate ratios are the figures. Writes bench/results/fsdp_memory.json.
+by one all-reduce), then with the trained model sharded (``sharding=fsdp``:
+``envace.training.fsdp``). Per rank it records the bytes of the training state it holds (trained
+parameters, their gradients, AdamW's two moments), the bytes of the whole copy kept for generation
+under FSDP, the process's RSS after the updates and its peak, and the median seconds per update; the
+FSDP / replicate ratios are the figures. Writes bench/results/fsdp_memory.json.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 def _episodes(n: int, length: int, vocab: int, seed: int = 1) -> tuple[list[Any], torch.Tensor]:
-    from envace.rollout import ACT, CONTEXT, REHEARSE, Episode
+    from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode
 
     g = torch.Generator().manual_seed(seed)
     eps = []
@@ -49,12 +49,12 @@ def _episodes(n: int, length: int, vocab: int, seed: int = 1) -> tuple[list[Any]
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
-    from envace.config import TrainConfig
-    from envace.distributed import Dist
-    from envace.fsdp import shard
-    from envace.models import default_cache_dir, load_model, resolve_model
-    from envace.train import update
-    from envace.train_setup import Policy, _optim
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+    from envace.training.config import TrainConfig
+    from envace.training.distributed import Dist
+    from envace.training.fsdp import shard
+    from envace.training.train import update
+    from envace.training.train_setup import Policy, _optim
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -373,8 +373,9 @@ def probe(path: Path, require_cuda: bool) -> int:
             info[dist] = None
     problems = []
     for mod in ("torch", "transformers", "pydantic", "rapidfuzz", "bfcl_eval", "yaml", "scipy",
-                "sklearn", "matplotlib", "pytest", "envace.cli", "envace.train_cli",
-                "envace.train", "envace.rollout", "audit.pipeline", "bench.gpu_throughput"):
+                "sklearn", "matplotlib", "pytest", "envace.cli", "envace.cli.train",
+                "envace.training.train", "envace.model.rollout", "audit.pipeline",
+                "bench.gpu_throughput"):
         try:
             importlib.import_module(mod)
         except Exception as exc:
@@ -382,7 +383,7 @@ def probe(path: Path, require_cuda: bool) -> int:
     try:
         from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
-        from envace.envs.tasks import BACKENDS
+        from envace.core.envs.tasks import BACKENDS
         for name in BACKENDS:
             importlib.import_module(CLASS_FILE_PATH_MAPPING[name])
     except Exception as exc:

@@ -6,13 +6,14 @@
 Models are built from a ``Qwen3Config`` with the real shapes and random weights (nothing is
 downloaded), in bf16 on the GPU. Two measurements per shape, both through envace's own code:
 
-- **rollout**: the transformers engine's lockstep decoding (``envace.backends.hf.HFStepper``
-  and ``sample``, what ``envace.rollout.run_episodes`` drives) at the presets' batch sizes
+- **rollout**: the transformers engine's lockstep decoding (``envace.model.backends.hf.HFStepper``
+  and ``sample``, what ``envace.model.rollout.run_episodes`` drives) at the presets' batch sizes
   (``configs/qwen3_1.7b.yaml``: 16 prompts x 4 rollouts = 64 rows): left-padded prompts of
   mixed lengths are prefilled, then every row samples ``gen_len`` tokens (no stop token, so
   every step decodes the whole batch). Generated tokens/s counts decoding only; prefill is
   timed on its own.
-- **update**: ``envace.train.update`` (the role-wise GRPO loss, micro-batches of the preset's
+- **update**: ``envace.training.train.update`` (the role-wise GRPO loss, micro-batches of the
+preset's
   ``micro_batch_size`` 4, backward, AdamW step) over as many sequences as a rollout made.
   Update tokens/s counts every position of every sequence.
 
@@ -149,7 +150,7 @@ def _prompts(batch: int, prompt_len: int, vocab: int, gen: torch.Generator) -> l
 def rollout(model: Any, batch: int, prompt_len: int, gen_len: int, seed: int = 0
             ) -> dict[str, float]:
     """Prefill ``batch`` left-padded prompts, then sample ``gen_len`` tokens per row."""
-    from envace.backends.hf import HFStepper, sample
+    from envace.model.backends.hf import HFStepper, sample
 
     device = next(model.parameters()).device
     cfg = model.config
@@ -185,7 +186,7 @@ def rollout(model: Any, batch: int, prompt_len: int, gen_len: int, seed: int = 0
 def _episodes(n: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> list[Any]:
     """Synthetic episodes of the trainer's shape: a context prompt, then generated tokens
     (half act, half rehearse), recorded log-probs near the model's (ratios near 1)."""
-    from envace.rollout import ACT, CONTEXT, REHEARSE, Episode
+    from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -202,10 +203,10 @@ def _episodes(n: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> l
 
 def update(model: Any, n_seqs: int, prompt_len: int, gen_len: int, micro_batch: int,
            seed: int = 0) -> dict[str, float]:
-    """One ``envace.train.update`` (mode envace) over ``n_seqs`` synthetic episodes."""
-    from envace.config import TrainConfig
-    from envace.train import update as grpo_update
-    from envace.train_setup import Policy
+    """One ``envace.training.train.update`` (mode envace) over ``n_seqs`` synthetic episodes."""
+    from envace.training.config import TrainConfig
+    from envace.training.train import update as grpo_update
+    from envace.training.train_setup import Policy
 
     device = next(model.parameters()).device
     cfg = TrainConfig(micro_batch_size=micro_batch, lr=1e-7, mode="envace", kl_coef=0.0)

@@ -28,10 +28,10 @@ import numpy as np
 
 from bench.learning import boot_diff, paired_ci, step_rewards
 from bench.machine import table, write_result
-from envace.config import TrainConfig, load_config
-from envace.evaluate import EvalSettings, evaluate
-from envace.models import load_model
-from envace.train_report import eval_tasks
+from envace.evaluation.evaluate import EvalSettings, evaluate
+from envace.model.models import load_model
+from envace.training.config import TrainConfig, load_config
+from envace.training.train_report import eval_tasks
 
 
 def per_task(out: Path) -> dict[str, tuple[float, float]]:
@@ -104,7 +104,7 @@ def main() -> None:
 
 def settings(cfg: TrainConfig, seeds: int, conditions: str) -> EvalSettings:
     """How to sample: as the run's evaluation, or as its training rollouts."""
-    from envace.train import ROLLOUT_MODE
+    from envace.training.train import ROLLOUT_MODE
 
     common = dict(seeds=seeds, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
                   max_context=cfg.max_context_tokens, reward=cfg.reward,

@@ -45,9 +45,9 @@ from audit.pipeline import AuditOptions
 from audit.reference import build_reference, skill_with_ci
 from audit.scorers import ScoreContext, score_step
 from bench.machine import RESULTS, table, write_result
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
 
 SCORERS = ["exact", "json_f1", "error_agreement"]
 REFS = ("lookup", "majority")
@@ -202,8 +202,8 @@ def per_step(act: list[dict], rows: list[dict]) -> dict[str, list]:
 def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path,
              steps: dict[str, list[int]], refs: dict[str, Any], args: argparse.Namespace,
              keep: Path | None) -> dict[str, Any]:
-    from envace.models import load_model
-    from envace.probe_cli import act_probe, act_requests, probe_model
+    from envace.cli.probe import act_probe, act_requests, probe_model
+    from envace.model.models import load_model
 
     model, tok = load_model(path)
     t0 = time.perf_counter()
@@ -335,14 +335,14 @@ def main() -> None:
     t_start = time.perf_counter()
     import torch
 
-    from envace.sft import auto_threads
+    from envace.training.sft import auto_threads
 
     threads = auto_threads(args.threads)
     torch.set_num_threads(threads)
 
     from audit.pipeline import reference_triples
-    from envace.models import default_cache_dir, resolve_model
-    from envace.sft import read_sft_meta, training_texts
+    from envace.model.models import default_cache_dir, resolve_model
+    from envace.training.sft import read_sft_meta, training_texts
 
     train = list(export_real(split_tasks("train")))
     dev = list(export_real(split_tasks("dev")))
@@ -421,7 +421,7 @@ def main() -> None:
         "sampled": steps,
         "probe": {"act_max_new_tokens": args.act_tokens,
                   "rehearse_max_new_tokens": args.rehearse_tokens, "decoding": "greedy",
-                  "history": "real (teacher-forced)", "prompt": "envace.sft.prompt_ids"},
+                  "history": "real (teacher-forced)", "prompt": "envace.training.sft.prompt_ids"},
         "references": {"built_from": "train split real trajectories", "on_sampled_steps": ref_rows},
         "models": results,
         "tiny_sft_vs_untrained": comparison,

@@ -8,9 +8,9 @@
 Builds the run's policy and task pool as ``envace train`` does (into ``--out``, default
 ``runs/profile-<config>``), runs ``--warmup`` plain steps (first-use costs: tokenizer caches,
 allocator, lazy imports), then one step under ``torch.profiler`` (CPU, and CUDA when there is a
-GPU) with each ``envace.timing`` section as a ``record_function`` range. Prints the load average
-before and after, each step's ``time/*`` breakdown (the warm-up's is unprofiled; the profiled
-step's includes the profiler's overhead) and the top ops table, and writes ``trace.json``
+GPU) with each ``envace.core.timing`` section as a ``record_function`` range. Prints the load
+average before and after, each step's ``time/*`` breakdown (the warm-up's is unprofiled; the
+profiled step's includes the profiler's overhead) and the top ops table, and writes ``trace.json``
 (chrome://tracing or https://ui.perfetto.dev), ``ops.txt`` and ``profile.json`` into the output
 folder. Nothing is optimised here: it only says where the time goes (docs/profiling.md).
 """
@@ -29,7 +29,7 @@ from typing import Any
 def _step(step: int, policy: Any, tasks: list, cfg: Any, run_dir: Path, timer: Any
           ) -> tuple[dict[str, Any], dict[str, float]]:
     """One training step timed by ``timer``: its record and its ``time/*`` sections."""
-    from envace.train import train_step
+    from envace.training.train import train_step
 
     record = train_step(step, policy, tasks, cfg, run_dir, timer=timer) or {}
     timer.stop()
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from envace.config import TrainConfig, load_config, to_dict
-    from envace.train import step_timer
-    from envace.train_setup import build_policy, training_pool
+    from envace.training.config import TrainConfig, load_config, to_dict
+    from envace.training.train import step_timer
+    from envace.training.train_setup import build_policy, training_pool
 
     out = Path(a.out or f"runs/profile-{Path(a.config).stem}")
     cfg = load_config(TrainConfig, a.config,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     _show(f"profiled step {a.warmup} (profiler overhead included)", profiled)
     table = prof.key_averages().table(sort_by=a.sort, row_limit=a.rows)
     print(f"\n[profile] top ops by {a.sort}:\n{table}")
-    from envace.timing import STEP_SECTIONS
+    from envace.core.timing import STEP_SECTIONS
 
     sections = by_section(prof.events(), set(STEP_SECTIONS))
     print("[profile] top ops (self CPU s) inside each section:")

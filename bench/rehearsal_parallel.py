@@ -17,9 +17,9 @@ import dataclasses
 import time
 
 from bench.machine import table, write_result
-from envace.eval_cli import select_tasks
-from envace.models import load_model
-from envace.rollout import RolloutConfig, run_episodes
+from envace.cli.evaluate import select_tasks
+from envace.model.models import load_model
+from envace.model.rollout import RolloutConfig, run_episodes
 
 DEFAULT_MODEL = "data/models/tiny-sft"
 

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from bench.machine import RESULTS, table, write_result
-from envace.eval_cli import select_tasks
-from envace.models import load_model
-from envace.rehearsal import RehearsalSettings
-from envace.rehearsal_eval import evaluate_with_rehearsal
+from envace.cli.evaluate import select_tasks
+from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
+from envace.model.models import load_model
+from envace.model.rehearsal import RehearsalSettings
 
 
 def main() -> None:

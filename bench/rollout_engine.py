@@ -5,8 +5,8 @@
 
 Dev tasks with >= 6 ground-truth calls, mode ``rehearse``, one batch, same model, greedy decoding
 (temperature 0: both sides follow the same token path; identical episodes are counted). ``ours``:
-``envace.rollout.run_episodes`` (lockstep batch over one kept KV cache). ``reencode``: a plain tool
-loop over the same episode logic (``Engine``: same parser, stop rule, limits) that, for every
+``envace.model.rollout.run_episodes`` (lockstep batch over one kept KV cache). ``reencode``: a plain
+tool loop over the same episode logic (``Engine``: same parser, stop rule, limits) that, for every
 message, encodes the whole sequence so far of each live episode from scratch (fresh cache, same
 ``HFStepper`` kernels and threads), decodes the message and waits for the batch's longest one.
 
@@ -38,12 +38,12 @@ import torch
 from transformers import DynamicCache
 
 from bench.machine import table, write_result
-from envace import chat
-from envace.backends.hf import CACHE_KW, HFStepper, sample
-from envace.envs.tasks import split_tasks
-from envace.export import real_trajectory
-from envace.models import default_cache_dir, load_model, read_marker, resolve_model
-from envace.rollout import (
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import real_trajectory
+from envace.model import chat
+from envace.model.backends.hf import CACHE_KW, HFStepper, sample
+from envace.model.models import default_cache_dir, load_model, read_marker, resolve_model
+from envace.model.rollout import (
     ACT,
     REHEARSE,
     Engine,

@@ -3,16 +3,17 @@
     .venv/bin/python -m bench.trainer_vs_trl                      # 6 steps each, a few minutes
     .venv/bin/python -m bench.trainer_vs_trl --steps 2 --completion 16   # smoke
 
-Single turn, one prompt -> one completion: per-turn train tasks (``envace.turns``) with prompts of
-at most ``--max-prompt`` tokens; step s uses prompts [sP, (s+1)P) on both sides (P ``--prompts``),
-group 4, temperature 1, top_p 1, at most ``--completion`` new tokens stopped by ``<|im_end|>``,
-reward = action F1 of the parsed calls against the ground truth (``envace.rewards``), lr 1e-6
-constant, AdamW wd 0.01, grad clip 1, token-mean loss over the batch (trl ``loss_type=dapo``),
-advantages not scaled by the group std, no KL, no reference model, float32 on CPU, micro-batches
-of ``--micro-batch``.
+Single turn, one prompt -> one completion: per-turn train tasks (``envace.core.turns``) with prompts
+of at most ``--max-prompt`` tokens; step s uses prompts [sP, (s+1)P) on both sides (P
+``--prompts``), group 4, temperature 1, top_p 1, at most ``--completion`` new tokens stopped by
+``<|im_end|>``, reward = action F1 of the parsed calls against the ground truth
+(``envace.core.rewards``), lr 1e-6 constant, AdamW wd 0.01, grad clip 1, token-mean loss over the
+batch (trl ``loss_type=dapo``), advantages not scaled by the group std, no KL, no reference model,
+float32 on CPU, micro-batches of ``--micro-batch``.
 
-- ``ours``: ``envace.train.train_step``, ``mode=grpo`` (act-only), ``max_turns=1``: rollout (our
-  engine) -> verifier reward -> fidelity audit -> advantages -> ``envace.train.update``.
+- ``ours``: ``envace.training.train.train_step``, ``mode=grpo`` (act-only), ``max_turns=1``: rollout
+(our
+  engine) -> verifier reward -> fidelity audit -> advantages -> ``envace.training.train.update``.
 - ``trl``: ``GRPOTrainer`` without vLLM, ``use_cpu``, bf16 and gradient checkpointing off,
   ``beta=0``, ``num_generations=4``, ``generation_batch_size=4P`` (one generation per optimizer
   step), ``shuffle_dataset=False``, ``scale_rewards=none``; the same prompts as text (checked to
@@ -58,9 +59,9 @@ def peak_rss() -> int:
 
 def select_tasks(args: argparse.Namespace, tok: Any) -> list[Any]:
     """steps * prompts per-turn train tasks with short prompts, in a fixed seeded order."""
-    from envace import chat
-    from envace.envs.tasks import split_tasks
-    from envace.turns import turn_tasks
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.turns import turn_tasks
+    from envace.model import chat
 
     tasks = turn_tasks(split_tasks("train"))
     random.Random(args.seed).shuffle(tasks)
@@ -79,9 +80,9 @@ def prompt_ids(task: Any, tok: Any, chat: Any) -> list[int]:
 
 
 def run_ours(args: argparse.Namespace, path: str, tasks: list[Any], tmp: Path) -> dict[str, Any]:
-    from envace.config import TrainConfig
-    from envace.train import train_step
-    from envace.train_setup import build_policy
+    from envace.training.config import TrainConfig
+    from envace.training.train import train_step
+    from envace.training.train_setup import build_policy
 
     cfg = TrainConfig(model=path, mode="grpo", task_unit="turn", reward="action", seed=args.seed,
                       prompts_per_step=args.prompts, group_size=4, temperature=1.0, top_p=1.0,
@@ -110,9 +111,9 @@ def run_trl(args: argparse.Namespace, path: str, tasks: list[Any], tmp: Path) ->
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from envace import chat
-    from envace.models import load_model
-    from envace.rewards import task_reward
+    from envace.core.rewards import task_reward
+    from envace.model import chat
+    from envace.model.models import load_model
 
     model, tok = load_model(path)
     by_id = {t.id: t for t in tasks}
@@ -203,9 +204,9 @@ def child(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging
 
-    from envace import chat
-    from envace.models import default_cache_dir, resolve_model
-    from envace.sft import load_train_trajectories, training_texts
+    from envace.model import chat
+    from envace.model.models import default_cache_dir, resolve_model
+    from envace.training.sft import load_train_trajectories, training_texts
 
     logging.set_verbosity_error()  # "sequence longer than the model" while measuring prompts
     path = args.model or str(resolve_model("tiny", default_cache_dir(),

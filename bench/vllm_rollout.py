@@ -8,8 +8,8 @@ policy acts and writes every tool response), three sides, each in its own proces
 engine binds OpenMP threads and stubs ``torch.set_num_threads``, which would bias a side that
 runs after it):
 
-- ``hf``: ``envace.rollout.run_episodes``, lockstep batched decoding over one kept KV cache;
-- ``vllm``: ``envace.backends.base.run_episodes_backend`` on ``VLLMBackend`` (in-process
+- ``hf``: ``envace.model.rollout.run_episodes``, lockstep batched decoding over one kept KV cache;
+- ``vllm``: ``envace.model.backends.base.run_episodes_backend`` on ``VLLMBackend`` (in-process
   ``vllm.LLM``, prefix caching on): each message is a request whose prompt is the whole episode
   so far;
 - ``vllm_noprefix``: the same with prefix caching off (what the cache saves).
@@ -54,13 +54,13 @@ SIDES = ("hf", "vllm", "vllm_noprefix")
 
 
 def model_path(name: str) -> tuple[Path, str]:
-    from envace.models import default_cache_dir, read_marker, resolve_model
+    from envace.model.models import default_cache_dir, read_marker, resolve_model
 
     if name == "tiny":
         sft = default_cache_dir() / "bench-sft-tiny"
         if read_marker(sft):
             return sft, f"cold start cached at {sft} (envace sft --preset tiny)"
-        from envace.sft import SFTSettings, run_sft
+        from envace.training.sft import SFTSettings, run_sft
 
         path = run_sft(SFTSettings(preset="tiny", max_steps=40, max_minutes=4.0, seed=0),
                        quiet=True)
@@ -69,7 +69,7 @@ def model_path(name: str) -> tuple[Path, str]:
 
 
 def _tasks(plan: dict[str, Any], min_calls: int) -> dict[str, list]:
-    from envace.envs.tasks import split_tasks
+    from envace.core.envs.tasks import split_tasks
 
     long = [t for t in split_tasks("dev") if sum(len(g) for g in t.ground_truth) >= min_calls]
     return {"greedy": long[:plan["greedy"]["tasks"]],
@@ -78,7 +78,7 @@ def _tasks(plan: dict[str, Any], min_calls: int) -> dict[str, list]:
 
 
 def _summary(episodes: list, seconds: float) -> dict[str, Any]:
-    from envace.rollout import ACT, REHEARSE
+    from envace.model.rollout import ACT, REHEARSE
 
     gen = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in episodes)
     return {"seconds": seconds, "generated_tokens": gen, "tokens_per_s": gen / seconds,
@@ -101,9 +101,9 @@ def run_side(side: str, path: str, plan: dict[str, Any], min_calls: int) -> dict
     """One side in this process: start-up, then a warm-up and a timed rollout per workload."""
     import torch
 
-    from envace.backends.base import run_episodes_backend
-    from envace.models import load_model
-    from envace.rollout import RolloutConfig, run_episodes
+    from envace.model.backends.base import run_episodes_backend
+    from envace.model.models import load_model
+    from envace.model.rollout import RolloutConfig, run_episodes
 
     t0 = time.perf_counter()
     model, tok = load_model(path)
@@ -114,7 +114,7 @@ def run_side(side: str, path: str, plan: dict[str, Any], min_calls: int) -> dict
         def roll(tasks: list, cfg: RolloutConfig) -> list:
             return run_episodes(model, tok, tasks, cfg)
     else:
-        from envace.backends.vllm_backend import VLLMBackend
+        from envace.model.backends.vllm_backend import VLLMBackend
 
         be = VLLMBackend(path, dtype="float32", seed=0, max_model_len=4096,
                          enable_prefix_caching=side == "vllm")

@@ -59,7 +59,7 @@ def main() -> None:
         load = lambda d: json.loads((Path(tmp) / d / "summary.json").read_text())  # noqa: E731
         replay = load("replay_all")
         refs = {m: figures(load(f"baseline_{m}")) for m in ("lookup", "majority")}
-    from envace.envs.agentdojo_tasks import DEFAULT_VERSION
+    from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION
 
     data = {
         "agentdojo_version": DEFAULT_VERSION,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from envace.envs.agentdojo import TOOL_KINDS_FILE, AgentDojoEnv
-from envace.envs.agentdojo_tasks import DEFAULT_VERSION, SUITES, default_environment, suites
+from envace.core.envs.agentdojo import TOOL_KINDS_FILE, AgentDojoEnv
+from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION, SUITES, default_environment, suites
 
 PROBES: dict[str, list[tuple[str, dict]]] = {
     "workspace": [

@@ -69,7 +69,7 @@ import torch
 import transformers
 import vllm
 
-import envace.rollout  # noqa: F401  (the project imports in this env)
+import envace.model.rollout  # noqa: F401  (the project imports in this env)
 
 print(f"[setup_vllm] vllm {vllm.__version__}, torch {torch.__version__}, "
       f"transformers {transformers.__version__}, envace {md.version('envace')}")

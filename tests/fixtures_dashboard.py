@@ -24,7 +24,8 @@ SYNTHETIC until the trainer exists: every ``metrics.jsonl`` here is written by t
 documented flat format (the ``fidelity/*`` values of ``demo`` are the real audit figures of its
 step; loss, reward, KL, ... are made up), the rollouts and rehearsal plans are edited real
 trajectories rather than a policy's, and the eval summary's success figures are made up (its
-layout follows ``envace/rehearsal_eval.py``). The lead will swap in a real tiny training run.
+layout follows ``envace/evaluation/rehearsal_eval.py``). The lead will swap in a real tiny training
+run.
 """
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ def _metrics(audits: dict[int, dict], n_steps: int = 11) -> list[dict[str, Any]]
 
 
 def _times(step: int, checkpoint: bool) -> dict[str, float]:
-    """Made-up ``time/*`` sections of a step (the trainer's keys, envace.timing) that add up to
+    """Made-up ``time/*`` sections of a step (the trainer's keys, envace.core.timing) that add up to
     its ``time/step``, as the trainer's do."""
-    from envace.timing import STEP_SECTIONS, StepTimer
+    from envace.core.timing import STEP_SECTIONS, StepTimer
 
     clock = iter(range(10_000)).__next__
     timer = StepTimer(clock=lambda: float(clock()))  # one "second" per clock reading
@@ -183,7 +184,7 @@ def _plan_line(t: dict, k: int) -> str:
 
 def _eval_dir(d: Path, dev: list[dict], rollouts: dict[int, list[dict]]) -> list[dict]:
     """Test-time rehearsal results in ``envace eval --rehearsal parallel --n 2``'s layout
-    (``envace/rehearsal_eval.py``): trajectories.jsonl (plans and commits), plans.jsonl;
+    (``envace/evaluation/rehearsal_eval.py``): trajectories.jsonl (plans and commits), plans.jsonl;
     summary.json is written by :func:`_eval_summary` once the plans are audited."""
     records, plans_only = [], []
     for i, real in enumerate(dev[:3]):

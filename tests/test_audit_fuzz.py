@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.cli import main
-from envace.schema import parse_line
+from envace.core.schema import parse_line
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "spec_examples"
 LINES = [ln for f in sorted(EXAMPLES.glob("*.jsonl"))

@@ -16,9 +16,9 @@ import pytest
 from audit.compare import compare_audits, render_compare
 from audit.pipeline import AuditOptions, run_audit
 from audit.rescore import rescore, summary_from_steps
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.schema import Trajectory, TrajectoryWriter
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import Trajectory, TrajectoryWriter
 
 QUIET = {"progress": False, "plots": False}
 
@@ -187,8 +187,8 @@ def _rollouts(n: int = 12) -> list[Trajectory]:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> tuple[Path, dict]:
-    """A training run's step 3 made by the trainer's own fidelity code (envace.fidelity)."""
-    from envace.fidelity import audit_rollouts, fidelity_metrics
+    """A training run's step 3 made by the trainer's own fidelity code (training.fidelity)."""
+    from envace.training.fidelity import audit_rollouts, fidelity_metrics
 
     root = tmp_path_factory.mktemp("runs")
     run = root / "r"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from audit.pipeline import AuditOptions, run_audit
-from envace.envs.tasks import load_tasks, split_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter, load_trajectories
+from envace.core.envs.tasks import load_tasks, split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter, load_trajectories
 
 AUDIT = [sys.executable, "-m", "audit.cli", "--quiet"]
 
@@ -206,7 +206,7 @@ def test_streaming_keeps_trajectories_out_of_memory(tmp_path):
             for t in trajs:
                 w.write(t.model_copy(update={"id": f"{t.id}-{i}"}))
     assert len(load_trajectories(p)) == 2000
-    from envace.schema import read_trajectories
+    from envace.core.schema import read_trajectories
 
     tracemalloc.start()
     for _ in read_trajectories(p):

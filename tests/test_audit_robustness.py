@@ -26,9 +26,9 @@ import pytest
 from audit.cli import main
 from audit.output import OutputDir, OutputRefused
 from audit.pipeline import AuditOptions, run_audit
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
 
 AUDIT = [sys.executable, "-m", "audit.cli", "--quiet"]
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.envs.base import ToolKind, UnknownEnvironment, make_env
-from envace.envs.bfcl import BFCLEnv
-from envace.envs.callparse import CallParseError, format_call, parse_call_source
-from envace.envs.tasks import UnknownTask, get_task, load_tasks
-from envace.envs.verify import check_calls, ground_truth_calls
+from envace.core.envs.base import ToolKind, UnknownEnvironment, make_env
+from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.callparse import CallParseError, format_call, parse_call_source
+from envace.core.envs.tasks import UnknownTask, get_task, load_tasks
+from envace.core.envs.verify import check_calls, ground_truth_calls
 
 
 def test_800_tasks_with_tools_and_ground_truth():

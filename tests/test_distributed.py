@@ -17,11 +17,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envace.config import TrainConfig
-from envace.distributed import Dist, merge_shards
-from envace.rollout import ACT, CONTEXT, REHEARSE, Episode
-from envace.train import update
-from envace.train_setup import Policy, _optim
+from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode
+from envace.training.config import TrainConfig
+from envace.training.distributed import Dist, merge_shards
+from envace.training.train import update
+from envace.training.train_setup import Policy, _optim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,10 +120,10 @@ def test_two_process_update_equals_one_process_update(tmp_path, aggregation):
 # -- accelerate launch, end to end ------------------------------------------------------------
 
 def _tiny(tmp_path: Path) -> Path:
-    from envace import chat
-    from envace.envs.tasks import split_tasks
-    from envace.export import export_real
-    from envace.models import build_tiny
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+    from envace.model import chat
+    from envace.model.models import build_tiny
 
     texts = [chat.render([m.dump() for m in t.messages], t.tools)
              for t in export_real(split_tasks("train")[:40])]
@@ -158,7 +158,7 @@ def test_torchrun_trains_on_two_processes(tmp_path):
 
 
 def test_accelerates_fsdp_config_selects_sharding(monkeypatch):
-    from envace.distributed import init, wants_fsdp
+    from envace.training.distributed import init, wants_fsdp
 
     assert not wants_fsdp() and wants_fsdp("fsdp")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
@@ -169,7 +169,7 @@ def test_accelerates_fsdp_config_selects_sharding(monkeypatch):
 # -- FSDP: sharded twins ----------------------------------------------------------------------
 
 def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
-    from envace.fsdp import full_state, shard
+    from envace.training.fsdp import full_state, shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)

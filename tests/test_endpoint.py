@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from envace.endpoint import EndpointClient, EndpointError, normalize_base, request_for
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
+from envace.model.endpoint import EndpointClient, EndpointError, normalize_base, request_for
 from tests.conftest import ROOT
 
 ANSWER = '{"ok": true}'
@@ -307,7 +307,7 @@ def test_rollout_with_a_served_simulator(server, tmp_path):
 
 
 def test_simulator_answers_a_failed_request_with_an_error_as_data(server):
-    from envace.simulators import EndpointSimulator
+    from envace.model.simulators import EndpointSimulator
 
     url, state = server
     sim = EndpointSimulator(url, "world", api="completions", retries=0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from audit.compounding import wilson_ci
-from envace.evaluate import success_interval
+from envace.evaluation.evaluate import success_interval
 
 
 def test_one_attempt_per_task_is_wilson():

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import torch
 
-from envace import grpo
-from envace.config import TrainConfig
-from envace.envs.tasks import get_task
-from envace.models import load_model
-from envace.rollout import ACT, CONTEXT, REHEARSE, RolloutConfig, run_episodes
-from envace.train import update
-from envace.train_setup import Policy, _optim
-from envace.turns import derive_turn_task
+from envace.core.envs.tasks import get_task
+from envace.core.turns import derive_turn_task
+from envace.model.models import load_model
+from envace.model.rollout import ACT, CONTEXT, REHEARSE, RolloutConfig, run_episodes
+from envace.training import grpo
+from envace.training.config import TrainConfig
+from envace.training.train import update
+from envace.training.train_setup import Policy, _optim
 
 TINY_SFT = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-sft"
 TOL = {"float32": {"max": 1e-3}, "bfloat16": {"mean": 0.05, "max": 0.5}}
@@ -204,9 +204,9 @@ def test_checkpoint_resume_round_trip_on_the_device(tmp_path, record_property):
     AdamW state back on the device, exactly, and finishes the run."""
     import json
 
-    from envace.checkpoint import load_latest
-    from envace.train import train
-    from envace.train_setup import build_policy
+    from envace.training.checkpoint import load_latest
+    from envace.training.train import train
+    from envace.training.train_setup import build_policy
 
     # whole tasks: the pool of per-turn tasks takes half a minute to tokenize on a CPU
     base = dict(model=str(TINY_SFT), output_dir=str(tmp_path), run_name="rt", steps=1,

@@ -1,4 +1,4 @@
-"""Known-answer and property tests for envace.grpo (role-wise advantages, PPO loss, KL)."""
+"""Known-answer and property tests for envace.training.grpo (role-wise advantages, PPO loss, KL)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.grpo import (
+from envace.training.grpo import (
     ACT,
     CONTEXT,
     REHEARSE,

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["audit", "envace", "envace.schema", "envace.envs.bfcl",
-                                    "envace.envs.verify", "envace.export", "envace.cli"])
+@pytest.mark.parametrize("module", [
+    "audit", "envace", "envace.core.schema", "envace.core.envs.bfcl",
+    "envace.core.envs.verify", "envace.core.export", "envace.cli"])
 def test_light_modules_do_not_import_torch(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "

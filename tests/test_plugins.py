@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.envs.base import ToolKind, UnknownEnvironment, make_env
-from envace.envs.methods import MethodEnv, tool
+from envace.core.envs.base import ToolKind, UnknownEnvironment, make_env
+from envace.core.envs.methods import MethodEnv, tool
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "envace_counter_env"
@@ -100,7 +100,7 @@ def test_worked_example_from_install_to_audited_file(site, tmp_path):
 
 def test_a_broken_plugin_cannot_break_the_builtins(site):
     code = textwrap.dedent("""
-        from envace.envs.base import PluginLoadError, env_names, make_env
+        from envace.core.envs.base import PluginLoadError, env_names, make_env
         print(type(make_env("bfcl")).__name__, type(make_env("agentdojo")).__name__)
         print(env_names())
         try:

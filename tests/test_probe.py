@@ -1,4 +1,4 @@
-"""Tests for the teacher-forced probe (audit.probe) and its model side (envace.probe_cli)."""
+"""Tests for the teacher-forced probe (audit.probe) and its model side (envace.cli.probe)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from audit.pipeline import AuditOptions, reference_triples, run_audit
 from audit.probe import probe_trajectory, reference_rehearser, run_probe
 from audit.reference import build_reference
 from audit.replay import AuditSettings
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.schema import TrajectoryWriter
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
 
 QUIET = {"progress": False, "plots": False}
 
@@ -69,7 +69,7 @@ def test_lookup_probe_equals_baseline_audit(files, tmp_path, quick_summary):
 
 
 def test_history_holds_real_responses(files):
-    from envace.schema import read_trajectories
+    from envace.core.schema import read_trajectories
 
     traj = next(i.trajectory for i in read_trajectories(files["dev"]))
     wrong = _rehearsed_copy(traj)
@@ -116,7 +116,7 @@ def test_audit_probe_does_not_import_torch():
 
 
 def test_same_call():
-    from envace.probe_cli import same_call
+    from envace.cli.probe import same_call
 
     assert same_call("cd", {"folder": "a"}, "cd", {"folder": "a"})
     assert same_call("f", {"x": 5.0, "y": [1, 2]}, "f", {"y": (1, 2), "x": 5})
@@ -125,9 +125,9 @@ def test_same_call():
 
 
 def test_probe_cli_end_to_end(files, tmp_path):
-    from envace.models import build_tiny
-    from envace.probe_cli import act_probe, act_requests
-    from envace.sft import training_texts
+    from envace.cli.probe import act_probe, act_requests
+    from envace.model.models import build_tiny
+    from envace.training.sft import training_texts
 
     trajs = list(export_real(split_tasks("train")[:4]))
     model_dir = build_tiny(training_texts(trajs), tmp_path / "tiny")
@@ -146,7 +146,7 @@ def test_probe_cli_end_to_end(files, tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2
     # the act probe on the same (untrained) model: one row per chosen step, fields present
-    from envace.models import load_model
+    from envace.model.models import load_model
 
     model, tok = load_model(model_dir)
     dev = list(export_real(split_tasks("dev")[:1]))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from envace import chat
-from envace.envs.bfcl import BFCLEnv
-from envace.envs.tasks import get_task
-from envace.models import load_model
-from envace.rehearsal import (
+from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.tasks import get_task
+from envace.model import chat
+from envace.model.models import load_model
+from envace.model.rehearsal import (
     FOOTER,
     HEADER,
     RehearsalSettings,
@@ -17,7 +17,7 @@ from envace.rehearsal import (
     plan_text,
     rehearse_and_commit,
 )
-from envace.rollout import Engine, RolloutConfig, run_episodes
+from envace.model.rollout import Engine, RolloutConfig, run_episodes
 from tests.conftest import ROOT
 
 MODEL = ROOT / "data" / "models" / "tiny-sft"
@@ -90,8 +90,8 @@ def test_a_malformed_plan_is_bounded_recorded_and_the_commit_happens(trained):
 def test_the_memory_holds_only_what_the_policy_imagined(trained):
     """A per-turn task's earlier turns (real calls, real responses) stay in the conversation;
     the plan lists only the calls the policy made while rehearsing and the responses it wrote."""
-    from envace.rehearsal import plan_of
-    from envace.turns import derive_turn_task
+    from envace.core.turns import derive_turn_task
+    from envace.model.rehearsal import plan_of
 
     model, tok = trained
     task = derive_turn_task(get_task("multi_turn_base_0"), 2)
@@ -117,7 +117,7 @@ def test_overflow_drops_old_plans_then_shortens_responses_never_the_newest_calls
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from envace.rehearsal import Plan
+    from envace.model.rehearsal import Plan
 
     _, tok = trained
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envace.reporting import Reporter, _Guarded, make_reporter, scalars
+from envace.training.reporting import Reporter, _Guarded, make_reporter, scalars
 
 RECORDS = [{"step": 0, "reward/mean": 0.25, "loss": -0.5, "label_zz": "text-qq", "flag_zz": True,
             "missing": None, "bad": float("nan")},

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from envace import cli
-from envace.config import TrainConfig, dump_yaml, load_config
-from envace.resume import RunDirError, keep_metrics, plan_resume
+from envace.training.config import TrainConfig, dump_yaml, load_config
+from envace.training.resume import RunDirError, keep_metrics, plan_resume
 from tests.conftest import ROOT
 
 
@@ -38,7 +38,7 @@ def tripwire(monkeypatch):
         calls.append(args)
         raise Loaded
 
-    monkeypatch.setattr("envace.train.build_policy", build_policy)
+    monkeypatch.setattr("envace.training.train.build_policy", build_policy)
     return calls
 
 
@@ -213,12 +213,12 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_130(tmp_path, capsys, monkeypa
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("envace.train.build_policy", interrupted)
+    monkeypatch.setattr("envace.training.train.build_policy", interrupted)
     rc, err = _run(capsys, f"output_dir={tmp_path}", "run_name=x")
     assert rc == 130
     assert err.strip() == (f"envace train: interrupted; continue with `envace train --resume "
                            f"{tmp_path / 'x'}`")
-    monkeypatch.setattr("envace.envs.base.describe_env", interrupted)
+    monkeypatch.setattr("envace.core.envs.base.describe_env", interrupted)
     assert cli.main(["envs"]) == 130
     assert capsys.readouterr().err.strip() == "envace: interrupted"
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.schema import (
+from envace.core.schema import (
     Trajectory,
     TrajectoryWriter,
     parse_arguments,

@@ -1,4 +1,5 @@
-"""Tests for envace.sft: windows, role masks as trl builds labels, loss goes down, time budget.
+"""Tests for envace.training.sft: windows, role masks as trl builds labels, loss goes down, time
+budget.
 
 A tiny model built on a handful of real train trajectories, trained for a few dozen steps.
 """
@@ -10,11 +11,11 @@ import time
 
 import pytest
 
-from envace.chat import Role, encode_with_roles
-from envace.envs.tasks import split_tasks
-from envace.export import export_real
-from envace.models import build_tiny, load_model
-from envace.sft import (
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.model.chat import Role, encode_with_roles
+from envace.model.models import build_tiny, load_model
+from envace.training.sft import (
     SFT_LOG,
     SFT_META,
     SFTSettings,
@@ -140,7 +141,7 @@ def test_time_budget_stops_training(trajs, base, tmp_path):
 
 
 def test_settings_reject_bad_values():
-    from envace.config import ConfigError
+    from envace.training.config import ConfigError
 
     with pytest.raises(ConfigError, match="roles"):
         SFTSettings(roles="world")

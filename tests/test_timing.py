@@ -1,11 +1,11 @@
-"""Step timing (envace.timing): exclusive sections that add up to the whole, and instrumented
+"""Step timing (envace.core.timing): exclusive sections that add up to the whole, and instrumented
 rollouts and updates that time themselves without changing what they compute."""
 
 from __future__ import annotations
 
 import pytest
 
-from envace.timing import NULL_TIMER, STEP_SECTIONS, StepTimer, shares
+from envace.core.timing import NULL_TIMER, STEP_SECTIONS, StepTimer, shares
 from tests.conftest import ROOT
 
 
@@ -100,7 +100,7 @@ def test_shares_are_of_all_steps_time():
 
 
 def test_report_line_gives_mean_seconds_and_shares():
-    from envace.train_report import time_line
+    from envace.training.train_report import time_line
 
     rows = [{"time/rollout/decode": 3.0, "time/update/backward": 1.0, "time/eval": 0.0,
              "time/step": 4.0}] * 2
@@ -115,15 +115,15 @@ def test_report_line_gives_mean_seconds_and_shares():
 
 @pytest.fixture(scope="module")
 def tiny_sft():
-    from envace.models import load_model
+    from envace.model.models import load_model
 
     return load_model(ROOT / "data" / "models" / "tiny-sft")
 
 
 def test_timed_rollouts_are_the_same_episodes_and_fill_the_rollout_sections(tiny_sft):
-    from envace.envs.tasks import get_task
-    from envace.rollout import RolloutConfig, run_episodes
-    from envace.turns import derive_turn_task
+    from envace.core.envs.tasks import get_task
+    from envace.core.turns import derive_turn_task
+    from envace.model.rollout import RolloutConfig, run_episodes
 
     model, tok = tiny_sft
     tasks = [derive_turn_task(get_task("multi_turn_base_0"), 1)] * 2
@@ -145,8 +145,8 @@ def test_timed_rollouts_are_the_same_episodes_and_fill_the_rollout_sections(tiny
 
 
 def test_timed_update_is_the_same_update_and_fills_its_sections():
-    from envace.config import TrainConfig
-    from envace.train import update
+    from envace.training.config import TrainConfig
+    from envace.training.train import update
     from tests.test_train import _episodes, _policy, _qwen
 
     eps, adv = _episodes(5)
@@ -167,10 +167,10 @@ def test_timed_update_is_the_same_update_and_fills_its_sections():
 
 
 def test_message_level_rollouts_time_each_request_as_decode(tiny_sft):
-    from envace.backends.base import HFBackend, run_episodes_backend
-    from envace.envs.tasks import get_task
-    from envace.rollout import RolloutConfig
-    from envace.turns import derive_turn_task
+    from envace.core.envs.tasks import get_task
+    from envace.core.turns import derive_turn_task
+    from envace.model.backends.base import HFBackend, run_episodes_backend
+    from envace.model.rollout import RolloutConfig
 
     model, tok = tiny_sft
     cfg = RolloutConfig(mode="rehearse", max_new_tokens=8, max_turns=1, max_context=3000,
@@ -189,7 +189,7 @@ def test_message_level_rollouts_time_each_request_as_decode(tiny_sft):
 def test_vllm_weight_sync_is_its_own_section_and_only_when_weights_changed():
     import torch
 
-    from envace.backends.vllm_backend import VLLMRollouts
+    from envace.model.backends.vllm_backend import VLLMRollouts
 
     class Engine:  # stands in for a started VLLMBackend (no vLLM needed)
         syncs = 0
@@ -213,6 +213,6 @@ def test_the_timer_is_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys, envace.timing; "
+    code = ("import sys, envace.core.timing; "
             "sys.exit(1 if {'torch', 'transformers'} & set(sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

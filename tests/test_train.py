@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.envs.bfcl import BFCLEnv
-from envace.envs.tasks import get_task
-from envace.envs.verify import ground_truth_calls
-from envace.evaluate import pass_at_k
-from envace.rewards import action_f1, partial_action_f1, task_reward
-from envace.timing import STEP_SECTIONS
-from envace.train import _restore_checkpoint_row, _truncate_metrics
+from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.tasks import get_task
+from envace.core.envs.verify import ground_truth_calls
+from envace.core.rewards import action_f1, partial_action_f1, task_reward
+from envace.core.timing import STEP_SECTIONS
+from envace.evaluation.evaluate import pass_at_k
+from envace.training.train import _restore_checkpoint_row, _truncate_metrics
 
 ENVACE = [sys.executable, "-m", "envace.cli"]
 calls = st.lists(st.tuples(st.sampled_from(["cd", "ls", "mv"]),
@@ -86,7 +86,7 @@ def test_turn_state_is_the_share_of_turns_passed_before_the_first_failure():
     """What `reward=turn_state`'s help says: turn 2 (a read-only `sort`) answered with `ls` leaves
     every backend's state equal to ground truth but misses the sort's response, so it fails; the
     correct turn 3 after it earns nothing (not 3/4 turns with a matching state)."""
-    from envace.config import TrainConfig, config_help
+    from envace.training.config import TrainConfig, config_help
 
     task = get_task("multi_turn_base_0")
     env = BFCLEnv()
@@ -201,9 +201,9 @@ def test_train_with_zero_steps_evaluates_the_starting_point(tmp_path):
 def test_a_fixed_training_pool_is_what_the_run_trains_and_evaluates_on():
     from transformers import AutoTokenizer
 
-    from envace.config import TrainConfig
-    from envace.train_report import eval_tasks
-    from envace.train_setup import training_pool
+    from envace.training.config import TrainConfig
+    from envace.training.train_report import eval_tasks
+    from envace.training.train_setup import training_pool
 
     root = Path(__file__).resolve().parents[1]
     tok = AutoTokenizer.from_pretrained(root / "data/models/tiny-sft")
@@ -224,7 +224,7 @@ PRESETS = sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").gl
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_train_preset_is_a_valid_config(preset):
-    from envace.config import TrainConfig, load_config
+    from envace.training.config import TrainConfig, load_config
 
     cfg = load_config(TrainConfig, preset, [])
     assert cfg.group_size >= 2 and cfg.steps >= 1
@@ -268,7 +268,7 @@ def _episodes(n: int, seed: int = 1) -> tuple[list[Any], Any]:
     log-probs only) and their [n, 2] advantages."""
     import torch
 
-    from envace.rollout import ACT, CONTEXT, REHEARSE, Episode
+    from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode
 
     g = torch.Generator().manual_seed(seed)
     eps = []
@@ -286,7 +286,7 @@ def _policy(cfg: Any, model: Any, world_model: Any = None, references: dict | No
             ) -> Any:
     from types import SimpleNamespace
 
-    from envace.train_setup import Policy, _optim
+    from envace.training.train_setup import Policy, _optim
 
     pol = Policy(model, SimpleNamespace(pad_token_id=0), Path("."), world_model=world_model,
                  references=references or {})
@@ -299,8 +299,8 @@ def test_update_statistics_do_not_depend_on_the_micro_batches():
     """The step's ratio_max is the batch's maximum and each role's figures are that role's
     token means, however the batch is cut (a weighted mean of per-micro-batch maxima, or role
     figures weighted by all tokens, change with the cut)."""
-    from envace.config import TrainConfig
-    from envace.train import update
+    from envace.training.config import TrainConfig
+    from envace.training.train import update
 
     eps, adv = _episodes(6)
     got = []
@@ -321,8 +321,8 @@ def test_each_trainee_is_anchored_to_its_own_initial_weights():
     world model's would not be)."""
     import copy
 
-    from envace.config import TrainConfig
-    from envace.train import update
+    from envace.training.config import TrainConfig
+    from envace.training.train import update
 
     eps, adv = _episodes(4)
     cfg = TrainConfig(mode="split", kl_coef=0.5, micro_batch_size=2, lr=1e-3, group_size=2,
@@ -340,7 +340,7 @@ def _other_model(tmp_path: Path) -> Path:
     """tiny-sft with perturbed weights (same tokenizer): a separate world model."""
     import torch
 
-    from envace.models import load_model
+    from envace.model.models import load_model
 
     model, tok = load_model(TINY_SFT)
     torch.manual_seed(3)
@@ -360,8 +360,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_build_policy_keeps_each_trainees_initial_weights_only_with_kl(tmp_path):
-    from envace.config import ConfigError, TrainConfig
-    from envace.train_setup import build_policy, check_anchors
+    from envace.training.config import ConfigError, TrainConfig
+    from envace.training.train_setup import build_policy, check_anchors
 
     wm_path = _other_model(tmp_path)
     cfg = TrainConfig(model=str(TINY_SFT), mode="split", world_model=str(wm_path), kl_coef=0.1)
@@ -392,7 +392,7 @@ def test_split_rollouts_pick_logits_on_their_device():
     CUDA run would have had, fails), and picks the world model's rows."""
     import torch
 
-    from envace.rollout import choose_logits
+    from envace.model.rollout import choose_logits
 
     pol, wm = torch.zeros(3, 5), torch.ones(3, 5)
     picked = choose_logits([pol, wm], [True, False, True])

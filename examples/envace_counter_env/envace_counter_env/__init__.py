@@ -1,6 +1,6 @@
 """Named counters as an envace environment: the worked example of docs/plugins.md.
 
-    from envace.envs.base import make_env
+    from envace.core.envs.base import make_env
     env = make_env("counter")             # found through the entry point in pyproject.toml
     env.reset("visitors")
     env.execute("increment", {"name": "visitors", "by": 2}).content    # '{"visitors": 5}'
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envace.envs.methods import MethodEnv, tool
+from envace.core.envs.methods import MethodEnv, tool
 
 
 class CounterEnv(MethodEnv):

@@ -1,0 +1,185 @@
+"""The `envace` command.
+
+    envace data export-real --split dev --out dev.jsonl     real trajectories (ground truth run)
+    envace data export-real --env agentdojo --split all --out agentdojo.jsonl
+    envace envs                                            environments installed: tasks, tools
+    envace data splits                                     split sizes and overlap note
+    envace sft --preset tiny                               cold start (trl SFTTrainer)
+    envace rollout --model PATH --split dev --mode rehearse --out FILE.jsonl
+    envace probe --endpoint URL --model NAME dev.jsonl --out DIR   audit a served world model
+    envace train [--config configs/tiny.yaml] [key=value ...] [--resume runs/NAME]
+
+Heavy modules (torch, transformers) are imported only by the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from envace.core.envs.tasks import CATEGORIES, SPLITS
+
+
+def _cmd_export_real(args: argparse.Namespace) -> int:
+    if args.env != "bfcl":
+        return _export_other(args)
+    from envace.core.envs.tasks import UnknownTask, get_task, load_tasks, split_tasks
+    from envace.core.export import export_real
+
+    if args.tasks:
+        try:
+            tasks = [get_task(t) for t in args.tasks]
+        except UnknownTask as exc:
+            print(f"envace: {exc}", file=sys.stderr)
+            return 2
+    elif args.split == "all":
+        tasks = [t for t in load_tasks().values() if t.category in args.categories]
+    else:
+        tasks = split_tasks(args.split, tuple(args.categories))
+    return _write(export_real(tasks, turn_end=not args.no_turn_end), args.out)
+
+
+def _export_other(args: argparse.Namespace) -> int:
+    from envace.core.envs.base import UnknownEnvironment
+    from envace.core.export import export_env
+
+    try:
+        if args.tasks:
+            ids = list(args.tasks)
+        elif args.env == "agentdojo":
+            from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION, load_tasks, split_ids
+
+            version = args.benchmark_version or DEFAULT_VERSION
+            known = load_tasks(version)
+            ids = list(known) if args.split == "all" else [
+                i for i in split_ids(args.split) if i in known]
+        else:
+            from envace.core.envs.base import make_env
+
+            env = make_env(args.env)
+            if args.split != "all" or not hasattr(env, "task_ids"):
+                print(f"envace: {args.env} has no committed splits: use --split all "
+                      "(needs task_ids) or --tasks", file=sys.stderr)
+                return 2
+            ids = list(env.task_ids())
+        trajs = export_env(args.env, ids, turn_end=not args.no_turn_end,
+                           version=args.benchmark_version)
+        return _write(trajs, args.out)
+    except (UnknownEnvironment, KeyError, ValueError) as exc:
+        print(f"envace: {exc}", file=sys.stderr)
+        return 2
+
+
+def _write(trajs: Any, out: str) -> int:
+    from envace.core.schema import TrajectoryWriter
+
+    n = 0
+    with TrajectoryWriter(out, mode="w") as w:
+        for traj in trajs:
+            w.write(traj)
+            n += 1
+    print(f"wrote {n} real trajectories to {out}")
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from envace.core.envs.base import describe_env, env_names
+
+    names = args.names or env_names()
+    for name in names:
+        d = describe_env(name)
+        print(f"{name}  [{d['source']}]")
+        if d["error"]:
+            print(f"  error: {d['error']}")
+            continue
+        for key in ("tasks", "tools"):
+            items = d[key]
+            if items is None:
+                print(f"  {key}: (not listed)")
+                continue
+            items = sorted(set(items)) if key == "tools" else items
+            shown = ", ".join(items if args.all else items[:8])
+            more = "" if args.all or len(items) <= 8 else ", ... (--all lists every one)"
+            print(f"  {key} ({len(items)}): {shown}{more}")
+    return 0
+
+
+def _cmd_splits(args: argparse.Namespace) -> int:
+    from envace.core.envs.tasks import DATA_DIR
+
+    print((DATA_DIR / "splits" / "README.md").read_text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envace", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="tasks, splits and real trajectories")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    ex = dsub.add_parser("export-real", help="execute ground truth, write real trajectories")
+    ex.add_argument("--env", default="bfcl",
+                    help="environment: bfcl, agentdojo or an installed plugin (see `envace envs`)")
+    ex.add_argument("--split", choices=(*SPLITS, "all"), default="dev",
+                    help="a committed split, or all tasks")
+    ex.add_argument("--benchmark-version", default=None,
+                    help="AgentDojo benchmark version (default v1.2.2)")
+    ex.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
+                    help="BFCL categories")
+    ex.add_argument("--tasks", nargs="+", help="explicit task ids instead of a split")
+    ex.add_argument("--out", required=True, help="output .jsonl")
+    ex.add_argument("--no-turn-end", action="store_true",
+                    help="omit the empty assistant message that closes each turn")
+    ex.set_defaults(func=_cmd_export_real)
+    sp = dsub.add_parser("splits", help="print the split note")
+    sp.set_defaults(func=_cmd_splits)
+    en = sub.add_parser("envs", help="environments installed (built in and plugins): tasks, tools")
+    en.add_argument("names", nargs="*", help="only these environments")
+    en.add_argument("--all", action="store_true", help="list every task and tool")
+    en.set_defaults(func=_cmd_envs)
+
+    for name, module in _EXTRA.items():
+        try:
+            mod = __import__(module, fromlist=["add_parser"])
+        except ImportError:
+            continue
+        mod.add_parser(sub, name)
+    return p
+
+
+# Subcommands defined next to their code: each module exposes add_parser(subparsers, name).
+_EXTRA: dict[str, str] = {
+    "sft": "envace.cli.sft",
+    "rollout": "envace.cli.rollout",
+    "train": "envace.cli.train",
+    "eval": "envace.cli.evaluate",
+    "probe": "envace.cli.probe",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; Ctrl-C ends it with one line and exit code 130 (no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("envace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come after options (`envace train --quiet lr=1e-5 steps=3`)
+    if extra and hasattr(args, "overrides") and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

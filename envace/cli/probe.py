@@ -1,0 +1,359 @@
+"""A model as a world model and as an actor, probed one step at a time on real histories.
+
+    envace probe --model runs/sft-tiny dev.jsonl --out probe_out [--reference train.jsonl]
+    envace probe --endpoint http://127.0.0.1:8000/v1 --model NAME dev.jsonl --out probe_out
+
+`run_probe_cli` is what `envace probe` and `envace-audit probe` (local models only) call; with
+`--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch).
+Locally: the model rehearses every tool call of the input trajectories given the *real* history
+(`audit.probe`), greedily, until `<|im_end|>` or `--max-new-tokens`. Generation is batched: a first
+pass over the trajectories collects every prompt (the rehearser records and answers nothing), the
+prompts are generated in length-sorted batches, and a second pass audits with the answers in the
+order they were asked.
+
+Prompts are cut as the SFT windows are (`envace.training.sft.prompt_ids`) to the model's context
+length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else `DEFAULT_CONTEXT` tokens.
+
+`act_probe` is the actor's counterpart, used by `bench/presets.py`: given the real history up to
+a ground-truth call, the model writes the assistant turn; the probe says whether a call parsed
+and whether it is the ground-truth call (same name, same arguments up to int/float spelling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from envace.model.chat import IM_END, parse_assistant
+
+DEFAULT_CONTEXT = 2048
+EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
+
+
+def context_length(model_dir: str | Path, model: Any = None) -> int:
+    """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
+    from envace.training.sft import read_sft_meta
+
+    seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
+    if seq:
+        return int(seq)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT
+
+
+def generate_greedy(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int = 8,
+) -> list[str]:
+    """Greedy continuations of token-id prompts, each cut at its first `<|im_end|>`.
+
+    Prompts are left-padded and batched in order of length; outputs come back in input order.
+    """
+    import torch
+
+    stop = tokenizer.convert_tokens_to_ids(IM_END)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[str] = [""] * len(prompts)
+    model.eval()
+    for a in range(0, len(order), batch_size):
+        idx = order[a:a + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            p = list(prompts[i])
+            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p):] = 1
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=pad)
+        for row, i in enumerate(idx):
+            new = gen[row, width:].tolist()
+            if stop in new:
+                new = new[: new.index(stop)]
+            out[i] = tokenizer.decode(new, skip_special_tokens=False)
+    return out
+
+
+# ---------------------------------------------------------------- rehearsal (the world model)
+
+
+class _Recorder:
+    """Pass 1: records each request's prompt ids, answers a placeholder."""
+
+    def __init__(self, tokenizer: Any, context: int, max_new_tokens: int) -> None:
+        self.tokenizer, self.budget = tokenizer, max(64, context - max_new_tokens)
+        self.prompts: list[list[int]] = []
+
+    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
+        from envace.training.sft import prompt_ids
+
+        self.prompts.append(prompt_ids(self.tokenizer, messages, tools, "tool", self.budget))
+        return ""
+
+
+class _Answers:
+    """Pass 2: answers requests in the order pass 1 saw them."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts, self.i = texts, 0
+
+    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
+        text = self.texts[self.i]
+        self.i += 1
+        return text
+
+
+class ModelRehearser:
+    """The model as a rehearser `(messages, tools, tool, arguments) -> text`, one call at a time.
+
+    Renders the history, opens a tool turn (`tool_prefix()`), generates greedily.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256):
+        self.model, self.tokenizer = model, tokenizer
+        self.recorder = _Recorder(tokenizer, context, max_new_tokens)
+        self.max_new_tokens = max_new_tokens
+
+    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
+        self.recorder(messages, tools, tool, arguments)
+        prompt = self.recorder.prompts.pop()
+        return generate_greedy(self.model, self.tokenizer, [prompt], self.max_new_tokens, 1)[0]
+
+
+def probe_model(
+    model: Any,
+    tokenizer: Any,
+    inputs: Sequence[str],
+    out_dir: str | Path,
+    opts: Any,
+    context: int,
+    max_new_tokens: int = 256,
+    limit: int = 0,
+    steps: Mapping[str, Iterable[int]] | None = None,
+    label: str | None = None,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+    """Teacher-forced audit of a model over trajectory files, generation batched; the summary."""
+    import tempfile
+
+    from audit.probe import run_probe
+
+    recorder = _Recorder(tokenizer, context, max_new_tokens)
+    quiet = dataclass_replace(opts, plots=False)
+    with tempfile.TemporaryDirectory() as scratch:
+        run_probe(inputs, scratch, recorder, dataclass_replace(quiet, reference=None), limit,
+                  steps=steps)
+    texts = generate_greedy(model, tokenizer, recorder.prompts, max_new_tokens, batch_size)
+    return run_probe(inputs, out_dir, _Answers(texts), opts, limit, label=label, steps=steps)
+
+
+def dataclass_replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+# ---------------------------------------------------------------- acting
+
+
+def _norm(value: Any) -> Any:
+    """Arguments compared up to key order, int/float spelling (5 == 5.0) and tuple/list."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(k): _norm(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    return value
+
+
+def same_call(name: str, arguments: Any, gt_name: str, gt_arguments: Any) -> bool:
+    """Whether a parsed call is the ground-truth call."""
+    return name == gt_name and _norm(arguments) == _norm(gt_arguments or {})
+
+
+def act_requests(trajectories: Sequence[Any], steps: Mapping[str, Iterable[int]]
+                 ) -> list[dict[str, Any]]:
+    """For each chosen step of real trajectories: the history before its call and the call."""
+    out = []
+    for traj in trajectories:
+        wanted = set(steps.get(traj.id, ()))
+        if not wanted:
+            continue
+        for st in traj.tool_steps():
+            if st.step not in wanted:
+                continue
+            history = [m.dump() for m in traj.messages[: st.message_index]]
+            out.append({"trajectory_id": traj.id, "step": st.step, "messages": history,
+                        "tools": traj.tools, "tool": st.tool, "arguments": st.arguments})
+    return out
+
+
+def act_probe(
+    model: Any,
+    tokenizer: Any,
+    requests: Sequence[Mapping[str, Any]],
+    context: int,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Generate each request's assistant turn; report the parse and the agreement per step."""
+    from envace.training.sft import prompt_ids
+
+    budget = max(64, context - max_new_tokens)
+    prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)
+               for r in requests]
+    texts = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+    rows = []
+    for r, text in zip(requests, texts, strict=True):
+        turn = parse_assistant(text)
+        first = turn.calls[0] if turn.calls else None
+        rows.append({
+            "trajectory_id": r["trajectory_id"], "step": r["step"],
+            "generated": text,
+            "parsed_call": first is not None,
+            "malformed": len(turn.malformed),
+            "name_match": first is not None and first.name == r["tool"],
+            "exact_call": first is not None and same_call(first.name, first.arguments,
+                                                          r["tool"], r["arguments"]),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------- the CLI entry
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    """`envace probe`: the teacher-forced audit of a local or a served model."""
+    p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("inputs", nargs="+", help="real trajectories (envace data export-real)")
+    p.add_argument("--model", required=True,
+                   help="a model folder or smollm2; with --endpoint, the served model's name")
+    p.add_argument("--endpoint", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
+    p.add_argument("--reference", help="training trajectories: skill against reference models")
+    p.add_argument("--scorers", nargs="+", default=["exact", "json_f1", "fuzzy",
+                                                     "error_agreement"])
+    p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="diverged = verdict score < threshold (default 1.0)")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    e = p.add_argument_group("served model (--endpoint)")
+    e.add_argument("--api", default="completions", choices=["completions", "chat"],
+                   help="completions: envace's ChatML prompt (default); chat: chat/completions")
+    e.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
+    e.add_argument("--timeout", type=float, default=60.0, help="seconds per request attempt")
+    e.add_argument("--retries", type=int, default=3,
+                   help="retries of a timeout, 5xx or malformed answer (backoff 0.5 s, x2)")
+    p.set_defaults(func=run_probe_cli, prog=f"envace {name}")
+
+
+def _check_usage(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot work (one line), or None."""
+    from audit.scorers import list_scorers
+
+    missing = [p for p in args.inputs if not Path(p).is_file()]
+    if missing:
+        return f"no such file: {', '.join(missing)}"
+    reference = getattr(args, "reference", None)
+    if reference and not Path(reference).is_file():
+        return f"no such reference file: {reference}"
+    known = set(list_scorers())
+    bad = [s for s in [*args.scorers, args.verdict] if s not in known]
+    if bad:
+        return f"unknown scorer(s) {', '.join(bad)}; known: {', '.join(sorted(known))}"
+    if getattr(args, "endpoint", None):
+        if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
+            return "--concurrency must be >= 1, --retries >= 0, --timeout > 0"
+    elif args.model == "tiny":
+        return ("the tiny preset is untrained; give a model folder (e.g. an `envace sft` "
+                "output) or smollm2")
+    return None
+
+
+def run_endpoint_probe(args: argparse.Namespace) -> int:
+    """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
+    from audit.pipeline import AuditOptions
+    from envace.evaluation.endpoint_probe import _progress, probe_endpoint
+    from envace.model.endpoint import EndpointClient, EndpointError
+
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        client = EndpointClient(args.endpoint, args.model, api=args.api,
+                                max_tokens=args.max_new_tokens, timeout_s=args.timeout,
+                                retries=args.retries)
+        client.check()
+    except (ValueError, EndpointError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=False,
+                        reference=getattr(args, "reference", None))
+    summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
+                             args.limit, progress=None if args.quiet else _progress)
+    c, block = summary["counts"], summary["endpoint"]
+    if not args.quiet:
+        rate = summary.get("divergence_rate")
+        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories on "
+              f"{client.label} (unanswered {block['unanswered']}, skipped {c['skipped']}): "
+              f"divergence {shown}; wrote {args.out}")
+    if block["unanswered"]:
+        print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
+              f"({block['unanswered_reasons']}); see unanswered_reason in steps.jsonl",
+              file=sys.stderr)
+    return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
+
+
+def run_probe_cli(args: argparse.Namespace) -> int:
+    """`envace probe` / `envace-audit probe`: probe, write the audit directory; exit code."""
+    from audit.pipeline import AuditOptions
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+
+    prog = getattr(args, "prog", "envace-audit probe")
+    why = _check_usage(args)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "endpoint", None):
+        return run_endpoint_probe(args)
+    reference = getattr(args, "reference", None)
+    try:
+        path = resolve_model(args.model, default_cache_dir())
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    import torch
+
+    from envace.training.sft import auto_threads
+
+    torch.set_num_threads(auto_threads())
+    model, tokenizer = load_model(path)
+    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=not args.quiet,
+                        reference=reference)
+    summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts,
+                          context_length(path, model), args.max_new_tokens, args.limit,
+                          label=str(path))
+    c = summary["counts"]
+    if not args.quiet:
+        rate = summary.get("divergence_rate")
+        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
+              f"(skipped {c['skipped']}): divergence {shown}; wrote {args.out}")
+    return EXIT_SKIPPED if c["skipped"] else EXIT_OK

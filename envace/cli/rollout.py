@@ -1,0 +1,133 @@
+"""`envace rollout`: episodes in the trajectory format, ready for `envace-audit replay`.
+
+    envace rollout --model PATH --split dev --mode rehearse --out dev_rollouts.jsonl
+        [--tasks 20] [--unit turn|task] [--temperature 0.6] [--simulator PATH_OR_URL]
+    envace rollout --model PATH --mode simulator --simulator-endpoint http://127.0.0.1:8000/v1 \
+        [--simulator-model NAME] [--simulator-api completions|chat] --out FILE.jsonl
+
+With `--simulator-endpoint` (or an http(s) `--simulator`) the tool responses come from an
+OpenAI-compatible server (`envace.model.simulators.EndpointSimulator`): checked before the policy is
+loaded (exit 2 with one line when it is down or does not serve the model), requests retried with
+backoff, a request that still fails answered as an error (counted, printed at the end). Each
+trajectory's `meta.simulator` names it (`endpoint:<URL>#<model>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="run episodes and write trajectories", description=__doc__)
+    p.add_argument("--model", required=True, help="tiny, smollm2 or a local model folder")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
+    p.add_argument("--mode", default="rehearse", choices=["rehearse", "real", "simulator"])
+    p.add_argument("--simulator", help="mode simulator: a model folder/preset or an http(s) URL")
+    p.add_argument("--simulator-endpoint", help="mode simulator: an OpenAI-compatible server URL")
+    p.add_argument("--simulator-model", help="the served model's name (default: the only one)")
+    p.add_argument("--simulator-api", default="completions", choices=["completions", "chat"],
+                   help="completions: envace's ChatML prompt (default); chat: chat/completions")
+    p.add_argument("--simulator-timeout", type=float, default=60.0, help="seconds per attempt")
+    p.add_argument("--simulator-retries", type=int, default=3)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tasks", type=int, default=0, help="at most this many tasks (0: all)")
+    p.add_argument("--unit", default="turn", choices=["turn", "task"])
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from envace.model.endpoint import EndpointError
+    from envace.training.config import TrainConfig
+
+    endpoint = args.simulator_endpoint or (
+        args.simulator if (args.simulator or "").startswith(("http://", "https://")) else None)
+    if args.mode == "simulator" and not (args.simulator or endpoint):
+        print("envace rollout: --mode simulator needs --simulator PATH_OR_URL or "
+              "--simulator-endpoint URL", file=sys.stderr)
+        return 2
+    sim = None
+    if args.mode == "simulator" and endpoint:
+        try:
+            sim = endpoint_simulator(endpoint, args, TrainConfig().desc_chars)
+        except (ValueError, EndpointError) as exc:
+            print(f"envace rollout: {exc}", file=sys.stderr)
+            return 2
+    # the model side (torch) only once the simulator is known to answer
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.rewards import task_reward
+    from envace.core.schema import TrajectoryWriter
+    from envace.core.turns import turn_tasks
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+    from envace.model.rollout import RolloutConfig, run_episodes
+    from envace.training.train_setup import fitting_tasks, make_simulator
+
+    try:
+        path = resolve_model(args.model, default_cache_dir()) if args.model != "tiny" else None
+    except ValueError as exc:
+        print(f"envace rollout: {exc}", file=sys.stderr)
+        return 2
+    if path is None:
+        print("envace rollout: give a trained model folder (e.g. runs/<run>/checkpoints/...)",
+              file=sys.stderr)
+        return 2
+    model, tok = load_model(path)
+    cfg = TrainConfig(model=str(path), max_new_tokens=args.max_new_tokens,
+                      max_context_tokens=args.max_context)
+    tasks = split_tasks(args.split)
+    tasks = turn_tasks(tasks) if args.unit == "turn" else tasks
+    tasks = fitting_tasks(tasks, tok, cfg)
+    if args.tasks and len(tasks) > args.tasks:
+        tasks = random.Random(args.seed).sample(tasks, args.tasks)
+    if args.mode == "simulator" and sim is None:
+        cfg.simulator_model = args.simulator
+        sim = make_simulator(cfg)
+    rcfg = RolloutConfig(mode=args.mode, temperature=args.temperature, top_p=args.top_p,
+                         max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
+                         max_context=args.max_context, seed=args.seed)
+    n = 0
+    with TrajectoryWriter(Path(args.out), mode="w") as w:
+        for i in range(0, len(tasks), args.batch_size):
+            for ep in run_episodes(model, tok, tasks[i:i + args.batch_size], rcfg, sim):
+                r = task_reward("state", ep.task, ep.calls_per_turn)
+                ep.trajectory.reward = float(r["success"])
+                ep.trajectory.model = str(path)
+                if getattr(sim, "label", None):
+                    ep.trajectory.meta["simulator"] = sim.label
+                w.write(ep.trajectory)
+                n += 1
+    print(f"wrote {n} {args.mode} trajectories to {args.out}")
+    if getattr(sim, "failures", 0):
+        print(f"envace rollout: {sim.failures} of {sim.calls} simulator requests failed; their "
+              f"responses are errors (the last: {sim.last_error})", file=sys.stderr)
+    return 0
+
+
+def endpoint_simulator(url: str, args: argparse.Namespace, desc_chars: int) -> Any:
+    """A checked `EndpointSimulator` (the model: `--simulator-model`, else the only one served)."""
+    from envace.model.endpoint import EndpointError
+    from envace.model.simulators import EndpointSimulator
+
+    def make(model: str) -> Any:
+        return EndpointSimulator(url, model, timeout_s=args.simulator_timeout,
+                                 max_tokens=args.max_new_tokens, api=args.simulator_api,
+                                 retries=args.simulator_retries, desc_chars=desc_chars)
+
+    sim = make(args.simulator_model or "")
+    served = sim.client.check()
+    if not args.simulator_model:
+        if len(served) != 1:
+            raise EndpointError(f"{sim.client.base} serves {len(served)} models "
+                                f"({', '.join(served[:10])}): name one with --simulator-model")
+        sim = make(served[0])
+    return sim

@@ -1,0 +1,75 @@
+"""`envace train`: parse the config (YAML preset + key=value overrides) and run the trainer.
+
+    envace train                                  # configs/tiny.yaml
+    envace train --config configs/smollm2.yaml steps=20 lr=2e-6
+    envace train --resume runs/<name>             # the run's own config.yaml, from its checkpoint
+    envace train --resume runs/<name> --restart   # a run without a checkpoint: over from step 0
+    envace train --help-config                    # every key, its default and its help
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="role-wise GRPO training with fidelity logging",
+                       description=__doc__)
+    p.add_argument("--config", help="YAML preset (default: configs/tiny.yaml)")
+    p.add_argument("--resume", help="a run directory to continue from its last checkpoint")
+    p.add_argument("--restart", action="store_true",
+                   help="with --resume: start a run that has no checkpoint over from step 0 in "
+                        "its own directory (its old metrics.jsonl is kept aside)")
+    p.add_argument("--help-config", action="store_true", help="list every config key")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", help="key=value")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from envace.training.config import ConfigError, TrainConfig, config_help, load_config
+
+    if args.help_config:
+        print(config_help(TrainConfig))
+        return 0
+    config = args.config
+    overrides = list(args.overrides)
+    if args.restart and not args.resume:
+        print("envace train: --restart goes with --resume runs/<name> (a new run needs no "
+              "restart)", file=sys.stderr)
+        return 2
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").exists():
+            print(f"envace train: {run_dir} is not a run directory (no config.yaml)",
+                  file=sys.stderr)
+            return 2
+        config = config or str(run_dir / "config.yaml")
+        overrides += [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
+    elif config is None:
+        config = str(DEFAULT_CONFIG)
+    if not Path(config).exists():
+        print(f"envace train: no such config file {config}; presets: "
+              f"{', '.join(p.stem for p in DEFAULT_CONFIG.parent.glob('*.yaml'))}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(TrainConfig, config, overrides)
+    except ConfigError as exc:
+        print(f"envace train: {exc}", file=sys.stderr)
+        return 2
+    from envace.training.train import train
+
+    try:
+        train(cfg, resume=bool(args.resume), progress=not args.quiet, restart=args.restart)
+    except ConfigError as exc:
+        print(f"envace train: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"envace train: interrupted; continue with `envace train --resume {cfg.run_dir}`",
+              file=sys.stderr)
+        return 130
+    return 0

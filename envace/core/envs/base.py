@@ -1,0 +1,233 @@
+"""The environment protocol, tool results, and the registry of environments by name.
+
+An environment is a real, executable, stateful tool backend (tau2-bench style: tools are public
+methods, state can be dumped and hashed, tool errors are data). Everything that checks a rehearsed
+response against reality goes through this protocol.
+
+    env = make_env("bfcl")
+    env.reset(task)                      # a Task, or an inline initial state (dict)
+    result = env.execute("cd", {"folder": "document"})
+    result.content, result.error         # the real response text, and whether it is a failure
+    env.state_hash()                     # changes iff the backend state changed
+
+Built-in environments: ``bfcl`` and ``agentdojo``. Other packages add environments through the
+entry-point group ``envace.environments`` (``name = "module:factory"``, see docs/plugins.md):
+:func:`make_env` finds them through ``importlib.metadata`` and loads one only when it is asked
+for, so a plugin that fails to import never breaks the built-ins; asking for it gives a
+:class:`PluginLoadError` that names it. A built-in name cannot be taken by a plugin.
+
+Optional methods an environment may have (``envace envs`` and ``export-real`` use them):
+``task_ids() -> list[str]``, ``all_tools() -> list[dict]``, ``task_prompt(task_id) -> str``,
+``ground_truth(task_id) -> list[tuple[str, dict]]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Protocol, runtime_checkable
+
+ENTRY_POINT_GROUP = "envace.environments"
+#: Built-in environments and their modules (importing one registers it), in listing order.
+BUILTINS = {"bfcl": "envace.core.envs.bfcl", "agentdojo": "envace.core.envs.agentdojo"}
+
+
+class ToolKind(StrEnum):
+    """Whether a tool writes state (tau2-bench marks tools the same way)."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the environment returned for one call. Errors are data, never exceptions."""
+
+    content: str
+    error: bool = False
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A real, stateful tool backend."""
+
+    name: str
+
+    def reset(self, task: Any) -> None:
+        """Load a task's initial state (a Task object, or an inline state dict)."""
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool schemas offered for the current task (OpenAI/HF function format)."""
+
+    def execute(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run one call; unknown tools, bad arguments and backend exceptions give error results."""
+
+    def state(self) -> dict[str, Any]:
+        """The backend state as plain JSON-able data."""
+
+    def state_hash(self) -> str:
+        """A short hash of :meth:`state`."""
+
+    def tool_kind(self, tool: str) -> ToolKind | None:
+        """READ or WRITE for a tool (None when unknown)."""
+
+
+class UnknownEnvironment(KeyError):
+    """Raised by :func:`make_env` for a name that is not registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PluginLoadError(UnknownEnvironment):
+    """An environment plugin (entry point) that failed to import or to construct."""
+
+
+_REGISTRY: dict[str, Callable[..., Environment]] = {}
+
+
+def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
+    """Class decorator: make an environment constructible by name."""
+
+    def deco(factory: Callable[..., Environment]) -> Callable[..., Environment]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def _load_builtin() -> None:
+    for module in BUILTINS.values():
+        importlib.import_module(module)  # registers its name
+
+
+def plugin_entry_points() -> dict[str, EntryPoint]:
+    """Installed plugins by environment name (first distribution wins; built-in names skipped)."""
+    out: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in BUILTINS:
+            out.setdefault(ep.name, ep)
+    return out
+
+
+def _distribution(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+
+
+def _load_plugin(name: str, ep: EntryPoint) -> Callable[..., Environment]:
+    try:
+        factory = ep.load()
+    except Exception as exc:  # any failure inside the plugin's import is reported, not raised
+        raise PluginLoadError(
+            f"environment plugin {name!r} ({ep.value}, from {_distribution(ep)}) failed to "
+            f"import: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(factory):
+        raise PluginLoadError(f"environment plugin {name!r} ({ep.value}) is not callable")
+    return factory
+
+
+def make_env(name: str, **kwargs: Any) -> Environment:
+    """A fresh environment by name (built in, registered, or an installed plugin); a clear error
+    for an unknown name or a plugin that fails to load."""
+    _load_builtin()
+    if name in _REGISTRY:
+        return _REGISTRY[name](**kwargs)
+    plugins = plugin_entry_points()
+    if name not in plugins:
+        known = ", ".join([*BUILTINS, *sorted(set(_REGISTRY) - set(BUILTINS)), *plugins])
+        raise UnknownEnvironment(f"unknown environment {name!r}; registered: {known or '(none)'}")
+    factory = _load_plugin(name, plugins[name])
+    try:
+        return factory(**kwargs)
+    except Exception as exc:
+        raise PluginLoadError(f"environment plugin {name!r} ({plugins[name].value}) failed to "
+                              f"construct: {type(exc).__name__}: {exc}") from exc
+
+
+def env_names() -> list[str]:
+    """Built-in, registered and installed plugin environment names (plugins not imported)."""
+    _load_builtin()
+    rest = sorted((set(_REGISTRY) | set(plugin_entry_points())) - set(BUILTINS))
+    return [*BUILTINS, *rest]
+
+
+def env_source(name: str) -> str:
+    """Where an environment comes from: ``built in``, ``plugin <dist> (<module:attr>)``, ..."""
+    if name in BUILTINS:
+        return "built in"
+    ep = plugin_entry_points().get(name)
+    if ep is not None:
+        return f"plugin {_distribution(ep)} ({ep.value})"
+    return "registered in process"
+
+
+def describe_env(name: str) -> dict[str, Any]:
+    """What ``envace envs`` shows: source, task ids and tool names (None where the environment
+    cannot list them), or the error that loading it gave."""
+    out: dict[str, Any] = {"name": name, "source": env_source(name), "tasks": None,
+                           "tools": None, "error": None}
+    try:
+        env = make_env(name)
+        if name == "bfcl":  # BFCL's catalogue lives in its task registry
+            from envace.core.envs.bfcl import all_tool_schemas
+            from envace.core.envs.tasks import load_tasks
+
+            out["tasks"], out["tools"] = list(load_tasks()), sorted(all_tool_schemas())
+        if hasattr(env, "task_ids"):
+            out["tasks"] = list(env.task_ids())
+        if hasattr(env, "all_tools"):
+            out["tools"] = [s["function"]["name"] for s in env.all_tools()]
+    except Exception as exc:  # a broken plugin is reported, never fatal to the listing
+        out["error"] = str(exc) if isinstance(exc, UnknownEnvironment) else (
+            f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def plain(value: Any, _seen: set[int] | None = None, _depth: int = 0) -> Any:
+    """Convert backend state (nested objects, sets, tuples) to JSON-able data, deterministically.
+
+    Objects become dicts of their public attributes; references back up a tree (``parent``) and
+    cycles are cut; sets are sorted.
+    """
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if _depth > 64:
+        return "<deep>"
+    seen = _seen if _seen is not None else set()
+    if id(value) in seen:
+        return "<cycle>"
+    if isinstance(value, dict):
+        seen.add(id(value))
+        out = {str(k): plain(v, seen, _depth + 1) for k, v in value.items()}
+        seen.discard(id(value))
+        return out
+    if isinstance(value, list | tuple):
+        seen.add(id(value))
+        out_l = [plain(v, seen, _depth + 1) for v in value]
+        seen.discard(id(value))
+        return out_l
+    if isinstance(value, set | frozenset):
+        return sorted((plain(v, seen, _depth + 1) for v in value), key=repr)
+    if hasattr(value, "__dict__"):
+        seen.add(id(value))
+        attrs = {
+            k: plain(v, seen, _depth + 1)
+            for k, v in vars(value).items()
+            if not k.startswith("_") and k != "parent"
+        }
+        seen.discard(id(value))
+        return {"__class__": type(value).__name__, **attrs}
+    return repr(value)
+
+
+def hash_state(state: Any) -> str:
+    """A 16-hex-digit hash of JSON-able state (key order does not matter)."""
+    text = json.dumps(state, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()

@@ -1,0 +1,94 @@
+"""Task rewards from a verifier that never feeds the policy (computed after the episode).
+
+- ``state``: BFCL's state check of the committed calls against the ground truth (1 or 0);
+- ``turn_state``: the share of checked turns passed before the first failure (partial credit);
+- ``action``: F1 between the committed calls and the ground-truth calls (name + arguments,
+  as multisets), a denser signal for small models;
+- ``action_partial``: the same F1 with partial credit per call (0.5 for the right function, the
+  other 0.5 shared by its arguments; calls matched one to one, best total): the densest signal,
+  for models that rarely get a call exactly right (the tiny preset).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.tasks import Task
+from envace.core.envs.verify import check_calls, ground_truth_calls
+
+REWARDS = ("state", "turn_state", "action", "action_partial")
+Call = tuple[str, dict[str, Any]]
+
+
+def _key(call: Call) -> str:
+    return call[0] + json.dumps(call[1], sort_keys=True, default=str)
+
+
+def action_f1(model: list[Call], truth: list[Call]) -> float:
+    """F1 of two call multisets; 1.0 when both are empty."""
+    if not model and not truth:
+        return 1.0
+    a, b = Counter(map(_key, model)), Counter(map(_key, truth))
+    hit = sum((a & b).values())
+    if not hit:
+        return 0.0
+    p, r = hit / sum(a.values()), hit / sum(b.values())
+    return 2 * p * r / (p + r)
+
+
+def call_credit(model: Call, truth: Call) -> float:
+    """Partial credit of one call against one ground-truth call: 0 for another function, else
+    0.5 + 0.5 x the share of argument names (of either call) whose values agree."""
+    if model[0] != truth[0]:
+        return 0.0
+    keys = set(model[1]) | set(truth[1])
+    if not keys:
+        return 1.0
+    same = sum(k in model[1] and k in truth[1] and
+               json.dumps(model[1][k], sort_keys=True, default=str) ==
+               json.dumps(truth[1][k], sort_keys=True, default=str) for k in keys)
+    return 0.5 + 0.5 * same / len(keys)
+
+
+def partial_action_f1(model: list[Call], truth: list[Call]) -> float:
+    """F1 with partial credit: the best one-to-one matching of calls (Hungarian algorithm,
+    scipy) gives the credited hits; 1.0 when both are empty."""
+    if not model and not truth:
+        return 1.0
+    if not model or not truth:
+        return 0.0
+    from scipy.optimize import linear_sum_assignment
+
+    credit = np.array([[call_credit(m, t) for t in truth] for m in model])
+    rows, cols = linear_sum_assignment(credit, maximize=True)
+    hit = float(credit[rows, cols].sum())
+    if hit <= 0:
+        return 0.0
+    p, r = hit / len(model), hit / len(truth)
+    return 2 * p * r / (p + r)
+
+
+def task_reward(kind: str, task: Task, calls_per_turn: list[list[Call]]) -> dict[str, Any]:
+    """{'reward': float, 'success': bool, 'detail': str}; errors become reward 0 with a reason."""
+    if kind not in REWARDS:
+        raise ValueError(f"reward must be one of {REWARDS}, got {kind!r}")
+    try:
+        check = check_calls(task, calls_per_turn)
+        if kind in ("action", "action_partial"):
+            env = BFCLEnv()
+            env.reset(task)
+            truth = [c for turn in ground_truth_calls(task, env) for c in turn]
+            model = [c for turn in calls_per_turn for c in turn]
+            value = (action_f1 if kind == "action" else partial_action_f1)(model, truth)
+        elif kind == "turn_state":
+            value = check.partial
+        else:
+            value = float(check.valid)
+        return {"reward": value, "success": check.valid, "detail": check.error_type or ""}
+    except Exception as exc:  # an environment failure is recorded for the episode, not fatal
+        return {"reward": 0.0, "success": False, "detail": f"verifier error: {exc}"}

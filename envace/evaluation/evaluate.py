@@ -1,0 +1,112 @@
+"""Evaluation in the real environment: task success (BFCL's state check), per backend, pass@k.
+
+    summary = evaluate(model, tokenizer, tasks, out_dir, EvalSettings(seeds=2))
+
+Each task is attempted once per seed with the real environment answering the policy's calls
+(mode ``real``); the committed calls are then checked against the ground truth. Writes
+``trajectories.jsonl`` (with reward and success in each record) and ``summary.json`` (success
+rate with a Wilson interval, resampling tasks when there are several seeds; per backend, pass@k
+over seeds, end reasons, tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit.compounding import wilson_ci
+from audit.intervals import cluster_ratio
+from audit.pipeline import write_json_atomic
+from envace.core.envs.tasks import Task
+from envace.core.rewards import task_reward
+from envace.core.schema import TrajectoryWriter
+from envace.model.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
+
+
+@dataclass
+class EvalSettings:
+    seeds: int = 1
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 128
+    max_turns: int = 8
+    max_context: int = 4096
+    batch_size: int = 16
+    reward: str = "state"
+    mode: str = "real"
+    desc_chars: int = 60
+
+
+def pass_at_k(successes: list[list[bool]], k: int) -> float:
+    """Unbiased pass@k (Chen et al.) averaged over tasks, each with n >= k attempts."""
+    from math import comb
+
+    vals = []
+    for s in successes:
+        n, c = len(s), sum(s)
+        vals.append(1.0 if n - c < k else 1 - comb(n - c, k) / comb(n, k))
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def success_interval(per_task: dict[str, list[bool]]) -> tuple[list[float | None], str]:
+    """95 % interval of the success rate over all attempts and its method: Wilson's when each
+    task was attempted once; with several attempts per task (seeds), which are not independent,
+    a bootstrap that resamples tasks (``audit.intervals``)."""
+    attempts = [x for v in per_task.values() for x in v]
+    if all(len(v) <= 1 for v in per_task.values()):
+        return list(wilson_ci(sum(attempts), len(attempts))), "wilson"
+    r = cluster_ratio([float(x) for x in attempts], [t for t, v in per_task.items() for _ in v])
+    return r["ci"], f"task_bootstrap ({r['method']})"
+
+
+def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
+             s: EvalSettings, label: str = "eval", rollout: Any | None = None) -> dict[str, Any]:
+    """Evaluate; ``rollout``: run_episodes' signature on another backend (default: HF)."""
+    rollout = rollout or run_episodes
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    rewards, ends, tokens = [], Counter(), Counter()
+    by_backend: dict[str, list[bool]] = defaultdict(list)
+    with TrajectoryWriter(out_dir / "trajectories.jsonl", mode="w") as w:
+        for seed in range(s.seeds):
+            cfg = RolloutConfig(mode=s.mode, temperature=s.temperature, top_p=s.top_p,
+                                max_new_tokens=s.max_new_tokens, max_turns=s.max_turns,
+                                max_context=s.max_context, desc_chars=s.desc_chars,
+                                seed=10_000 + seed)
+            for i in range(0, len(tasks), s.batch_size):
+                for ep in rollout(model, tokenizer, tasks[i:i + s.batch_size], cfg):
+                    r = task_reward(s.reward, ep.task, ep.calls_per_turn)
+                    ep.trajectory.reward = r["reward"]
+                    ep.trajectory.id = f"{ep.task.id}-s{seed}"
+                    ep.trajectory.meta.update(seed=seed, success=r["success"], plan="commit",
+                                              verifier=r["detail"], split=label)
+                    w.write(ep.trajectory)
+                    per_task[ep.task.id].append(r["success"])
+                    by_backend[ep.task.primary_backend].append(r["success"])
+                    rewards.append(r["reward"])
+                    ends[ep.end_reason.split(":")[0]] += 1
+                    tokens["act"] += ep.tokens(ACT)
+                    tokens["rehearse"] += ep.tokens(REHEARSE)
+    attempts = [x for v in per_task.values() for x in v]
+    k = sum(attempts)
+    success_ci, ci_method = success_interval(per_task)
+    summary = {
+        "label": label, "mode": s.mode, "tasks": len(tasks), "seeds": s.seeds,
+        "attempts": len(attempts), "successes": k,
+        "success_rate": k / len(attempts) if attempts else None,
+        "success_ci": success_ci, "success_ci_method": ci_method,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "pass_at_k": {str(j): pass_at_k(list(per_task.values()), j)
+                      for j in range(1, s.seeds + 1)},
+        "by_backend": {b: {"attempts": len(v), "success_rate": sum(v) / len(v)}
+                       for b, v in sorted(by_backend.items())},
+        "end_reasons": dict(ends), "tokens": dict(tokens),
+        "seconds": time.perf_counter() - t0,
+        "settings": s.__dict__,
+    }
+    write_json_atomic(out_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,361 @@
+"""The episode engine: one policy acts and rehearses, many episodes batched over one KV cache.
+
+    episodes = run_episodes(model, tokenizer, tasks, RolloutConfig(mode="rehearse"))
+
+Per episode (a BFCL multi-turn task): the prompt (system with the tool listing, first user turn)
+is prefilled; the policy writes an assistant message; each call in it is answered by
+
+- ``rehearse``: the same policy, after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
+- ``real``: the real environment (its text is forced in as CONTEXT and never trained);
+- ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
+
+and acting resumes on what came back. An assistant message without calls ends the user turn;
+the next user turn is forced in. Limits on turns, tokens per message and context end an episode
+cleanly with its reason. A malformed call or an unknown tool is recorded (the audit counts it)
+and ends the episode. Output per episode: the trajectory (spec) plus token ids, roles and the
+sampling log-probabilities the trainer needs, and the calls per turn for the verifier.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.tasks import Task
+from envace.core.schema import Message, Trajectory
+from envace.core.timing import NULL_TIMER, Timer
+from envace.model import chat
+from envace.model.backends.hf import HFStepper, sample
+
+CONTEXT, ACT, REHEARSE = 0, 1, 2
+MODES = ("rehearse", "real", "simulator")
+FORCED_CHUNK = 256  # forced tokens appended per forward and row
+Simulator = Callable[[list[dict[str, Any]], list[dict[str, Any]], str, dict[str, Any]], str]
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling and limits of a rollout."""
+
+    mode: str = "rehearse"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per generated message
+    max_turns: int = 30  # assistant messages per episode
+    max_context: int = 4096  # tokens per episode
+    desc_chars: int = 60  # tool descriptions in the listing are cut to this
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+
+@dataclass
+class Episode:
+    """One finished episode."""
+
+    task: Task
+    trajectory: Trajectory
+    ids: list[int]
+    roles: list[int]
+    logprobs: list[float]  # sampling log-prob of generated tokens, 0 for context
+    step_of_token: list[int]  # tool-call step a REHEARSE token answers, else -1
+    prompt_len: int
+    end_reason: str
+    calls_per_turn: list[list[tuple[str, dict[str, Any]]]]
+
+    def tokens(self, role: int) -> int:
+        return sum(r == role for r in self.roles)
+
+
+@dataclass
+class _Row:
+    task: Task
+    env: BFCLEnv | None
+    messages: list[dict[str, Any]]
+    ids: list[int]
+    roles: list[int]
+    logprobs: list[float]
+    step_of_token: list[int]
+    calls_per_turn: list[list[tuple[str, dict[str, Any]]]]
+    queue: deque = field(default_factory=deque)  # forced (token, role, step)
+    gen: str | None = "act"  # what to generate once the queue is empty
+    buf: list[int] = field(default_factory=list)
+    buf_logp: float = 0.0
+    pending: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    turn: int = 0
+    steps: int = 0
+    assistant_messages: int = 0
+    done: str | None = None
+
+    def push(self, tok: int, role: int, logprob: float, step: int) -> None:
+        """Record one token of the episode (forced or sampled)."""
+        self.ids.append(tok)
+        self.roles.append(role)
+        self.logprobs.append(logprob)
+        self.step_of_token.append(step)
+
+
+class Engine:
+    """Holds the tokenizer-level pieces of the format (marker ids, forced texts)."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: RolloutConfig,
+                 simulator: Simulator | None = None) -> None:
+        if cfg.mode == "simulator" and simulator is None:
+            raise ValueError("mode 'simulator' needs a simulator (a frozen model or an endpoint)")
+        self.model, self.tok, self.cfg, self.simulator = model, tokenizer, cfg, simulator
+        self.im_start = chat.marker_id(tokenizer, chat.IM_START)
+        self.im_end = chat.marker_id(tokenizer, chat.IM_END)
+        self.nl = chat.encode_text(tokenizer, "\n")
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else self.im_end
+
+    # -- forced text ------------------------------------------------------------------------
+    def _header(self, role: str) -> list[int]:
+        return [self.im_start, *chat.encode_text(self.tok, f"{role}\n")]
+
+    def _force(self, row: _Row, ids: Sequence[int], role: int = CONTEXT, step: int = -1) -> None:
+        row.queue.extend((t, role, step) for t in ids)
+
+    def _force_turn(self, row: _Row, role: str, text: str) -> None:
+        self._force(row, [*self._header(role), *chat.encode_text(self.tok, text), self.im_end,
+                          *self.nl])
+
+    # -- episode logic ----------------------------------------------------------------------
+    def start(self, task: Task) -> _Row:
+        env = None
+        if self.cfg.mode == "real":
+            env = BFCLEnv()
+            env.reset(task)
+        messages = task.opening_messages()
+        ids, _ = chat.encode_with_roles(self.tok, messages, task.tools(turn=0),
+                                            generation_prompt="assistant",
+                                            desc_chars=self.cfg.desc_chars)
+        n = len(ids)  # the prompt (incl. earlier turns of a per-turn task) is never trained
+        row = _Row(task, env, [dict(m) for m in messages], ids, [CONTEXT] * n, [0.0] * n,
+                   [-1] * n, [[] for _ in task.turns])
+        # call ids (and step indices) continue after the calls of earlier turns in the history
+        row.steps = sum(len(m.get("tool_calls") or []) for m in messages)
+        return row
+
+    def _offered(self, row: _Row) -> set[str]:
+        return {s["function"]["name"] for s in row.task.tools(turn=row.turn)}
+
+    def finish_message(self, row: _Row) -> None:
+        text = self.tok.decode(row.buf, skip_special_tokens=False)
+        text = text.split(chat.IM_END, 1)[0]
+        kind, logp, ntok = row.gen, row.buf_logp, len(row.buf)
+        row.buf, row.buf_logp, row.gen = [], 0.0, None
+        self._force(row, self.nl)
+        if kind == "rehearse":
+            call_id, name, _ = row.pending.pop(0)
+            row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                                 "content": text, "rehearsed": True, "logprob": logp,
+                                 "num_tokens": ntok})
+            self._next_response(row)
+            return
+        row.assistant_messages += 1
+        parsed = chat.parse_assistant(text)
+        msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        calls = []
+        for c in sorted([*parsed.calls, *parsed.malformed], key=lambda c: c.index):
+            call_id = f"c{row.steps}"
+            row.steps += 1
+            if isinstance(c, chat.ParsedCall):
+                calls.append({"id": call_id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}})
+                row.pending.append((call_id, c.name, c.arguments))
+                row.calls_per_turn[row.turn].append((c.name, c.arguments))
+            else:  # kept as a malformed call: arguments as a string that is not a JSON object
+                calls.append({"id": call_id, "type": "function",
+                              "function": {"name": c.name or "", "arguments": c.raw}})
+        if calls:
+            msg["tool_calls"] = calls
+        msg["logprob"], msg["num_tokens"] = logp, ntok
+        row.messages.append(msg)
+        unknown = [n for _, n, _ in row.pending if n not in self._offered(row)]
+        if parsed.malformed:
+            row.done = "malformed_call"
+        elif unknown:
+            row.done = f"unknown_tool:{unknown[0][:60]}"
+        elif row.assistant_messages >= self.cfg.max_turns:
+            row.done = "max_turns"
+        elif row.pending:
+            self._next_response(row)
+        else:
+            self._next_user_turn(row)
+
+    def _next_response(self, row: _Row) -> None:
+        if not row.pending:
+            self._force(row, self._header("assistant"))
+            row.gen = "act"
+            return
+        call_id, name, args = row.pending[0]
+        step = int(call_id[1:])
+        if self.cfg.mode == "rehearse":
+            self._force(row, self._header("tool"))
+            row.gen = "rehearse"
+            row.current_step = step  # type: ignore[attr-defined]
+            return
+        if self.cfg.mode == "real":
+            res = row.env.execute(name, args)  # type: ignore[union-attr]
+            content, extra = res.content, ({"error": True} if res.error else {})
+            rehearsed = False
+        else:
+            content = self.simulator(row.messages, row.task.tools(), name, args)  # type: ignore[misc]
+            extra, rehearsed = {}, True
+        row.pending.pop(0)
+        row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                             "content": content, "rehearsed": rehearsed, **extra})
+        self._force_turn(row, "tool", content)
+        self._next_response(row)
+
+    def _next_user_turn(self, row: _Row) -> None:
+        row.turn += 1
+        if row.turn >= len(row.task.turns):
+            row.done = "finished"
+            return
+        for m in row.task.turn_messages(row.turn):
+            row.messages.append(m)
+            self._force_turn(row, m["role"], m["content"])
+        self._force(row, self._header("assistant"))
+        row.gen = "act"
+
+    def start_all(self, tasks: Sequence[Task]) -> tuple[list[_Row], list[int]]:
+        """Rows for the tasks and their prompt lengths; a prompt over the context limit ends
+        its episode before it starts."""
+        rows = [self.start(t) for t in tasks]
+        for r in rows:
+            if len(r.ids) >= self.cfg.max_context:
+                r.done = "context_limit"
+        return rows, [len(r.ids) for r in rows]
+
+    def episode(self, row: _Row, prompt_len: int) -> Episode:
+        traj = Trajectory(
+            id=f"{row.task.id}", task_id=row.task.id,
+            env={"name": "bfcl", "task": row.task.base_id or row.task.id},
+            source={"rehearse": "rehearsal", "real": "real", "simulator": "simulator"}[
+                self.cfg.mode],
+            messages=[Message.model_validate(m) for m in row.messages],
+            tools=row.task.tools(),
+            meta={"mode": self.cfg.mode, "end_reason": row.done, "base_task": row.task.base_id,
+                  "temperature": self.cfg.temperature, "top_p": self.cfg.top_p},
+        )
+        return Episode(row.task, traj, row.ids, row.roles, row.logprobs, row.step_of_token,
+                       prompt_len, row.done or "unknown", row.calls_per_turn)
+
+
+def push_token(eng: Engine, r: _Row, tok: int, lp: float, cfg: RolloutConfig,
+               tokenizer: Any) -> bool:
+    """Append one token to a row: its next forced token if it has forced text queued, else the
+    sampled ``tok`` (ending the message on ``<|im_end|>`` or at the token cap). True when a
+    message or the episode ended. Shared by ``run_episodes``, the message-level backends
+    (``envace.model.backends.base``) and the engine benchmark."""
+    if r.queue:
+        tok, role, step = r.queue.popleft()
+        lp = 0.0
+    else:
+        role = ACT if r.gen == "act" else REHEARSE
+        step = getattr(r, "current_step", -1) if role == REHEARSE else -1
+        r.buf.append(tok)
+        r.buf_logp += lp
+    r.push(tok, role, lp, step)
+    ended = False
+    if role != CONTEXT and tok == eng.im_end:
+        eng.finish_message(r)
+        ended = True
+    elif role != CONTEXT and len(r.buf) >= cfg.max_new_tokens:
+        r.done = "max_new_tokens"
+        r.messages.append({"role": "assistant" if r.gen == "act" else "tool",
+                           "content": tokenizer.decode(r.buf), "truncated": True,
+                           **({} if r.gen == "act" else {
+                               "tool_call_id": r.pending[0][0], "name": r.pending[0][1],
+                               "rehearsed": True})})
+        ended = True
+    if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
+        r.done = "context_limit"
+    return ended or r.done is not None
+
+
+def choose_logits(all_logits: Sequence[torch.Tensor], rehearsing: Sequence[bool]
+                  ) -> torch.Tensor:
+    """The next-token logits ``[rows, V]`` each live row samples from: with a world model
+    (``all_logits`` = [policy's, world model's]) the world model's for the rows that rehearse
+    next, the policy's for the others. The row mask is made on the logits' device."""
+    if len(all_logits) == 1:
+        return all_logits[0]
+    use_wm = torch.tensor(list(rehearsing), dtype=torch.bool, device=all_logits[0].device)
+    return torch.where(use_wm[:, None], all_logits[1], all_logits[0])
+
+
+@torch.no_grad()
+def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
+                 simulator: Simulator | None = None,
+                 world_model: Any | None = None, timer: Timer = NULL_TIMER) -> list[Episode]:
+    """Run one episode per task, all batched together; returns them in task order.
+
+    ``world_model`` (the paper's unshared ablation, mode ``split``): a second model with the same
+    tokenizer that reads every token too and writes the tool responses; ``model`` only acts.
+    ``timer`` sections: ``rollout/prefill`` (the prompts), ``rollout/decode`` (sampling, and
+    the forwards in which every row appends one sampled token), ``rollout/forced`` (the forwards
+    in which some row appends forced text: headers, real or simulated responses, user turns);
+    what is left (parsing, answers of the environment or simulator, bookkeeping) is the
+    caller's section.
+    """
+    eng = Engine(model, tokenizer, cfg, simulator)
+    rows, prompt_lens = eng.start_all(tasks)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+    models = [model] + ([world_model] if world_model is not None else [])
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
+    steppers = [HFStepper(m, eng.pad) for m in models]
+    # the batch holds only live rows (``live``: their indices); a row over the context limit is
+    # never encoded, a finished row leaves the batch
+    live = [i for i, r in enumerate(rows) if r.done is None]
+    with timer.section("rollout/prefill"):
+        all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
+    while live:
+        with timer.section("rollout/decode"):
+            logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
+                                                for i in live])
+            toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
+        chunks: list[list[int]] = []
+        forced = False
+        for j, i in enumerate(live):
+            r = rows[i]
+            if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
+                forced = True
+                chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
+                chunks.append([t for t, _, _ in chunk])
+                for t, role, step in chunk:
+                    r.push(t, role, 0.0, step)
+            else:  # a sampled token: recorded, and the message ends on <|im_end|> or the cap
+                push_token(eng, r, int(toks[j]), float(logps[j]), cfg, tokenizer)
+                chunks.append([r.ids[-1]])
+            if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
+                r.done = "context_limit"
+        keep = [j for j, i in enumerate(live) if rows[i].done is None]
+        if len(keep) < len(live):  # what a finished row would append is never needed
+            live, chunks = [live[j] for j in keep], [chunks[j] for j in keep]
+            if not live:
+                break
+            for s in steppers:
+                s.select(keep)
+        with timer.section("rollout/forced" if forced else "rollout/decode"):
+            all_logits = [s.extend(chunks) for s in steppers]
+    for m, flag in zip(models, was_training, strict=True):
+        m.train(flag)
+    return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
+
+
+def episodes_to_jsonable(episodes: Sequence[Episode]) -> list[dict[str, Any]]:
+    """Trajectories as plain dicts (with the end reason in meta)."""
+    return [json.loads(e.trajectory.to_json()) for e in episodes]

@@ -1,0 +1,82 @@
+"""Resumable checkpoints: model(s), optimizer(s), scheduler(s), RNG states and data position.
+
+    save_checkpoint(run_dir, step, models, tokenizer, optimizer_states, schedulers, extra)
+    state = load_latest(run_dir)      # None when the run has none
+    state = load_checkpoint(run_dir, 3)  # a given one (envace.training.resume.plan_resume picks it)
+
+A checkpoint is written into a temporary folder and renamed into place, so a run killed while
+saving leaves the previous checkpoint intact. The newest ``keep`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer: Any,
+                    optimizer_states: dict[str, dict[str, Any]], schedulers: dict[str, Any],
+                    extra: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint ``step`` atomically; ``optimizer_states``: each optimizer's state dict
+    (``opt.state_dict()``, or the gathered whole state under FSDP)."""
+    root = run_dir / "checkpoints"
+    final = root / f"step_{step}"
+    tmp = root / f".step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, model in models.items():
+        model.save_pretrained(tmp / name)
+        tokenizer.save_pretrained(tmp / name)
+    torch.save({"optimizers": optimizer_states,
+                "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+                "rng": rng_state()}, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    done = sorted(list_checkpoints(run_dir))
+    for old in done[:-keep]:
+        shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[int]:
+    root = run_dir / "checkpoints"
+    if not root.exists():
+        return []
+    return sorted(int(p.name.split("_", 1)[1]) for p in root.glob("step_*")
+                  if p.name.split("_", 1)[1].isdigit() and (p / "trainer_state.json").exists())
+
+
+def load_latest(run_dir: Path) -> dict[str, Any] | None:
+    """The newest complete checkpoint: its folder, step, extra info and torch state."""
+    steps = list_checkpoints(run_dir)
+    if not steps:
+        return None
+    return load_checkpoint(run_dir, steps[-1])
+
+
+def load_checkpoint(run_dir: Path, step: int) -> dict[str, Any]:
+    """Checkpoint ``step`` (an older one when the newest cannot be resumed exactly:
+    ``envace.training.resume.plan_resume``): its folder, step, extra info and torch state."""
+    folder = run_dir / "checkpoints" / f"step_{step}"
+    info = json.loads((folder / "trainer_state.json").read_text())
+    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    return {"folder": folder, "step": info["step"], "info": info, **state}

@@ -1,0 +1,555 @@
+"""Config system: dataclasses loaded from YAML plus `key=value` overrides, and the trainer's config.
+
+Every entry point has one config dataclass (trl style). Every field has a default and a help
+string (`opt(default, "help")`), types are checked on load, and `__post_init__` rejects bad
+combinations with a message that says what to change:
+
+    cfg = load_config(TrainConfig, "configs/tiny.yaml", ["lr=1e-5", "mode=grpo"])
+    dump_yaml(cfg, "runs/x/config.yaml")            # atomic; loads back to an equal config
+    print(config_help(TrainConfig))
+
+Overrides are parsed with yaml.safe_load (`lr=1e-6`, `flag=true`, `scorers=[exact,json_f1]`,
+`simulator_model=null`); dotted keys reach nested dataclasses (`optim.lr=1e-6`). Precedence:
+field defaults < YAML file < overrides, in order.
+"""
+
+import copy
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tempfile
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value, key or combination is wrong; the message says what to change."""
+
+
+def opt(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with a default and a help string (lists and dicts are copied per use)."""
+    metadata = {"help": help}
+    if isinstance(default, list | dict | set) or dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless ok: the building block of `__post_init__` checks."""
+    if not ok:
+        raise ConfigError(message)
+
+
+# -----------------------------------------------------------------------------
+# Types: check a value against a field's annotation, with the few coercions YAML needs
+
+
+def type_name(tp: Any) -> str:
+    """Readable name of an annotation: `float`, `str | None`, `one of 'a', 'b'`, `list[str]`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
+    if origin is list:
+        return f"list[{type_name(args[0])}]" if args else "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str, source: str = "") -> Any:
+    """Return `value` as type `tp`, or raise ConfigError naming the key, type and value.
+
+    Coercions: int -> float; a string that reads as a number -> int/float (PyYAML reads `1e-6` as
+    a string); a comma-separated string -> list. Never bool <-> number, never number -> str.
+    A float must be finite (`inf`, `nan` and YAML's `.inf` are refused).
+    """
+    where = f" (from {source})" if source else ""
+
+    def fail(hint: str = "") -> typing.NoReturn:
+        raise ConfigError(
+            f"{key}{where} expects {type_name(tp)}, got {value!r} ({type(value).__name__}){hint}"
+        )
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) == 1:  # `X | None`: X's own message (e.g. "give a finite number")
+            try:
+                return coerce(value, kinds[0], key, source)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (or null)") from None
+        for arg in kinds:
+            try:
+                return coerce(value, arg, key, source)
+            except ConfigError:
+                pass
+        fail()
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        fail(f"; did you mean {close[0]!r}?" if close else "")
+    if origin is list or tp is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            fail()
+        item = args[0] if args else Any
+        return [coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        fail("; write true or false")
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                fail()
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        fail()
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                fail()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                if math.isfinite(value):
+                    return float(value)
+            except OverflowError:  # an int beyond float's range
+                pass
+            fail("; give a finite number")
+        fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        fail("; quote it if a string is meant")
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    fail()
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """Field name -> (field, resolved annotation) of a dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+
+
+def _is_config(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def valid_keys(cls: type, prefix: str = "") -> list[str]:
+    """All settable keys of a config class, nested ones dotted (`optim.lr`)."""
+    keys = []
+    for name, (_, tp) in _fields(cls).items():
+        if _is_config(tp):
+            keys += valid_keys(tp, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def check_types(cfg: Any) -> None:
+    """Coerce every field of `cfg` to its annotation in place (call first in `__post_init__`)."""
+    for name, (_, tp) in _fields(type(cfg)).items():
+        if not _is_config(tp):
+            setattr(cfg, name, coerce(getattr(cfg, name), tp, name))
+
+
+# -----------------------------------------------------------------------------
+# Loading
+
+
+def _unknown(key: str, cls: type, source: str) -> ConfigError:
+    keys = valid_keys(cls)
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else f"valid keys: {', '.join(keys)}"
+    return ConfigError(f"unknown config key {key!r} (from {source}); {hint}")
+
+
+def _flatten(data: dict, cls: type, prefix: str = "") -> dict[str, Any]:
+    """A YAML mapping as {dotted key: value}, descending into mappings under nested configs."""
+    fields = _fields(cls)
+    out = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if k in fields and _is_config(fields[k][1]) and isinstance(v, dict):
+            out.update(_flatten(v, fields[k][1], f"{key}."))
+        else:
+            out[key] = v  # unknown keys are reported by _set, with suggestions
+    return out
+
+
+def _accepts_str(tp: Any) -> bool:
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    return tp is str or str in args
+
+
+def _set(values: dict, cls: type, key: str, value: Any, source: str, raw: str | None) -> None:
+    """Type-check one dotted key against `cls` and store it in the nested dict `values`."""
+    *path, last = str(key).split(".")
+    sub, node = cls, values
+    for part in path:
+        fields = _fields(sub)
+        if part not in fields or not _is_config(fields[part][1]):
+            raise _unknown(key, cls, source)
+        sub, node = fields[part][1], node.setdefault(part, {})
+    fields = _fields(sub)
+    if last not in fields:
+        raise _unknown(key, cls, source)
+    tp = fields[last][1]
+    if _is_config(tp):
+        raise ConfigError(
+            f"{key} (from {source}) is a section: give a mapping of its fields, or set them one "
+            f"by one with dotted keys ({key}.<field>=...)"
+        )
+    if raw is not None and _accepts_str(tp) and value is not None and not isinstance(value, str):
+        value = raw  # `run_name=007` means the string "007", not the int 7
+    node[last] = coerce(value, tp, key, source)
+
+
+def _build(cls: type[T], values: dict) -> T:
+    kwargs = {}
+    for name, (_, tp) in _fields(cls).items():
+        if name in values:
+            kwargs[name] = _build(tp, values[name]) if _is_config(tp) else values[name]
+    return cls(**kwargs)
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: list[str]) -> T:
+    """Build `cls` from its defaults, then a YAML file (optional), then `key=value` overrides.
+
+    Raises ConfigError for an unknown key (with the closest valid keys and where it came from), a
+    value of the wrong type, a malformed override, or a combination `__post_init__` rejects.
+    """
+    values: dict = {}
+    sources: dict[str, str] = {}  # dotted key -> where its value came from
+    if yaml_path is not None:
+        source = str(yaml_path)
+        try:
+            data = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"cannot read config file {source}: it is not UTF-8 text (byte "
+                              f"{e.object[e.start:e.start + 1]!r} at position {e.start}); give a "
+                              "YAML file such as configs/tiny.yaml") from e
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read config file {source}: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must hold a mapping of keys to values, not {data!r}")
+        for key, value in _flatten(data, cls).items():
+            _set(values, cls, key, value, source, raw=None)
+            sources[str(key)] = f"{source}"
+
+    for item in overrides:
+        source = f"override {item!r}"
+        key, sep, raw = item.removeprefix("--").partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source} is not of the form key=value")
+        key, raw = key.strip(), raw.strip()
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        _set(values, cls, key, value, source, raw=raw)
+        sources[key] = source
+
+    try:
+        return _build(cls, values)
+    except ConfigError as e:
+        named = [k for k in sources if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", str(e))]
+        if named:  # the keys the message names, each with where its value came from
+            where = "; ".join(f"{k} from {sources[k]}" for k in named)
+            raise ConfigError(f"{e} ({where})") from e
+        origin = " + ".join(([str(yaml_path)] if yaml_path else []) + overrides) or "defaults"
+        raise ConfigError(f"{e} [config from: {origin}]") from e
+
+
+def parse_cli(cls: type[T], argv: list[str]) -> T:
+    """Config from command-line words: `[--config PATH] [key=value ...]`."""
+    path, overrides, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a path: --config configs/tiny.yaml")
+            path, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+        i += 1
+    return load_config(cls, path, overrides)
+
+
+# -----------------------------------------------------------------------------
+# Saving and help
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts and lists (YAML / JSON ready)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any, path: str | os.PathLike) -> None:
+    """Write the config as YAML atomically: a temp file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def config_help(cls: type, prefix: str = "") -> str:
+    """One line per key: `name (type, default X): help`; nested configs dotted."""
+    lines = []
+    defaults = cls()
+    for name, (f, tp) in _fields(cls).items():
+        if _is_config(tp):
+            lines.append(config_help(tp, f"{prefix}{name}."))
+            continue
+        help_text = f.metadata.get("help", "")
+        lines.append(f"  {prefix}{name} ({type_name(tp)}, default {getattr(defaults, name)!r})")
+        if help_text:
+            lines.append(
+                textwrap.fill(help_text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            )
+    return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
+# The trainer's config
+
+Mode = Literal["envace", "split", "simulator", "grpo"]
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Configuration of `envace train` (role-wise GRPO with world rehearsal).
+
+    Defaults follow the EnvACE reference run where it has one (lr 1e-6 constant, 16 prompts x 4
+    rollouts, clip 0.2 with dual clip 3, token-mean loss, KL off); presets in configs/ override.
+    """
+
+    # run
+    run_name: str = opt("", "run folder name under output_dir; empty: '<mode>-<model>-s<seed>'")
+    output_dir: str = opt("runs", "folder that holds run directories")
+    seed: int = opt(0, "random seed (task order, sampling, init of the tiny model)")
+    resume_from: str | None = opt(None, "checkpoint folder to resume from; null starts fresh")
+
+    # model and method
+    model: str = opt("tiny", "policy model: 'tiny', 'smollm2', a local path or a hub id")
+    mode: Mode = opt(
+        "envace",
+        "envace: one policy acts and rehearses (the method); split: separate actor and world "
+        "model; simulator: responses from simulator_model, actor trained only; grpo: standard "
+        "GRPO with the real environment in the loop (the paper's baseline)",
+    )
+    world_model: str | None = opt(None, "mode=split: world model spec; null: a copy of `model`")
+    simulator_model: str | None = opt(
+        None, "mode=simulator: frozen model spec, or an OpenAI-compatible http(s):// endpoint"
+    )
+    backend: Literal["hf", "vllm"] = opt("hf", "generation backend for rollouts")
+    dtype: Literal["auto", "float32", "bfloat16"] = opt("auto", "parameter dtype; auto: model's")
+    sharding: Literal["replicate", "fsdp"] = opt(
+        "replicate", "several processes: each holds a full replica (replicate, data parallel) or "
+        "1/world of the trained weights, gradients and optimizer state (fsdp, "
+        "envace.training.fsdp); accelerate's FSDP config sets fsdp. One process: ignored")
+
+    # tasks and reward
+    split: str = opt("train", "task split to train on (a file in data/)")
+    train_tasks: int = opt(
+        0, "train on a fixed pool of this many tasks of `split` (sampled with the seed); 0: all. "
+        "With eval_split equal to split the evaluation uses the same pool (a memorisation check)")
+    task_unit: Literal["turn", "task"] = opt(
+        "turn", "train on single user turns (denser reward) or on whole multi-turn tasks"
+    )
+    desc_chars: int = opt(60, "tool descriptions in the prompt's tool listing are cut to this")
+    reward: Literal["state", "action", "turn_state", "action_partial"] = opt(
+        "state",
+        "state: final environment state after executing the committed calls equals ground "
+        "truth; action: committed calls match ground-truth calls (F1); action_partial: the same "
+        "F1 with partial credit for the right function and each right argument; turn_state: "
+        "of the user turns whose ground truth makes calls, the share passed in order before "
+        "the first failed one (a turn passes the state check: a call made, every backend's "
+        "state equal to ground truth, the ground truth's responses returned)",
+    )
+    grounded_lambda: float = opt(
+        0.0, "rehearse reward = (1 - lambda) * task reward + lambda * measured fidelity; 0: paper"
+    )
+
+    # rollouts
+    prompts_per_step: int = opt(16, "tasks sampled per training step")
+    group_size: int = opt(4, "rollouts per task (the GRPO group)")
+    temperature: float = opt(1.0, "sampling temperature in training")
+    top_p: float = opt(1.0, "nucleus sampling in training")
+    max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)")
+    max_turns: int = opt(30, "assistant turns per episode (the reference stops at 30)")
+    max_context_tokens: int = opt(20000, "episode ends when its context reaches this many tokens")
+
+    # optimisation
+    steps: int = opt(100, "GRPO training steps (one optimizer update each, on fresh rollouts)")
+    lr: float = opt(1e-6, "learning rate (constant after warmup; paper 1e-6)")
+    warmup_steps: int = opt(0, "linear learning-rate warmup steps")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    grad_clip: float = opt(1.0, "max global gradient norm; 0 disables clipping")
+    micro_batch_size: int = opt(4, "sequences per forward/backward; gradients accumulate")
+    clip_low: float = opt(0.2, "PPO ratio clip below: ratio >= 1 - clip_low")
+    clip_high: float = opt(0.2, "PPO ratio clip above: ratio <= 1 + clip_high (>0.2: clip-higher)")
+    dual_clip: float | None = opt(3.0, "cap on the loss of negative-advantage tokens; null: off")
+    kl_coef: float = opt(0.0, "weight of the k3 KL to the initial policy; 0: off (paper 1e-4 on)")
+    aggregation: Literal["token_mean", "seq_mean", "seq_mean_token_sum"] = opt(
+        "token_mean", "loss reduction over tokens and sequences (envace.training.grpo.aggregate)"
+    )
+    scale_by_std: bool = opt(False, "divide advantages by the group std (paper: no)")
+
+    # cold start
+    sft_steps: int = opt(0, "supervised cold-start steps on reference trajectories; 0: none")
+    sft_lr: float | None = opt(None, "learning rate of the cold start; null: the preset's")
+    sft_max_minutes: float = opt(5.0, "wall-clock budget of the cold start; 0: none")
+
+    # evaluation, fidelity audit, logging, checkpoints
+    eval_every: int = opt(50, "evaluate every N steps; 0: never")
+    eval_split: str = opt("dev", "task split to evaluate on")
+    eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all")
+    eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)")
+    eval_temperature: float = opt(0.6, "sampling temperature in evaluation (reference 0.6)")
+    eval_top_p: float = opt(0.95, "nucleus sampling in evaluation (reference 0.95)")
+    audit_scorers: list[str] = opt(
+        ["exact", "json_f1", "error_agreement"],
+        "fidelity scorers run on rehearsed responses every step (audit registry names); []: off",
+    )
+    verdict_scorer: str = opt("exact", "scorer whose verdict decides that a step diverged")
+    report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
+    log_every: int = opt(1, "log metrics every N steps")
+    checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end")
+    time_sync: bool = opt(
+        False, "on a GPU, wait for queued kernels at every boundary of the step's timed sections "
+        "(time/* in metrics.jsonl): each section's seconds are then its own, at the cost of a "
+        "pipeline stall per boundary; off: kernels still running are charged to a later section. "
+        "No effect on a CPU")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.model.strip() != "", "model is empty: set model=tiny, smollm2 or a path")
+        require(self.steps >= 0, f"steps={self.steps}: set steps>=0")
+        require(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
+        require(
+            self.group_size >= 2,
+            f"group_size={self.group_size}: role-wise baselines compare rollouts of the same "
+            "task, so set group_size>=2",
+        )
+        require(self.micro_batch_size >= 1, "micro_batch_size must be >= 1")
+        require(self.lr > 0, f"lr={self.lr}: set a positive learning rate")
+        require(self.weight_decay >= 0, "weight_decay must be >= 0")
+        require(self.grad_clip >= 0, "grad_clip must be >= 0 (0 disables clipping)")
+        require(self.warmup_steps >= 0, "warmup_steps must be >= 0")
+        require(0 <= self.clip_low < 1, f"clip_low={self.clip_low}: set 0 <= clip_low < 1")
+        require(self.clip_high >= 0, f"clip_high={self.clip_high}: set clip_high >= 0")
+        require(
+            self.dual_clip is None or self.dual_clip > 1,
+            f"dual_clip={self.dual_clip}: set dual_clip > 1 (3.0 in the paper) or dual_clip=null",
+        )
+        require(self.kl_coef >= 0, f"kl_coef={self.kl_coef}: set kl_coef >= 0")
+        for name in ("temperature", "eval_temperature"):
+            require(getattr(self, name) > 0, f"{name} must be > 0 (use a small value, not 0)")
+        for name in ("top_p", "eval_top_p"):
+            require(0 < getattr(self, name) <= 1, f"{name} must be in (0, 1]")
+        require(self.max_new_tokens >= 1 and self.max_turns >= 1, "max_new_tokens, max_turns >= 1")
+        require(
+            self.max_new_tokens < self.max_context_tokens,
+            f"max_new_tokens={self.max_new_tokens} must be below max_context_tokens="
+            f"{self.max_context_tokens}: raise max_context_tokens or lower max_new_tokens",
+        )
+        require(
+            0 <= self.grounded_lambda <= 1,
+            f"grounded_lambda={self.grounded_lambda}: set it in [0, 1]",
+        )
+        require(
+            self.grounded_lambda == 0 or self.mode in ("envace", "split"),
+            f"grounded_lambda={self.grounded_lambda} rewards the policy's rehearsals, which "
+            f"mode={self.mode} does not train: set grounded_lambda=0 or mode=envace/split",
+        )
+        require(
+            self.grounded_lambda == 0 or bool(self.audit_scorers),
+            "grounded_lambda > 0 needs measured fidelity: list scorers in audit_scorers",
+        )
+        require(
+            self.mode != "simulator" or bool(self.simulator_model),
+            "mode=simulator needs simulator_model=<preset | path | http(s)://host/v1 endpoint>",
+        )
+        require(
+            self.mode == "simulator" or self.simulator_model is None,
+            f"simulator_model is only used when mode=simulator (mode={self.mode}): set "
+            "simulator_model=null or mode=simulator",
+        )
+        require(
+            self.mode == "split" or self.world_model is None,
+            f"world_model is only used when mode=split (mode={self.mode}): set world_model=null "
+            "or mode=split",
+        )
+        require(self.sft_steps >= 0, "sft_steps must be >= 0 (0: no cold start)")
+        require(self.sft_lr is None or self.sft_lr > 0,
+                f"sft_lr={self.sft_lr}: set a positive learning rate or null")
+        for name in ("eval_every", "eval_tasks", "checkpoint_every", "train_tasks"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
+        require(self.log_every >= 1, "log_every must be >= 1")
+        require(self.eval_seeds >= 1, "eval_seeds must be >= 1")
+        require(self.desc_chars >= 0, f"desc_chars={self.desc_chars}: set desc_chars >= 0")
+        require(self.sft_max_minutes >= 0,
+                f"sft_max_minutes={self.sft_max_minutes}: set it >= 0 (0: no time budget)")
+        self._check_scorers()
+        require(
+            not self.audit_scorers or self.verdict_scorer in self.audit_scorers,
+            f"verdict_scorer={self.verdict_scorer!r} is not among audit_scorers="
+            f"{self.audit_scorers}: add it there or pick one of them",
+        )
+
+    def _check_scorers(self) -> None:
+        """Every listed scorer (and the verdict's) is registered in the audit: a typo fails
+        here, not after the model loaded and the first step rolled out."""
+        if not self.audit_scorers:
+            return
+        from audit.scorers import list_scorers
+
+        known = list_scorers()
+        for i, name in enumerate(self.audit_scorers):
+            close = difflib.get_close_matches(name, known, n=1)
+            require(name in known,
+                    f"audit_scorers[{i}]={name!r} is not a registered scorer"
+                    + (f" (did you mean {close[0]!r}?)" if close else "")
+                    + f"; valid: {', '.join(known)}")
+        require(self.verdict_scorer in known,
+                f"verdict_scorer={self.verdict_scorer!r} is not a registered scorer; valid: "
+                f"{', '.join(known)}")
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes: output_dir / (run_name or '<mode>-<model>-s<seed>')."""
+        name = self.run_name or f"{self.mode}-{Path(self.model).name}-s{self.seed}"
+        return Path(self.output_dir) / name

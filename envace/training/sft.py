@@ -1,0 +1,536 @@
+"""Cold start: supervised fine-tuning on real trajectories with trl's SFTTrainer.
+
+    envace sft --preset tiny                          # about 9 minutes on two CPU cores
+    envace sft --preset smollm2 --seq-len 1024 --max-minutes 10
+    envace sft --preset PATH --roles act --max-steps 200 --out runs/sft-act
+
+The data are the train split's real trajectories (`envace.core.export`: ground-truth calls executed,
+one call per assistant message). Every token is trained as its role says (`envace.model.chat`): with
+`roles="both"` (default) the assistant turns (ACT) and the tool responses (REHEARSE: the policy
+learns to write what the environment answers); with `roles="act"` the tool responses stay context.
+
+Trajectories longer than `seq_len` are cut into windows of whole messages. Every window opens
+with the system turn (the tool listing) and, when it starts mid-conversation, the last user message
+before it, both as context; a single message that does not fit is cut at its end. Probes and
+rollouts build their prompts the same way (`prompt_ids`: the system turn, the latest user message
+and as many of the latest messages as fit).
+
+A time budget (`max_minutes`, counted from the start of the command, setup included) stops
+training cleanly through a trainer callback before the next step would overrun it; the learning
+rate then follows a cosine over the clock (or over the steps, whichever is further along). The
+output folder is a normal Hugging Face model folder plus `sft_log.jsonl` (one line per logged
+step: loss, learning rate, tokens, wall time) and `envace_sft.json` (settings, data, steps,
+tokens, throughput, the command). A folder already trained with the same settings and data is
+reused unless `force`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from envace.core.schema import Trajectory
+from envace.model.chat import IM_END, IM_START, Role, encode_with_roles, marker_id, render
+from envace.model.models import MARKER, atomic_dir, default_cache_dir, fingerprint, resolve_model
+from envace.training.config import opt, require
+
+SFT_META = "envace_sft.json"
+SFT_LOG = "sft_log.jsonl"
+SFT_VERSION = 1  # bump when the data or the training recipe changes meaning
+
+# Per-preset defaults for the fields left at None (a path gets the smollm2 column).
+PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {"lr": 1.5e-3, "seq_len": 2048, "batch_size": 1, "warmup_steps": 20},
+    "smollm2": {"lr": 1e-4, "seq_len": 1024, "batch_size": 1, "warmup_steps": 10},
+}
+
+
+@dataclasses.dataclass
+class SFTSettings:
+    """Configuration of `envace sft` (every None means: the preset's default)."""
+
+    preset: str = opt("tiny", "tiny, smollm2, or the path of a local Hugging Face model folder")
+    out: str | None = opt(None, "output folder; default <cache>/sft-<preset>-<roles>-<hash>")
+    roles: Literal["both", "act"] = opt("both", "train act and rehearse tokens, or act only")
+    max_minutes: float = opt(9.0, "wall-clock budget of the whole command; 0 = none")
+    max_steps: int = opt(0, "stop after this many optimizer steps; 0 = no limit")
+    epochs: float = opt(3.0, "passes over the data (the time budget usually ends training first)")
+    lr: float | None = opt(None, "peak learning rate (tiny 1.5e-3, smollm2 1e-4)")
+    seq_len: int | None = opt(None, "tokens per training window (tiny 2048, smollm2 1024)")
+    batch_size: int | None = opt(None, "windows per optimizer step")
+    warmup_steps: int | None = opt(None, "linear warmup steps")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    seed: int = opt(0, "seed of the model init (tiny), the shuffling and the trainer")
+    data: str | None = opt(None, "train on this trajectory JSONL instead of the train split")
+    cache_dir: str | None = opt(None, "preset cache; default $ENVACE_CACHE or <repo>/.cache/envace")
+    logging_steps: int = opt(10, "log the loss every this many steps")
+    threads: int = opt(0, "torch CPU threads; 0 = auto: the cores other processes leave idle")
+    force: bool = opt(False, "train again even when the output folder is already up to date")
+
+    def __post_init__(self) -> None:
+        require(self.roles in ("both", "act"), f"roles must be 'both' or 'act', not {self.roles!r}")
+        require(self.max_minutes >= 0, "max_minutes must be >= 0 (0 means no time budget)")
+        require(self.max_steps >= 0, "max_steps must be >= 0 (0 means no step limit)")
+        require(self.epochs > 0, "epochs must be positive")
+        require(self.lr is None or self.lr > 0, "lr must be positive")
+        require(self.seq_len is None or self.seq_len >= 128, "seq_len must be at least 128")
+        require(self.batch_size is None or self.batch_size >= 1, "batch_size must be >= 1")
+        require(self.logging_steps >= 1, "logging_steps must be >= 1")
+        require(self.threads >= 0, "threads must be >= 0 (0 = auto)")
+
+    def resolved(self) -> SFTSettings:
+        """A copy with the preset's defaults filled in."""
+        base = PRESET_DEFAULTS[preset_kind(self.preset)]
+        fill = {k: v for k, v in base.items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **fill)
+
+
+def preset_kind(preset: str) -> str:
+    """Which defaults a model takes: `tiny` or `smollm2` (a pretrained model).
+
+    A folder trained by `envace sft` takes the kind it was trained from; a folder built by
+    `build_tiny` is tiny; any other folder counts as pretrained.
+    """
+    if preset in PRESET_DEFAULTS:
+        return preset
+    from envace.model.models import read_marker
+
+    meta = read_sft_meta(preset)
+    if meta.get("preset_kind") in PRESET_DEFAULTS:
+        return str(meta["preset_kind"])
+    return "tiny" if read_marker(Path(preset)).get("preset") == "tiny" else "smollm2"
+
+
+def auto_threads(requested: int = 0) -> int:
+    """CPU threads for torch: `requested`, or (0) the cores not kept busy by other processes.
+
+    On a shared machine, torch's default of one thread per core is several times slower than
+    one thread when other processes hold the cores (measured here: 2 threads 200-250 tokens/s,
+    1 thread 1,200 tokens/s while the 1-minute load average was 4-7 on 2 cores). Auto reads
+    the 1-minute load average once, before this process adds to it.
+    """
+    cores = os.cpu_count() or 1
+    if requested > 0:
+        return requested
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, cores - int(busy + 0.5)))
+
+
+# ---------------------------------------------------------------- data
+
+
+def sft_messages(traj: Trajectory, roles: str = "both") -> list[dict[str, Any]]:
+    """The trajectory's messages as dicts; tool responses marked `rehearsed` iff roles == both."""
+    out = []
+    for m in traj.messages:
+        d = m.dump()
+        if d.get("role") == "tool":
+            d["rehearsed"] = roles == "both"
+        out.append(d)
+    return out
+
+
+def message_blocks(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    generation_prompt: str | None = None,
+) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
+    """`(blocks, kinds)`: the encoding cut into turns, each `(ids, roles)`, and each turn's role.
+
+    Block 0 is the system turn (a leading system message is folded into it); then one block per
+    message; with `generation_prompt`, a last block holding the open header. Turns are cut at
+    `<|im_start|>`, which text can never produce (`encode_text` keeps marker strings as text).
+    """
+    ids, roles = encode_with_roles(tokenizer, messages, tools, generation_prompt=generation_prompt)
+    start = marker_id(tokenizer, IM_START)
+    cuts = [i for i, t in enumerate(ids) if t == start] + [len(ids)]
+    blocks = [(ids[a:b], roles[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    msgs = list(messages)
+    if msgs and msgs[0].get("role") == "system":
+        msgs = msgs[1:]
+    kinds = ["system"] + [str(m.get("role", "user")) for m in msgs]
+    if generation_prompt:
+        kinds.append(f"prompt:{generation_prompt}")
+    if len(kinds) != len(blocks):
+        raise RuntimeError(f"{len(blocks)} turns encoded for {len(kinds)} messages")
+    return blocks, kinds
+
+
+def _carry(blocks: list, kinds: list[str], start: int) -> list[int]:
+    """Ids of the last user message before `start` (context for a window starting there)."""
+    for i in range(start - 1, 0, -1):
+        if kinds[i] == "user":
+            return list(blocks[i][0])
+    return []
+
+
+def make_windows(
+    blocks: list[tuple[list[int], list[int]]], kinds: list[str], seq_len: int
+) -> list[tuple[list[int], list[int]]]:
+    """Cut one encoded trajectory into training windows of at most `seq_len` tokens.
+
+    Each window: the system turn, then (when it starts after the first message) the last user
+    message before it, both as context, then consecutive whole messages while they fit. A message
+    that does not fit an otherwise empty window is cut at its end. Windows without a trained
+    token are dropped.
+    """
+    sys_ids = list(blocks[0][0])[: seq_len // 2]
+    out: list[tuple[list[int], list[int]]] = []
+    i, n = 1, len(blocks)
+    while i < n:
+        carry = _carry(blocks, kinds, i) if i > 1 else []
+        if len(sys_ids) + len(carry) + len(blocks[i][0]) > seq_len:
+            carry = []
+        ids = sys_ids + carry
+        roles = [int(Role.CONTEXT)] * len(ids)
+        j = i
+        while j < n and len(ids) + len(blocks[j][0]) <= seq_len:
+            ids += blocks[j][0]
+            roles += blocks[j][1]
+            j += 1
+        if j == i:  # one message longer than the room left: keep its start
+            room = seq_len - len(ids)
+            ids += blocks[i][0][:room]
+            roles += blocks[i][1][:room]
+            j = i + 1
+        if any(r != Role.CONTEXT for r in roles):
+            out.append((ids, roles))
+        i = j
+    return out
+
+
+def build_examples(
+    tokenizer: Any, trajectories: Sequence[Trajectory], seq_len: int, roles: str = "both"
+) -> tuple[list[dict[str, list[int]]], dict[str, int]]:
+    """Pre-tokenized SFT examples `{input_ids, assistant_masks}` (1 = trained) and counts.
+
+    `assistant_masks` is trl's name for the loss mask; here it marks act tokens, and rehearse
+    tokens too when roles == "both".
+    """
+    trained = {int(Role.ACT), int(Role.REHEARSE)} if roles == "both" else {int(Role.ACT)}
+    examples: list[dict[str, list[int]]] = []
+    stats = {"trajectories": 0, "windows": 0, "tokens": 0, "act_tokens": 0, "rehearse_tokens": 0}
+    for traj in trajectories:
+        blocks, kinds = message_blocks(tokenizer, sft_messages(traj, roles), traj.tools)
+        stats["trajectories"] += 1
+        for ids, rls in make_windows(blocks, kinds, seq_len):
+            examples.append({"input_ids": ids, "assistant_masks": [int(r in trained) for r in rls]})
+            stats["windows"] += 1
+            stats["tokens"] += len(ids)
+            stats["act_tokens"] += sum(r == Role.ACT for r in rls)
+            stats["rehearse_tokens"] += sum(r == Role.REHEARSE and r in trained for r in rls)
+    return examples, stats
+
+
+def prompt_ids(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    generation_prompt: str,
+    max_len: int,
+) -> list[int]:
+    """A generation prompt of at most `max_len` ids, cut as training windows are.
+
+    The system turn, the last user message when it would fall outside, as many of the latest
+    messages as fit, and the open `<|im_start|>{generation_prompt}\\n` header.
+    """
+    blocks, kinds = message_blocks(tokenizer, messages, tools, generation_prompt)
+    header, body = blocks[-1][0], blocks[:-1]
+    sys_ids = list(body[0][0])[: max(0, max_len - len(header)) // 2]
+    room = max_len - len(header) - len(sys_ids)
+    start, used = len(body), 0
+    while start > 1 and used + len(body[start - 1][0]) <= room:
+        start -= 1
+        used += len(body[start][0])
+    carry = _carry(body, kinds, start) if start > 1 else []
+    if used + len(carry) > room:
+        carry = []
+    tail = [t for b in body[start:] for t in b[0]]
+    return sys_ids + carry + tail + list(header)
+
+
+def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
+    """Real trajectories of the train split (ground truth executed), or those of a JSONL file."""
+    if data is not None:
+        from envace.core.schema import read_trajectories
+
+        items = list(read_trajectories(data))
+        bad = [f"{i.path}:{i.line}: {i.error}" for i in items if i.trajectory is None]
+        if bad:
+            raise ValueError(f"unreadable training records: {'; '.join(bad[:3])}")
+        return [i.trajectory for i in items if i.trajectory is not None]
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+
+    return list(export_real(split_tasks("train")))
+
+
+def training_texts(trajectories: Sequence[Trajectory]) -> list[str]:
+    """The rendered trajectories: what the tiny preset's tokenizer is trained on."""
+    return [render([m.dump() for m in t.messages], t.tools) for t in trajectories]
+
+
+# ---------------------------------------------------------------- training
+
+
+def _callbacks(deadline: float | None, log_path: Path, t0: float) -> list[Any]:
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        """Stop before the next step would end past the deadline (the model is saved after)."""
+
+        def __init__(self) -> None:
+            self.last = time.perf_counter()
+            self.step_s = 0.0
+            self.stopped = False
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            now = time.perf_counter()
+            self.step_s, self.last = now - self.last, now
+            if deadline is not None and now + 1.5 * self.step_s >= deadline:
+                self.stopped = True
+                control.should_training_stop = True
+
+    class LogLines(TrainerCallback):
+        """Append every log (loss, lr, tokens) with the step and wall time to sft_log.jsonl."""
+
+        def __init__(self) -> None:
+            self.rows: list[dict[str, Any]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            row = {"step": state.global_step, "wall_s": round(time.perf_counter() - t0, 2),
+                   **{k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}}
+            self.rows.append(row)
+            with open(log_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    return [TimeBudget(), LogLines()]
+
+
+def _clock_lambda(warmup: int, total_steps: int, deadline: float | None) -> Any:
+    """LR factor: linear warmup, then a cosine to 10 % over max(step, clock) progress.
+
+    The clock starts at the first call (when the scheduler is made, as training starts) and runs
+    to `deadline`.
+    """
+    start: list[float] = []
+
+    def factor(step: int) -> float:
+        if not start:
+            start.append(time.perf_counter())
+        if step < warmup:
+            return (step + 1) / warmup
+        done = (step - warmup) / max(1, total_steps - warmup)
+        if deadline is not None:
+            budget = max(1e-6, deadline - start[0])
+            done = max(done, (time.perf_counter() - start[0]) / budget)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+
+    return factor
+
+
+def data_fingerprint(trajectories: Sequence[Trajectory]) -> str:
+    return fingerprint((t.to_json() for t in trajectories), "sft-data")
+
+
+def build_trainer(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Mapping[str, list[int]]],
+    s: SFTSettings,
+    output_dir: Path,
+    callbacks: Sequence[Any] = (),
+    lr_factor: Any = None,
+    quiet: bool = True,
+) -> Any:
+    """trl's SFTTrainer over pre-tokenized examples; `lr_factor(step)` replaces the scheduler.
+
+    trl turns each example's `assistant_masks` into `labels` (-100 where the mask is 0) when it
+    prepares the dataset, so `trainer.train_dataset["labels"]` shows exactly what is trained.
+    """
+    import datasets
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
+    from trl import SFTConfig, SFTTrainer
+
+    s = s.resolved()
+    if quiet:
+        datasets.disable_progress_bars()
+    cfg = SFTConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=s.batch_size,
+        learning_rate=s.lr, weight_decay=s.weight_decay, num_train_epochs=s.epochs,
+        max_steps=s.max_steps or -1, logging_steps=s.logging_steps, save_strategy="no",
+        report_to=[], bf16=False, gradient_checkpointing=False, max_length=s.seq_len,
+        seed=s.seed, data_seed=s.seed, dataloader_num_workers=0,
+        include_num_input_tokens_seen="non_padding", disable_tqdm=quiet,
+        use_cpu=not torch.cuda.is_available(),
+    )
+
+    class Trainer(SFTTrainer):
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            if self.lr_scheduler is None and lr_factor is not None:
+                self.lr_scheduler = LambdaLR(optimizer or self.optimizer, lr_factor)
+            return super().create_scheduler(num_training_steps, optimizer)
+
+    dataset = datasets.Dataset.from_list([dict(e) for e in examples])
+    return Trainer(model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer,
+                   callbacks=list(callbacks))
+
+
+def run_sft(
+    settings: SFTSettings,
+    trajectories: Sequence[Trajectory] | None = None,
+    command: list[str] | None = None,
+    t0: float | None = None,
+    quiet: bool = False,
+) -> Path:
+    """Train and save; returns the output folder. `t0`: when the budget started counting."""
+    import torch
+
+    from envace.model.models import load_model
+
+    t0 = time.perf_counter() if t0 is None else t0
+    load0 = list(os.getloadavg())
+    s = settings.resolved()
+    cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()
+    trajs = list(trajectories) if trajectories is not None else load_train_trajectories(s.data)
+    require(bool(trajs), "no training trajectories")
+    data_key = data_fingerprint(trajs)
+    texts = training_texts(trajs) if s.preset == "tiny" else None
+    base = resolve_model(s.preset, cache, texts)
+    recipe = {k: v for k, v in dataclasses.asdict(s).items()
+              if k not in ("out", "cache_dir", "force", "data", "threads", "logging_steps")}
+    key = fingerprint([data_key, str(base)], {"recipe": recipe, "version": SFT_VERSION})
+    out = Path(s.out) if s.out else cache / f"sft-{Path(s.preset).name}-{s.roles}-{key[:10]}"
+    if not s.force and _marker_fingerprint(out) == key:
+        if not quiet:
+            print(f"envace sft: {out} is up to date (same settings and data); --force to retrain")
+        return out
+
+    threads = auto_threads(s.threads)
+    torch.set_num_threads(threads)
+    torch.manual_seed(s.seed)
+    if s.force:  # else atomic_dir keeps the folder already there (same fingerprint)
+        (out / MARKER).unlink(missing_ok=True)
+    model, tokenizer = load_model(base)
+    examples, stats = build_examples(tokenizer, trajs, s.seq_len, s.roles)
+    require(bool(examples), "no training window holds a trained token")
+    budget = s.max_minutes * 60 if s.max_minutes else None
+    n_params = sum(p.numel() for p in model.parameters())
+    # seconds kept for saving: 3, plus about 5 per 100M parameters (float32 shards)
+    deadline = t0 + budget - 3.0 - 5.0 * n_params / 1e8 if budget else None
+    steps_per_epoch = math.ceil(len(examples) / s.batch_size)
+    total = s.max_steps or math.ceil(steps_per_epoch * s.epochs)
+    warmup = min(s.warmup_steps, max(1, total // 10))
+    probe_set = examples[: min(len(examples), 16)]
+    start = time.perf_counter()
+    loss0 = mean_loss(model, probe_set)
+    loss_s = time.perf_counter() - start
+    # training stops early enough for the same loss measurement after it
+    train_deadline = deadline - 1.2 * loss_s if deadline is not None else None
+    with atomic_dir(out) as tmp:
+        log_path = tmp / SFT_LOG
+        log_path.write_text("")
+        budget_cb, log_cb = cbs = _callbacks(train_deadline, log_path, t0)
+        trainer = build_trainer(model, tokenizer, examples, s, tmp / "trainer", cbs,
+                                _clock_lambda(warmup, total, train_deadline), quiet)
+        train_start = time.perf_counter()
+        result = trainer.train()
+        train_s = time.perf_counter() - train_start
+        in_time = deadline is None or time.perf_counter() + loss_s < deadline
+        loss1 = mean_loss(model, probe_set) if in_time else None
+        model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(IM_END)
+        trainer.save_model(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        state = trainer.state
+        losses = [r["loss"] for r in log_cb.rows if "loss" in r]
+        seen = int(state.num_input_tokens_seen or 0)
+        stop = ("time budget" if budget_cb.stopped else
+                "max_steps" if s.max_steps and state.global_step >= s.max_steps else "epochs")
+        meta = {
+            "schema": "envace.training.sft/1",
+            "preset": s.preset,
+            "preset_kind": preset_kind(s.preset),
+            "base_model": str(base),
+            "settings": dataclasses.asdict(s),
+            "data": {"source": s.data or "train split (real trajectories)",
+                     "fingerprint": data_key, **stats},
+            "num_parameters": n_params,
+            "steps": state.global_step,
+            "epochs_done": state.epoch,
+            "stopped_by": stop,
+            "tokens_seen": seen,
+            "train_seconds": round(train_s, 2),
+            "wall_seconds": round(time.perf_counter() - t0, 2),
+            "tokens_per_s": round(seen / train_s, 1) if train_s > 0 else None,
+            "initial_loss": loss0,
+            "final_loss": loss1,
+            "loss_probe_windows": len(probe_set),
+            "first_logged_loss": losses[0] if losses else None,
+            "final_logged_loss": losses[-1] if losses else None,
+            "train_loss": result.training_loss,
+            "loss_curve": [[r["step"], r["loss"]] for r in log_cb.rows if "loss" in r],
+            "command": command if command is not None else sys.argv,
+            "torch_threads": threads,
+            "load_average_at_start": load0,
+            "load_average_at_end": list(os.getloadavg()),
+        }
+        (tmp / SFT_META).write_text(json.dumps(meta, indent=1) + "\n")
+        marker = {"preset": "sft", "fingerprint": key, "base": str(base),
+                  "num_parameters": meta["num_parameters"]}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; envace_sft.json says it
+    if not quiet:
+        print(f"envace sft: {state.global_step} steps, {seen} tokens in {train_s:.0f} s "
+              f"({meta['tokens_per_s']} tokens/s), stopped by {stop}; loss {loss0:.3f} -> "
+              f"{meta['final_logged_loss']}; saved {out}")
+    return out
+
+
+def _marker_fingerprint(folder: Path) -> str | None:
+    from envace.model.models import read_marker
+
+    return read_marker(folder).get("fingerprint") if (folder / SFT_META).is_file() else None
+
+
+def mean_loss(model: Any, examples: Sequence[Mapping[str, list[int]]]) -> float:
+    """Mean cross-entropy per trained token (mask 1) over `examples`, one at a time, no grad."""
+    import torch
+
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([ex["input_ids"]])
+            mask = torch.tensor([ex["assistant_masks"]], dtype=torch.bool)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            target, keep = ids[:, 1:], mask[:, 1:]
+            if not keep.any():
+                continue
+            nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
+            total += float(nll)
+            count += int(keep.sum())
+    model.train(was_training)
+    return total / count if count else float("nan")
+
+
+def read_sft_meta(folder: str | Path) -> dict[str, Any]:
+    """The `envace_sft.json` of a trained folder, or {}."""
+    try:
+        return json.loads((Path(folder) / SFT_META).read_text())
+    except (OSError, ValueError):
+        return {}

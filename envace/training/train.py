@@ -1,0 +1,400 @@
+"""The EnvACE trainer: role-wise GRPO on rehearsed rollouts, with fidelity logged every step.
+
+    envace train                                   # the tiny preset, end to end, minutes on a CPU
+    envace train --config configs/smollm2.yaml lr=2e-6 steps=50
+    envace train --resume runs/<name>              # continue a killed run exactly
+
+One step: sample tasks (seeded by step), run ``group_size`` episodes each (mode ``envace``: the
+policy acts and rehearses; ``split``: a second model rehearses; ``simulator``: a frozen model
+answers; ``grpo``: the real environment answers), score them with the verifier (never seen by
+the policy), audit the rehearsed responses against reality, compute role-wise advantages and
+take one optimizer step on the clipped loss. Everything lands in the run directory
+(docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md, and
+with ``kl_coef > 0`` the KL anchors (initial_model/: the trainees' weights at the start).
+
+Launched on several processes (``accelerate launch``), each rank takes a share of the step's
+groups and the gradients are summed: see ``envace.training.distributed``. Rank 0 writes the run
+directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.core.rewards import task_reward
+from envace.core.schema import TrajectoryWriter
+from envace.core.timing import NULL_TIMER, StepTimer, Timer
+from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
+from envace.training import grpo
+from envace.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from envace.training.config import ConfigError, TrainConfig, dump_yaml, to_dict
+from envace.training.distributed import Dist, init
+from envace.training.fidelity import audit_rollouts, fidelity_metrics
+from envace.training.fsdp import grad_norm_value
+from envace.training.resume import (
+    Heartbeat,
+    check_new_run_dir,
+    keep_metrics,
+    plan_resume,
+    running_marker,
+)
+from envace.training.train_setup import Policy, build_policy, check_anchors, training_pool
+
+TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
+           "grpo": (ACT,)}
+ROLLOUT_MODE = {"envace": "rehearse", "split": "rehearse", "simulator": "simulator",
+                "grpo": "real"}
+
+
+def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=dtype)
+    return out
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+
+
+def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig,
+           dist: Dist = Dist(), timer: Timer = NULL_TIMER) -> dict[str, float]:
+    """One optimizer step per model on the clipped role-wise loss; returns its statistics.
+
+    Under data parallelism ``episodes`` are this rank's share: the loss is normalised by the
+    count over all ranks and the gradients are summed across ranks before the step. ``timer``
+    sections: ``update/forward`` (forwards, log-probabilities, loss, entropy),
+    ``update/backward``, ``update/optimizer`` (gradient reduction, clipping, the optimizer and
+    scheduler steps); batching and statistics stay in ``update`` itself."""
+    stats: dict[str, float] = {}
+    for name, model, roles_trained in policy.trainees(cfg.mode):
+        def trained(e: Episode, roles_trained: tuple[int, ...] = roles_trained) -> int:
+            return sum(r in roles_trained for r in e.roles[1:])
+
+        # only episodes with trained tokens; similar lengths together (less padding)
+        order = sorted((i for i, e in enumerate(episodes) if trained(e)),
+                       key=lambda i: len(episodes[i].ids))
+        total = dist.sum(sum(trained(episodes[i]) for i in order))
+        if total == 0:
+            continue
+        # the loss is a sum over micro-batches (and ranks): divide by the global count
+        norm = total if cfg.aggregation == "token_mean" else dist.sum(len(order))
+        opt, sched = policy.optimizers[name], policy.schedulers[name]
+        opt.zero_grad(set_to_none=True)
+        parts: list[dict[str, float]] = []  # each micro-batch's statistics
+        ent_sum = 0.0
+        reference = policy.references.get(name) if cfg.kl_coef > 0 else None
+        # FSDP averages gradients over ranks: scale the backward so that they are summed
+        sharded = name in policy.sharded
+        scale = float(dist.world) if sharded else 1.0
+        mine = -(-len(order) // cfg.micro_batch_size)
+        # every sharded forward/backward is collective: ranks with fewer micro-batches run
+        # zero-weight ones until the busiest rank is done (agreed on before any of them)
+        idle = dist.max(mine) - mine if sharded else 0
+        for k in range(0, len(order), cfg.micro_batch_size):
+            idx = order[k:k + cfg.micro_batch_size]
+            mb = [episodes[i] for i in idx]
+            dev = next(model.parameters()).device
+            ids = _pad([e.ids for e in mb], policy.pad_id, torch.long).to(dev)
+            roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:].to(dev)
+            old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:].to(dev)
+            attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long).to(dev)
+            mask = torch.zeros_like(roles, dtype=torch.bool)
+            for r in roles_trained:
+                mask |= roles == r
+            with timer.section("update/forward"):
+                tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
+                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                logits = logits.float() / cfg.temperature
+                lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
+                ref_lp = None
+                if reference is not None:  # this trainee's own anchor: its initial weights
+                    with torch.no_grad():
+                        ref_logits = reference(input_ids=ids, attention_mask=attn)
+                        ref_lp = grpo.logprobs_from_logits(
+                            ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
+                loss, st = grpo.policy_loss(
+                    lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
+                    cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
+                    normalizer=norm,
+                    named_masks=grpo.role_masks(roles, mask))
+            with timer.section("update/backward"):
+                (loss * scale).backward()
+            with timer.section("update/forward"), torch.no_grad():
+                ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
+            parts.append(st)
+        if sharded:  # FSDP reduced the gradients in each backward
+            from envace.training.fsdp import idle_backward
+
+            with timer.section("update/backward"):
+                for _ in range(idle):
+                    idle_backward(model, policy.pad_id)
+        else:
+            with timer.section("update/optimizer"):
+                dist.sum_grads(model.parameters())
+        if dist.active:  # statistics of the whole batch
+            parts = [p for rank_parts in dist.gather(parts) for p in rank_parts]
+            ent_sum = dist.sum(ent_sum)
+        acc = {k: v for k, v in grpo.merge_stats(parts).items() if not k.endswith("tokens")}
+        with timer.section("update/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            opt.step()
+            sched.step()
+            policy.after_step(name)
+        prefix = "" if name == "policy" else f"{name}/"
+        stats.update({f"{prefix}{k}": v for k, v in acc.items()})
+        stats[f"{prefix}entropy"] = ent_sum / total
+        stats[f"{prefix}grad_norm"] = grad_norm_value(grad_norm)
+        stats[f"{prefix}lr"] = sched.get_last_lr()[0]
+    return stats
+
+
+def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
+                ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """[B, 2] rewards (act, rehearse) and the verifier's verdicts."""
+    verdicts = [task_reward(cfg.reward, e.task, e.calls_per_turn) for e in episodes]
+    task = torch.tensor([v["reward"] for v in verdicts], dtype=torch.float64)
+    rehearse = task.clone()
+    if cfg.grounded_lambda > 0:
+        fid = torch.tensor([0.0 if math.isnan(f) else f for f in fidelity], dtype=torch.float64)
+        rehearse = (1 - cfg.grounded_lambda) * task + cfg.grounded_lambda * fid
+    return torch.stack([task, rehearse], dim=1), verdicts
+
+
+def step_timer(cfg: TrainConfig, policy: Policy | None = None, **kw: Any) -> StepTimer:
+    """A timer for one step; with ``time_sync`` on a GPU it waits for queued kernels at every
+    section boundary (``torch.cuda.synchronize``), otherwise it never touches the device."""
+    sync = None
+    if cfg.time_sync and torch.cuda.is_available() and policy is not None \
+            and next(policy.model.parameters()).is_cuda:
+        sync = torch.cuda.synchronize
+    return StepTimer(sync=sync, **kw)
+
+
+def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path,
+               dist: Dist = Dist(), timer: StepTimer | None = None) -> dict[str, Any] | None:
+    """One step; returns its metrics record (on rank 0; None on the other ranks).
+
+    Without ``timer`` the step times itself and its record carries the ``time/*`` sections
+    (envace.core.timing); with one, the caller stops it and adds them (``_steps``: after the
+    checkpoint, which belongs to the step)."""
+    own = timer is None
+    timer = step_timer(cfg, policy) if timer is None else timer
+    t0 = time.perf_counter()
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    chosen = dist.shard(rng.sample(tasks, min(cfg.prompts_per_step, len(tasks))))
+    batch = [t for t in chosen for _ in range(cfg.group_size)]
+    rcfg = RolloutConfig(mode=ROLLOUT_MODE[cfg.mode], temperature=cfg.temperature,
+                         top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                         max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
+                         desc_chars=cfg.desc_chars,
+                         seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank)
+    with timer.section("rollout"):
+        episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg,
+                                       policy.simulator, policy.world_model, timer=timer)
+    t_roll = time.perf_counter()
+    rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
+    with timer.section("fidelity"):
+        rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
+                                   cfg.verdict_scorer, None)
+    with timer.section("reward"):
+        rewards, verdicts = rewards_for(episodes, cfg, fid)
+        has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
+        adv = grpo.role_advantages(rewards, [e.task.id for e in episodes], has,
+                                   cfg.scale_by_std)
+    t_audit = time.perf_counter()
+    with timer.section("update"):
+        st = update(policy, episodes, adv.float(), cfg, dist, timer)
+    t_end = time.perf_counter()
+    if dist.active:  # rank 0 writes and logs the whole batch, groups in their sampled order
+        g = cfg.group_size
+        mine = [(episodes[k:k + g], verdicts[k:k + g], rewards[k:k + g], has[k:k + g],
+                 adv[k:k + g]) for k in range(0, len(episodes), g)]
+        groups = dist.gather_ordered(mine)
+        rows = [r for part in dist.gather(rows) for r in part]
+        if not dist.is_main:
+            if own:
+                timer.stop()
+            return None
+        episodes = [e for grp in groups for e in grp[0]]
+        verdicts = [v for grp in groups for v in grp[1]]
+        rewards, has, adv = (torch.cat([grp[i] for grp in groups]) for i in (2, 3, 4))
+    with TrajectoryWriter(rollout_file, mode="w") as w:
+        for i, (e, v) in enumerate(zip(episodes, verdicts, strict=True)):
+            e.trajectory.id = f"s{step}-{i}-{e.task.id}"
+            e.trajectory.reward = v["reward"]
+            e.trajectory.model = str(policy.path)
+            e.trajectory.meta.update(train_step=step, group=e.task.id, success=v["success"],
+                                     verifier=v["detail"], advantage=adv[i].tolist())
+            w.write(e.trajectory)
+    with timer.section("fidelity"):  # the step's audit again, written to audit/step_<N>/
+        audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
+                       run_dir / "audit" / f"step_{step}", str(rollout_file))
+    n_act = sum(e.tokens(ACT) for e in episodes)
+    n_reh = sum(e.tokens(REHEARSE) for e in episodes)
+    ends: dict[str, int] = {}
+    for e in episodes:
+        key = f"episodes/end_{e.end_reason.split(':')[0]}"
+        ends[key] = ends.get(key, 0) + 1
+    record = {
+        "step": step, "time": time.time(),
+        **{k: v for k, v in st.items() if not k.startswith(("act/tokens", "rehearse/tokens"))},
+        "reward/mean": float(rewards[:, 0].mean()), "reward/act": float(rewards[:, 0].mean()),
+        "reward/rehearse": float(rewards[:, 1].mean()),
+        "success/mean": sum(v["success"] for v in verdicts) / len(verdicts),
+        "adv/act_mean": float(adv[:, 0][has[:, 0]].mean()) if has[:, 0].any() else 0.0,
+        "adv/act_std": float(adv[:, 0][has[:, 0]].std()) if has[:, 0].sum() > 1 else 0.0,
+        "adv/rehearse_mean": float(adv[:, 1][has[:, 1]].mean()) if has[:, 1].any() else 0.0,
+        "adv/rehearse_std": float(adv[:, 1][has[:, 1]].std()) if has[:, 1].sum() > 1 else 0.0,
+        "tokens/act": n_act, "tokens/rehearse": n_reh,
+        "tokens/context": sum(len(e.ids) for e in episodes) - n_act - n_reh,
+        "tokens_per_s": (n_act + n_reh) / (t_end - t0),
+        "seconds/rollout": t_roll - t0, "seconds/audit": t_audit - t_roll,
+        "seconds/update": t_end - t_audit, "ranks": dist.world, "calls/per_episode": sum(
+            len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
+        **ends, **fidelity_metrics(rows, cfg.audit_scorers),
+    }
+    if own:
+        timer.stop()
+        record.update(timer.metrics())
+    return record
+
+
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
+          rollout: Any | None = None, restart: bool = False) -> Path:
+    """Run (or resume) training; return the run directory. ``rollout``: run_episodes' signature
+    on another backend (the vLLM engines); by default ``cfg.backend`` decides.
+
+    Before anything is loaded or written (``envace.training.resume``): a new run refuses an existing
+    directory; a resumed one continues exactly from a checkpoint or is refused; ``restart``
+    (with ``resume``) starts a run that has no checkpoint over from step 0."""
+    from envace.training.train_report import finish_run
+
+    dist = init(cfg.sharding)
+    if dist.fsdp and cfg.sharding != "fsdp":  # accelerate's FSDP config: say so in config.yaml
+        cfg = dataclasses.replace(cfg, sharding="fsdp")
+    if cfg.prompts_per_step < dist.world:
+        raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} is fewer than the "
+                          f"{dist.world} processes: every rank needs at least one group")
+    progress = progress and dist.is_main
+    run_dir = cfg.run_dir
+    if resume:
+        plan = plan_resume(run_dir, restart)
+        state = load_checkpoint(run_dir, plan.step) if plan.step is not None else None
+    else:
+        check_new_run_dir(run_dir)
+        state = None
+    if resume and (run_dir / "config.yaml").exists():
+        from envace.training.train_setup import check_same_config
+
+        check_same_config(run_dir, cfg)
+    if state is not None:  # before anything is written: a run without its KL anchor is refused
+        check_anchors(cfg, run_dir)
+    dist.barrier()  # every rank has read the old config before rank 0 rewrites it
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, run_dir / "config.yaml")
+        (run_dir / "RUNNING").write_text(running_marker())  # removed by a clean end only
+    beat = Heartbeat(run_dir, active=dist.is_main).start()
+    policy = None
+    try:
+        policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
+        if rollout is not None:
+            policy.rollout = rollout
+        tasks = training_pool(cfg, policy.tokenizer)
+        start = 0
+        metrics = run_dir / "metrics.jsonl"
+        if state is not None:
+            start = state["step"] + 1
+            set_rng_state(state["rng"])
+            if dist.is_main:
+                _truncate_metrics(metrics, state["step"])
+                _restore_checkpoint_row(metrics, state)
+        elif dist.is_main:  # --restart: the old rows are kept aside
+            keep_metrics(metrics, None)
+        torch.manual_seed(cfg.seed)
+        _loop(cfg, policy, tasks, run_dir, start, metrics, progress, dist)
+        if dist.is_main:  # the other ranks are done: evaluation runs on one process
+            finish_run(cfg, policy, run_dir, progress=progress)
+    finally:
+        beat.stop()
+        if rollout is None and policy is not None:  # engines we started; a caller's stay
+            policy.close()
+    return run_dir
+
+
+def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
+          metrics: Path, progress: bool, dist: Dist = Dist()) -> None:
+    from envace.training.reporting import make_reporter
+
+    reporter = make_reporter(cfg.report_to if dist.is_main else "none", run_dir, to_dict(cfg))
+    try:
+        _steps(cfg, policy, tasks, run_dir, start, metrics, progress, dist, reporter)
+    finally:
+        reporter.close()
+
+
+def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
+           metrics: Path, progress: bool, dist: Dist, reporter: Any) -> None:
+    for step in range(start, cfg.steps):
+        timer = step_timer(cfg, policy)
+        record = train_step(step, policy, tasks, cfg, run_dir, dist, timer)
+        last = step == cfg.steps - 1
+        if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
+            # the checkpoint holds the step's row (without its times): a run killed before the
+            # row reaches metrics.jsonl gets it back on resume
+            extra = {"config": to_dict(cfg), "initial_model": str(policy.path)}
+            if record is not None:
+                extra["metrics"] = record
+            with timer.section("checkpoint"):
+                policy.save(run_dir, step, extra, dist)  # every rank: see save
+        timer.stop()
+        if record is not None:  # rank 0
+            record.update(timer.metrics())
+            _append_jsonl(metrics, record)
+            reporter.log(record, step)
+            if progress:
+                print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
+                      f"success {record['success/mean']:.2f} divergence "
+                      f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
+                      f"loss {record.get('loss', float('nan')):.4f} "
+                      f"({record['time/step']:.1f} s)", flush=True)
+
+
+def _truncate_metrics(path: Path, upto: int) -> None:
+    """Drop metrics of steps after the checkpoint we resume from (they will be redone); a line
+    that does not parse (torn by a kill) is kept in ``metrics.jsonl.truncated``."""
+    keep_metrics(path, upto)
+
+
+def _restore_checkpoint_row(path: Path, state: dict[str, Any]) -> None:
+    """After ``_truncate_metrics``: when the run was killed between writing a checkpoint and
+    appending that step's row, append the row the checkpoint holds (it has no ``time/*``:
+    the checkpoint's own duration was not known when it was written)."""
+    row = state.get("info", {}).get("metrics")
+    if row is None:
+        return
+    steps = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except (json.JSONDecodeError, KeyError):
+                continue
+    if state["step"] not in steps:
+        _append_jsonl(path, row)
+
+
+__all__ = ["train", "train_step", "update", "save_checkpoint"]

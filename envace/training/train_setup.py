@@ -1,0 +1,301 @@
+"""What a training run is made of: the policy (and world model, simulator, the KL references),
+its optimizers and schedulers, the training tasks; built fresh or restored from a checkpoint.
+
+The KL reference of each trainee (``kl_coef > 0``) is its own weights at the start of the run:
+a fresh run writes them once into the run directory (``initial_model/``, and
+``initial_world_model/`` for a separate ``world_model`` in mode ``split``) and a resumed run
+reads them back, so the anchor never moves to the checkpoint it resumes from.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from envace.core.envs.tasks import Task, split_tasks
+from envace.model.models import default_cache_dir, load_model, resolve_model
+from envace.model.rollout import ACT, REHEARSE
+from envace.training.checkpoint import save_checkpoint
+from envace.training.config import ConfigError, TrainConfig, to_dict
+from envace.training.distributed import Dist
+
+# the folders in the run directory that hold each trainee's initial weights (the KL anchors)
+INITIAL_FOLDERS = {"policy": "initial_model", "world_model": "initial_world_model"}
+
+# keys that may differ between a run and its resumption
+RESUMABLE_CHANGES = {"resume_from", "steps", "checkpoint_every", "eval_every", "log_every",
+                     "report_to", "time_sync"}
+
+
+@dataclass
+class Policy:
+    model: Any
+    tokenizer: Any
+    path: Path
+    world_model: Any | None = None
+    simulator: Any | None = None
+    # the frozen KL anchor of each trainee, by name (policy, world_model); empty when kl_coef=0
+    references: dict[str, Any] = field(default_factory=dict)
+    optimizers: dict[str, Any] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    rollout: Any | None = None  # run_episodes' signature on another backend (vLLM); None: HF
+    # sharded twins of the trained models (sharding=fsdp, envace.training.fsdp): the loss runs on
+    # these;
+    # `model` / `world_model` stay whole, for generation, refreshed after every step
+    sharded: dict[str, Any] = field(default_factory=dict)
+
+    def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
+        from envace.model.rollout import run_episodes
+
+        return (self.rollout or run_episodes)(*args, **kwargs)
+
+    def close(self) -> None:
+        if self.rollout is not None and hasattr(self.rollout, "close"):
+            self.rollout.close()
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def whole(self, name: str) -> Any:
+        """The whole (generating) model called ``name``: policy or world_model."""
+        return self.model if name == "policy" else self.world_model
+
+    def trainees(self, mode: str) -> list[tuple[str, Any, tuple[int, ...]]]:
+        """(name, model the loss runs on, roles it trains) for this mode."""
+        if mode == "split":
+            names = [("policy", (ACT,)), ("world_model", (REHEARSE,))]
+        elif mode == "envace":
+            names = [("policy", (ACT, REHEARSE))]
+        else:
+            names = [("policy", (ACT,))]
+        return [(n, self.sharded.get(n, self.whole(n)), roles) for n, roles in names]
+
+    def after_step(self, name: str) -> None:
+        """After an optimizer step: the whole model catches up with its sharded twin."""
+        if name in self.sharded:
+            from envace.training.fsdp import refresh
+
+            refresh(self.whole(name), self.sharded[name])
+
+    def save(self, run_dir: Path, step: int, extra: dict[str, Any],
+             dist: Dist = Dist()) -> Path | None:
+        """A checkpoint, written by rank 0. Under FSDP every rank must call this (gathering
+        the optimizer state is collective); otherwise only rank 0 needs to."""
+        if self.sharded:
+            from envace.training.fsdp import optimizer_state
+
+            opt_states = {n: optimizer_state(self.sharded[n], o)
+                          for n, o in self.optimizers.items()}
+        else:
+            opt_states = {n: o.state_dict() for n, o in self.optimizers.items()}
+        if not dist.is_main:
+            return None
+        models = {"policy": self.model}
+        if self.world_model is not None:
+            models["world_model"] = self.world_model
+        return save_checkpoint(run_dir, step, models, self.tokenizer, opt_states,
+                               self.schedulers, {**extra, "sharded": bool(self.sharded)})
+
+
+def training_tasks(cfg: TrainConfig) -> list[Task]:
+    from envace.core.turns import turn_tasks
+
+    tasks = split_tasks(cfg.split)
+    return turn_tasks(tasks) if cfg.task_unit == "turn" else tasks
+
+
+def training_pool(cfg: TrainConfig, tokenizer: Any) -> list[Task]:
+    """The tasks a run trains on: those of `split` that fit, or a fixed seeded pool of them."""
+    import random
+
+    tasks = fitting_tasks(training_tasks(cfg), tokenizer, cfg)
+    if cfg.train_tasks and len(tasks) > cfg.train_tasks:
+        tasks = random.Random(cfg.seed).sample(tasks, cfg.train_tasks)
+    return tasks
+
+
+def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[Task]:
+    """Tasks whose prompt leaves room for at least two messages within the context limit."""
+    from envace.model import chat
+    room = cfg.max_context_tokens - 2 * cfg.max_new_tokens
+    out = []
+    for t in tasks:
+        msgs = t.opening_messages()
+        if sum(len(str(m.get("content", ""))) for m in msgs) > 8 * room:
+            continue  # far too long: no need to tokenize
+        ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0),
+                                        generation_prompt="assistant", desc_chars=cfg.desc_chars)
+        if len(ids) <= room:
+            out.append(t)
+    if not out:
+        raise ValueError(f"no task fits max_context_tokens={cfg.max_context_tokens}: raise it")
+    return out
+
+
+def _train_texts() -> list[str]:
+    from envace.training.sft import load_train_trajectories, training_texts
+
+    return training_texts(load_train_trajectories())
+
+
+def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
+    """The policy to start from: the preset (or path), after the cold start if asked."""
+    cache = default_cache_dir()
+    if cfg.sft_steps > 0:
+        from envace.training.sft import SFTSettings, run_sft
+
+        settings = SFTSettings(preset=cfg.model, out=str(run_dir / "sft"), max_steps=cfg.sft_steps,
+                               max_minutes=cfg.sft_max_minutes, lr=cfg.sft_lr, seed=cfg.seed)
+        if progress:
+            print(f"[train] cold start: SFT of {cfg.model} for up to {cfg.sft_steps} steps / "
+                  f"{cfg.sft_max_minutes} min", flush=True)
+        return Path(run_sft(settings, quiet=not progress))
+    texts = _train_texts() if cfg.model == "tiny" else None
+    return resolve_model(cfg.model, cache, texts=texts)
+
+
+def _optim(model: Any, cfg: TrainConfig) -> tuple[Any, Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(cfg.warmup_steps, 0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    return opt, sched
+
+
+def anchored(cfg: TrainConfig) -> list[str]:
+    """The trainees whose initial weights the run keeps as KL anchors (``INITIAL_FOLDERS``):
+    none when ``kl_coef`` is 0; the world model only when it is a separate model (in mode
+    ``split`` without ``world_model`` it starts as a copy of the policy: the same anchor)."""
+    if cfg.kl_coef <= 0:
+        return []
+    return ["policy", "world_model"] if cfg.mode == "split" and cfg.world_model else ["policy"]
+
+
+def check_anchors(cfg: TrainConfig, run_dir: Path) -> None:
+    """Refuse to resume with ``kl_coef > 0`` a run that lacks its initial weights (made before
+    the trainer kept them): it would anchor the KL to the checkpoint instead."""
+    for name in anchored(cfg):
+        folder = run_dir / INITIAL_FOLDERS[name]
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                f"{run_dir} has no {folder.name}/ (the {name}'s initial weights, the KL anchor; "
+                f"runs made before the trainer kept them lack it): resuming with "
+                f"kl_coef={cfg.kl_coef} would anchor the KL to the checkpoint instead. Copy the "
+                f"model the run started from into {folder} to resume, or start a new run")
+
+
+def write_initial(run_dir: Path, name: str, model: Any, tokenizer: Any) -> Path:
+    """Save ``model`` (and ``tokenizer``) as the run's initial ``name`` (``INITIAL_FOLDERS``),
+    atomically: into a temporary folder, then renamed into place."""
+    final = run_dir / INITIAL_FOLDERS[name]
+    tmp = run_dir / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
+                 progress: bool = True, dist: Dist = Dist()) -> Policy:
+    """The models, optimizers and schedulers of a run: fresh, or from ``state``
+    (``load_latest``). With ``kl_coef > 0`` a fresh run writes each anchored trainee's initial
+    weights into ``run_dir`` (rank 0) and a resumed one requires them (``check_anchors``)."""
+    torch.manual_seed(cfg.seed)
+    if state is not None:  # resume: weights from the checkpoint
+        check_anchors(cfg, run_dir)
+        folder = state["folder"]
+        loaded_from = folder / "policy"
+        model, tok = load_model(loaded_from)
+        # the model the run started from (what its trajectories name), as the checkpoint says
+        path = Path(state["info"].get("initial_model", loaded_from))
+        wm = load_model(folder / "world_model")[0] if (folder / "world_model").exists() else None
+    else:
+        if not dist.is_main:  # rank 0 makes (SFT, tiny build) or finds the model first
+            dist.barrier()
+        path = loaded_from = initial_model_path(cfg, run_dir, progress)
+        if dist.is_main:
+            dist.barrier()
+        model, tok = load_model(path)
+        wm = None
+        if cfg.mode == "split":
+            wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
+                if cfg.world_model else copy.deepcopy(model)
+        if dist.is_main:  # the KL anchors, before any step changes the weights
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for name in anchored(cfg):
+                write_initial(run_dir, name, model if name == "policy" else wm, tok)
+        dist.barrier()
+    device = dist.device() if torch.cuda.is_available() else None
+    if device is not None:  # one device per process; multi-GPU: see README, Scaling
+        model = model.to(device)
+        wm = wm.to(device) if wm is not None else None
+    policy = Policy(model, tok, Path(path), world_model=wm)
+    if cfg.backend == "vllm":  # engines start lazily, on the first rollout
+        from envace.model.backends.vllm_backend import VLLMRollouts
+
+        policy.rollout = VLLMRollouts.for_config(cfg, model_path=loaded_from)
+    for name in anchored(cfg):  # each trainee's own anchor, read back from the run directory
+        ref = load_model(run_dir / INITIAL_FOLDERS[name])[0].eval().requires_grad_(False)
+        policy.references[name] = ref.to(device) if device is not None else ref
+    if cfg.kl_coef > 0 and cfg.mode == "split" and "world_model" not in policy.references:
+        policy.references["world_model"] = policy.references["policy"]  # it started as a copy
+    if cfg.mode == "simulator":
+        policy.simulator = make_simulator(cfg)
+    if dist.fsdp and dist.active:
+        from envace.training.fsdp import shard
+
+        for name, m, _ in policy.trainees(cfg.mode):
+            policy.sharded[name] = shard(m, dist)
+    for name, m, _ in policy.trainees(cfg.mode):
+        m.train()
+        policy.optimizers[name], policy.schedulers[name] = _optim(m, cfg)
+    if state is not None:
+        if bool(state["info"].get("sharded")) != bool(policy.sharded):
+            raise ConfigError("the checkpoint was saved with another sharding (its optimizer "
+                              "state is laid out differently): resume with the same launch")
+        for name, sd in state["optimizers"].items():
+            if policy.sharded:
+                from envace.training.fsdp import load_optimizer_state
+
+                load_optimizer_state(policy.sharded[name], policy.optimizers[name], sd)
+            else:
+                policy.optimizers[name].load_state_dict(sd)
+        for name, sd in state["schedulers"].items():
+            policy.schedulers[name].load_state_dict(sd)
+    return policy
+
+
+def make_simulator(cfg: TrainConfig) -> Any:
+    from envace.model.simulators import EndpointSimulator, ModelSimulator
+
+    spec = cfg.simulator_model or ""
+    if spec.startswith(("http://", "https://")):
+        return EndpointSimulator(spec)
+    texts = _train_texts() if spec == "tiny" else None
+    model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
+    return ModelSimulator(model, tok, cfg.max_new_tokens, cfg.desc_chars)
+
+
+def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a run directory made by a different configuration."""
+    new = to_dict(cfg)
+    # a key the old config lacks (added to the trainer since) had its default value then
+    old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / "config.yaml").read_text())
+                                        or {})}
+    diff = sorted(k for k in set(old) | set(new)
+                  if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
+        raise ConfigError(f"{run_dir} was made by another configuration ({shown}); resume it "
+                          "with its own config, or start a new run with run_name=...")

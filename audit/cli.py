@@ -5,13 +5,13 @@
     envace-audit rescore DIR --scorers exact json_f1 [--verdict json_f1 --threshold 0.9] [--out D]
     envace-audit compare DIR_A DIR_B [--out DIR]
     envace-audit baseline INPUT.jsonl --reference train.jsonl --model lookup --out DIR
-    envace-audit probe --model PATH INPUT.jsonl --out DIR     (teacher-forced, needs a model)
 
 Exit codes: 0 audit written and every record audited; 3 audit written but some records were
 skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
 unreadable input or a refused output (nothing written); 130 interrupted (Ctrl-C; nothing
 written); 1 an internal error (a bug). Outputs go to a fresh directory renamed into place when
-complete, never over an input or another tool's files (``audit.output``).
+complete, never over an input or another tool's files (``audit.output``). The teacher-forced
+probe of a model is `envace probe` (it needs the model runtime); `envace-audit probe` says so.
 """
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ import os
 import sys
 from pathlib import Path
 
+from envace.core.layout import AUDIT
+
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary.json)
-DEFAULT_SCORERS = ["exact", "json_f1", "fuzzy", "error_agreement"]
 
 
 def _add_scoring(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scorers", nargs="+", default=DEFAULT_SCORERS,
+    from audit.scorers import DEFAULT_SCORERS
+
+    p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS),
                    help="scorer names (default: %(default)s)")
     p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
     p.add_argument("--threshold", type=float, default=1.0,
@@ -35,7 +38,7 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace, **extra: object):
-    from audit.pipeline import AuditOptions
+    from audit.settings import AuditOptions
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=not args.quiet, **extra)
@@ -106,7 +109,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from audit.rescore import rescore
 
     src = Path(args.dir)
-    if not (src / "steps.jsonl").is_file():
+    if not (src / AUDIT.steps).is_file():
         print(f"envace-audit: {src} has no steps.jsonl (not an audit directory)", file=sys.stderr)
         return EXIT_USAGE
     out = args.dir if args.out is None else args.out
@@ -117,7 +120,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from audit.compare import compare_audits, render_compare
 
     for d in (args.a, args.b):
-        if not (Path(d) / "steps.jsonl").is_file():
+        if not (Path(d) / AUDIT.steps).is_file():
             print(f"envace-audit: {d} is not an audit directory (no steps.jsonl)",
                   file=sys.stderr)
             return EXIT_USAGE
@@ -129,8 +132,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             text = render_compare(result)
             from audit.output import write_json_atomic
 
-            write_json_atomic(tmp / "compare.json", result)
-            (tmp / "compare.md").write_text(text, encoding="utf-8")
+            write_json_atomic(tmp / AUDIT.compare_json, result)
+            (tmp / AUDIT.compare_md).write_text(text, encoding="utf-8")
     else:
         result = compare_audits(args.a, args.b, alpha=args.alpha)
         text = render_compare(result)
@@ -139,13 +142,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_SKIPPED if result["skipped_records"] else EXIT_OK
 
 
+PROBE_MOVED = ("envace-audit probe has moved: run `envace probe` with the same arguments "
+               "(the model side lives in the envace runtime; the audit never imports torch)")
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
-    try:
-        from envace.cli.probe import run_probe_cli
-    except ImportError as exc:  # the model side needs torch
-        print(f"envace-audit probe needs the model runtime: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return run_probe_cli(args)
+    print(PROBE_MOVED, file=sys.stderr)
+    return EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,14 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--alpha", type=float, default=0.05)
     c.add_argument("--out")
     c.set_defaults(func=cmd_compare)
-    pr = sub.add_parser("probe", help="teacher-forced one-step audit of a model")
-    pr.add_argument("inputs", nargs="+")
-    pr.add_argument("--model", required=True)
-    pr.add_argument("--out", required=True)
-    pr.add_argument("--max-new-tokens", type=int, default=256)
-    pr.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
-    pr.add_argument("--reference", help="training trajectories: skill against reference models")
-    _add_scoring(pr)
+    pr = sub.add_parser("probe", help="moved to `envace probe`", description=PROBE_MOVED)
+    pr.add_argument("rest", nargs=argparse.REMAINDER, help="ignored")
     pr.set_defaults(func=cmd_probe)
     return p
 
@@ -202,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     from audit.output import UsageError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if [a for a in argv if a != "--quiet"][:1] == ["probe"] and not {"-h", "--help"} & set(argv):
+        return cmd_probe(argparse.Namespace())  # moved: one line, whatever its arguments
     args = build_parser().parse_args(argv)
     for opt in ("quiet",):
         setattr(args, opt, getattr(args, opt, False))

@@ -13,11 +13,12 @@ real response exactly as replay scores a recorded rehearsal (same step-record fi
 `summary.json`, `report.md`) reads like any audit. Comparing it with the free-running audit of the
 same model's own rollouts separates one-step error from the error that self-conditioning adds.
 
-A rehearser is any callable `(messages, tools, tool_name, arguments) -> str`; a neural one
-lives in `envace.cli.probe` (this module never imports torch). A rehearser that cannot answer
-(a served model that timed out) raises `Unanswered(reason)`: the step is recorded unanswered,
-with `unanswered_reason`. A reference world model fits through `reference_rehearser`; since it
-ignores the history, its probe fidelity equals its baseline audit fidelity.
+The model under audit is any world model (`envace.core.worldmodel.WorldModel`, a callable
+`(messages, tools, tool_name, arguments) -> str`); a neural one is driven by `envace probe`
+(`envace.cli.probe`; this module never imports torch). One that cannot answer (a served model
+that timed out) raises `Unanswered(reason)`: the step is recorded unanswered, with
+`unanswered_reason`. A reference world model fits through `envace.core.worldmodel.from_lookup`;
+since it ignores the history, its probe fidelity equals its baseline audit fidelity.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from audit.output import OutputDir, write_json_atomic
-from audit.pipeline import AuditOptions, _Writer, reference_triples
+from audit.output import AuditWriter
+from audit.pipeline import reference_triples
 from audit.population import assign_depths
 from audit.replay import (
     MAX_HISTORY_CHARS,
-    AuditSettings,
     ReplayError,
     TrajectoryAudit,
     _message_text,
@@ -42,21 +43,11 @@ from audit.replay import (
     step_record,
     trajectory_row,
 )
+from audit.settings import AuditOptions, AuditSettings
 from audit.summary import build_summary, compact
 from envace.core.envs.base import Environment
 from envace.core.schema import Message, Trajectory, read_trajectories
-
-#: (messages so far with real responses, tool schemas, tool name, arguments) -> response text
-Rehearser = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]], str]
-
-
-class Unanswered(Exception):
-    """Raised by a rehearser that has no answer for a step; the message is the reason."""
-
-
-def reference_rehearser(reference: Callable[[str, dict], str]) -> Rehearser:
-    """A `(tool, arguments) -> text` reference world model as a rehearser (ignores history)."""
-    return lambda messages, tools, tool, arguments: reference(tool, arguments)
+from envace.core.worldmodel import Unanswered, WorldModel
 
 
 def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
@@ -73,7 +64,7 @@ def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
 
 def probe_trajectory(
     traj: Trajectory,
-    rehearser: Rehearser,
+    rehearser: WorldModel,
     settings: AuditSettings,
     env_cache: dict[str, Environment] | None = None,
     steps: Iterable[int] | None = None,
@@ -156,14 +147,13 @@ def probe_settings(opts: AuditOptions) -> AuditSettings:
     if opts.reference:
         triples = reference_triples(opts.reference)
         refs = {n: build_reference(n, triples) for n in REFERENCE_NAMES}
-    return AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold,
-                         references=refs)
+    return replace(opts, references=refs)
 
 
 def run_probe(
     paths: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
-    rehearser: Rehearser,
+    rehearser: WorldModel,
     opts: AuditOptions | None = None,
     limit: int = 0,
     label: str | None = None,
@@ -181,12 +171,12 @@ def run_probe(
     """
     opts = opts or AuditOptions()
     inputs = [str(p) for p in paths]
-    with OutputDir(out_dir, [*inputs, opts.reference], kind="audit") as out:
-        summary = _probe_into(out, inputs, rehearser, opts, limit, label, steps, progress, extra)
-    return summary
+    with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
+        summary = _probe_into(w, inputs, rehearser, opts, limit, label, steps, progress, extra)
+        return w.finish(summary, plots=opts.plots)
 
 
-def _probe_into(out: Path, inputs: list[str], rehearser: Rehearser, opts: AuditOptions,
+def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel, opts: AuditOptions,
                 limit: int, label: str | None, steps: Mapping[str, Iterable[int]] | None,
                 progress: Callable[[int], None] | None, extra: Mapping[str, Any] | None
                 ) -> dict[str, Any]:
@@ -197,7 +187,6 @@ def _probe_into(out: Path, inputs: list[str], rehearser: Rehearser, opts: AuditO
     rows: list[dict[str, Any]] = []
     read = done = 0
     t0 = time.perf_counter()
-    steps_w, traj_w = _Writer(out / "steps.jsonl"), _Writer(out / "trajectories.jsonl")
     for path in inputs:
         if not Path(path).exists():
             skipped.append({"file": path, "line": None, "reason": "file not found"})
@@ -225,24 +214,16 @@ def _probe_into(out: Path, inputs: list[str], rehearser: Rehearser, opts: AuditO
                                 "reason": f"probe failed: {type(exc).__name__}: {exc}"})
                 continue
             done += 1
-            for w in res.warnings:
+            for msg in res.warnings:
                 warnings.append({"file": item.path, "line": item.line,
-                                 "trajectory_id": traj.id, "message": w})
-            for rec in res.steps:
-                steps_w.write(rec)
-                rows.append(compact(rec))
-            traj_w.write({**res.summary, "file": item.path, "line": item.line})
+                                 "trajectory_id": traj.id, "message": msg})
+            w.write_steps(res.steps, {**res.summary, "file": item.path, "line": item.line})
+            rows.extend(compact(rec) for rec in res.steps)
             if progress is not None:
                 progress(len(res.steps))
-    steps_w.finish()
-    traj_w.finish()
     summary = build_summary(rows, opts, trajectories=done, read=read, skipped=skipped,
                             warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
     summary["audited_model"] = label
     summary["probe"] = "teacher_forced"
     summary.update(extra or {})
-    write_json_atomic(out / "summary.json", summary)
-    from audit.report import write_report
-
-    write_report(out, summary, plots=opts.plots)
     return summary

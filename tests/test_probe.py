@@ -9,12 +9,13 @@ import sys
 import pytest
 
 from audit.pipeline import AuditOptions, reference_triples, run_audit
-from audit.probe import probe_trajectory, reference_rehearser, run_probe
+from audit.probe import probe_trajectory, run_probe
 from audit.reference import build_reference
 from audit.replay import AuditSettings
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
+from envace.core.worldmodel import from_lookup
 
 QUIET = {"progress": False, "plots": False}
 
@@ -51,7 +52,7 @@ def quick_summary(monkeypatch):
 
 def test_lookup_probe_equals_baseline_audit(files, tmp_path, quick_summary):
     ref = build_reference("lookup", reference_triples(files["train"]))
-    probe = run_probe([str(files["dev"])], tmp_path / "p", reference_rehearser(ref),
+    probe = run_probe([str(files["dev"])], tmp_path / "p", from_lookup(ref),
                       AuditOptions(**QUIET))
     base = run_audit([str(files["dev"])], tmp_path / "b",
                      AuditOptions(reference=str(files["train"]), override="lookup", **QUIET))
@@ -132,7 +133,7 @@ def test_probe_cli_end_to_end(files, tmp_path):
     trajs = list(export_real(split_tasks("train")[:4]))
     model_dir = build_tiny(training_texts(trajs), tmp_path / "tiny")
     out = tmp_path / "probe"
-    r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "probe", "--model",
+    r = subprocess.run([sys.executable, "-m", "envace.cli", "probe", "--model",
                         str(model_dir), str(files["dev"]), "--out", str(out), "--limit", "2",
                         "--max-new-tokens", "6"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -141,10 +142,16 @@ def test_probe_cli_end_to_end(files, tmp_path):
     rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
     assert len(rows) == summary["counts"]["steps"] > 0
     assert all(isinstance(x["rehearsed"], str) for x in rows)
-    bad = subprocess.run([sys.executable, "-m", "audit.cli", "probe", "--model", str(model_dir),
+    bad = subprocess.run([sys.executable, "-m", "envace.cli", "probe", "--model", str(model_dir),
                           str(tmp_path / "missing.jsonl"), "--out", str(out)],
                          capture_output=True, text=True)
     assert bad.returncode == 2
+    # the old home answers with one line saying where the probe went, and writes nothing
+    moved = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "probe", "--model",
+                            str(model_dir), str(files["dev"]), "--out", str(tmp_path / "old")],
+                           capture_output=True, text=True)
+    assert moved.returncode == 2 and not (tmp_path / "old").exists()
+    assert moved.stderr.strip().count("\n") == 0 and "`envace probe`" in moved.stderr
     # the act probe on the same (untrained) model: one row per chosen step, fields present
     from envace.model.models import load_model
 

@@ -3,7 +3,7 @@
     envace probe --model runs/sft-tiny dev.jsonl --out probe_out [--reference train.jsonl]
     envace probe --endpoint http://127.0.0.1:8000/v1 --model NAME dev.jsonl --out probe_out
 
-`run_probe_cli` is what `envace probe` and `envace-audit probe` (local models only) call; with
+`run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved); with
 `--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch).
 Locally: the model rehearses every tool call of the input trajectories given the *real* history
 (`audit.probe`), greedily, until `<|im_end|>` or `--max-new-tokens`. Generation is batched: a first
@@ -22,6 +22,7 @@ and whether it is the ground-truth call (same name, same arguments up to int/flo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -113,23 +114,6 @@ class _Answers:
         return text
 
 
-class ModelRehearser:
-    """The model as a rehearser `(messages, tools, tool, arguments) -> text`, one call at a time.
-
-    Renders the history, opens a tool turn (`tool_prefix()`), generates greedily.
-    """
-
-    def __init__(self, model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256):
-        self.model, self.tokenizer = model, tokenizer
-        self.recorder = _Recorder(tokenizer, context, max_new_tokens)
-        self.max_new_tokens = max_new_tokens
-
-    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
-        self.recorder(messages, tools, tool, arguments)
-        prompt = self.recorder.prompts.pop()
-        return generate_greedy(self.model, self.tokenizer, [prompt], self.max_new_tokens, 1)[0]
-
-
 def probe_model(
     model: Any,
     tokenizer: Any,
@@ -149,18 +133,12 @@ def probe_model(
     from audit.probe import run_probe
 
     recorder = _Recorder(tokenizer, context, max_new_tokens)
-    quiet = dataclass_replace(opts, plots=False)
+    quiet = dataclasses.replace(opts, plots=False)
     with tempfile.TemporaryDirectory() as scratch:
-        run_probe(inputs, scratch, recorder, dataclass_replace(quiet, reference=None), limit,
+        run_probe(inputs, scratch, recorder, dataclasses.replace(quiet, reference=None), limit,
                   steps=steps)
     texts = generate_greedy(model, tokenizer, recorder.prompts, max_new_tokens, batch_size)
     return run_probe(inputs, out_dir, _Answers(texts), opts, limit, label=label, steps=steps)
-
-
-def dataclass_replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
 
 
 # ---------------------------------------------------------------- acting

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.probe import Unanswered, run_probe
+from audit.probe import run_probe
+from envace.core.worldmodel import Unanswered
 from envace.model.endpoint import Answer, EndpointClient, request_for
 
 

@@ -18,9 +18,8 @@ sampling log-probabilities the trainer needs, and the calls per turn for the ver
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,15 +27,15 @@ import torch
 
 from envace.core.envs.bfcl import BFCLEnv
 from envace.core.envs.tasks import Task
+from envace.core.modes import SOURCE, check_rollout_mode
 from envace.core.schema import Message, Trajectory
 from envace.core.timing import NULL_TIMER, Timer
+from envace.core.worldmodel import WorldModel
 from envace.model import chat
 from envace.model.backends.hf import HFStepper, sample
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
-MODES = ("rehearse", "real", "simulator")
 FORCED_CHUNK = 256  # forced tokens appended per forward and row
-Simulator = Callable[[list[dict[str, Any]], list[dict[str, Any]], str, dict[str, Any]], str]
 
 
 @dataclass
@@ -53,8 +52,7 @@ class RolloutConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_rollout_mode(self.mode)  # envace.core.modes
 
 
 @dataclass
@@ -107,7 +105,7 @@ class Engine:
     """Holds the tokenizer-level pieces of the format (marker ids, forced texts)."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: RolloutConfig,
-                 simulator: Simulator | None = None) -> None:
+                 simulator: WorldModel | None = None) -> None:
         if cfg.mode == "simulator" and simulator is None:
             raise ValueError("mode 'simulator' needs a simulator (a frozen model or an endpoint)")
         self.model, self.tok, self.cfg, self.simulator = model, tokenizer, cfg, simulator
@@ -241,8 +239,7 @@ class Engine:
         traj = Trajectory(
             id=f"{row.task.id}", task_id=row.task.id,
             env={"name": "bfcl", "task": row.task.base_id or row.task.id},
-            source={"rehearse": "rehearsal", "real": "real", "simulator": "simulator"}[
-                self.cfg.mode],
+            source=SOURCE[self.cfg.mode],
             messages=[Message.model_validate(m) for m in row.messages],
             tools=row.task.tools(),
             meta={"mode": self.cfg.mode, "end_reason": row.done, "base_task": row.task.base_id,
@@ -297,7 +294,7 @@ def choose_logits(all_logits: Sequence[torch.Tensor], rehearsing: Sequence[bool]
 
 @torch.no_grad()
 def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
-                 simulator: Simulator | None = None,
+                 simulator: WorldModel | None = None,
                  world_model: Any | None = None, timer: Timer = NULL_TIMER) -> list[Episode]:
     """Run one episode per task, all batched together; returns them in task order.
 
@@ -354,8 +351,3 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     for m, flag in zip(models, was_training, strict=True):
         m.train(flag)
     return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
-
-
-def episodes_to_jsonable(episodes: Sequence[Episode]) -> list[dict[str, Any]]:
-    """Trajectories as plain dicts (with the end reason in meta)."""
-    return [json.loads(e.trajectory.to_json()) for e in episodes]

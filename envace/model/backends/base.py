@@ -32,7 +32,8 @@ import torch
 if TYPE_CHECKING:
     from envace.core.envs.tasks import Task
     from envace.core.timing import Timer
-    from envace.model.rollout import Episode, RolloutConfig, Simulator
+    from envace.core.worldmodel import WorldModel
+    from envace.model.rollout import Episode, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class HFBackend:
 
 
 def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Task],
-                         cfg: RolloutConfig, simulator: Simulator | None = None,
+                         cfg: RolloutConfig, simulator: WorldModel | None = None,
                          world_backend: GenerationBackend | None = None,
                          timer: Timer | None = None) -> list[Episode]:
     """``envace.model.rollout.run_episodes`` on a message-level backend; episodes in task order.

@@ -7,7 +7,7 @@
     rollouts = VLLMRollouts("path/to/model")                  # run_episodes' signature
     episodes = rollouts(model, tokenizer, tasks, RolloutConfig())   # syncs model's weights first
 
-    python -m envace.model.backends.vllm_backend train --config configs/qwen3_1.7b.yaml model=/path
+The trainer on vLLM rollouts is ``envace.training.vllm_train`` (``envace train backend=vllm``).
 
 Needs the vLLM environment (``bash scripts/setup_vllm.sh``; run with ``.venv-vllm/bin/python``),
 and an ``if __name__ == "__main__":`` guard in any script that starts it.
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,7 +57,8 @@ from envace.model.backends.base import Generation, SamplingSpec, run_episodes_ba
 if TYPE_CHECKING:
     from envace.core.envs.tasks import Task
     from envace.core.timing import Timer
-    from envace.model.rollout import Episode, RolloutConfig, Simulator
+    from envace.core.worldmodel import WorldModel
+    from envace.model.rollout import Episode, RolloutConfig
     from envace.training.config import TrainConfig
 
 
@@ -243,7 +243,7 @@ class VLLMRollouts:
         return be
 
     def __call__(self, model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: RolloutConfig,
-                 simulator: Simulator | None = None, world_model: Any | None = None,
+                 simulator: WorldModel | None = None, world_model: Any | None = None,
                  timer: Timer | None = None) -> list[Episode]:
         policy = self.backend("policy", model, tokenizer, timer)
         wm = self.backend("world_model", world_model, tokenizer, timer) \
@@ -254,43 +254,3 @@ class VLLMRollouts:
         for be in self.backends.values():
             be.close()
         self.backends.clear()
-
-
-def train_with_vllm(cfg: TrainConfig, resume: bool = False, progress: bool = True,
-                    rollouts: VLLMRollouts | None = None, device: str | None = None) -> Path:
-    """``envace.training.train.train`` with its rollouts and final evaluation on vLLM (the same as
-    ``envace train backend=vllm``, but with engines the caller may inspect). The policy lives on
-    cuda when there is one. Engines of a ``rollouts`` passed in are left running."""
-    import envace.training.train as trainer
-
-    own = rollouts is None
-    rollouts = VLLMRollouts.for_config(cfg) if rollouts is None else rollouts
-    try:
-        return trainer.train(cfg, resume=resume, progress=progress, rollout=rollouts)
-    finally:
-        if own:
-            rollouts.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``train [--config PATH] [key=value ...]``: the trainer with vLLM rollouts."""
-    from envace.training.config import TrainConfig, parse_cli
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "train":
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
-    cfg = parse_cli(TrainConfig, argv[1:])
-    rollouts = VLLMRollouts.for_config(cfg)
-    try:
-        run = train_with_vllm(cfg, rollouts=rollouts)
-        syncs = sum(be.syncs for be in rollouts.backends.values())
-        print(f"[vllm] run dir {run}; {syncs} weight syncs, {rollouts.seconds_sync:.2f} s in all",
-              flush=True)
-    finally:
-        rollouts.close()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""Error compounding, isolated: the same calls rehearsed with the real history and with the
+world model's own.
+
+    pairs = pair_verdicts(real_rows, own_rows)     # steps.jsonl rows of the two probes
+    block = decompose(pairs, IntervalSpec(1000, 0))   # the summary's "history" block
+
+A rising divergence by depth mixes two causes: later steps may be harder, and the model may be
+misled by its own earlier (wrong) answers. The teacher-forced probe rehearses every ground-truth
+call given the *real* history (``history: real``); the self-conditioned probe rehearses the same
+calls given the history of its *own* earlier rehearsed responses (``history: own``). Paired step
+by step, their difference at a depth is what the model's own history costs there (compounding);
+what the real-history divergence already shows is difficulty.
+
+Per group (overall, each depth, read/write, novelty bin, and depth >= ``DEEP``):
+
+- ``real``, ``own``: divergence rates with trajectory-bootstrap intervals (``audit.intervals``);
+- ``diff``: own - real, paired (both probes hold the same steps; whole trajectories are
+  resampled together), with interval and two-sided bootstrap p-value;
+- ``induced``: the share of the self-conditioned divergences that fall on steps the model got
+  right with the real history (errors its own history caused); ``recovered``: the share of the
+  real-history divergences that its own history got right;
+- ``compounding_share`` (depth >= ``DEEP`` and overall): (own - real) / own, the part of the
+  self-conditioned divergence that the real history removes, with a bootstrap interval.
+
+Pure functions: rows in, a JSON-ready dict out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from audit.intervals import (
+    IntervalSpec,
+    TrajectoryResamples,
+    _column_percentiles,
+    cluster_codes,
+    cluster_sums,
+    ratio_difference,
+    ratio_intervals,
+)
+
+HISTORIES = ("real", "own")
+DEEP = 3  # "deep" steps: depth >= DEEP
+NOVELTY_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One ground-truth call's two verdicts."""
+
+    trajectory: str
+    step: int
+    depth: int
+    real: bool  # diverged given the real history
+    own: bool  # diverged given its own history
+    write: bool | None = None  # the tool mutates state (None: unknown)
+    novelty: float | None = None
+
+
+def _key(row: dict[str, Any]) -> tuple[str, int]:
+    return str(row.get("trajectory_id")), int(row.get("step") or 0)
+
+
+def _usable(row: dict[str, Any]) -> bool:
+    return isinstance(row.get("diverged"), bool) and not row.get("unanswered")
+
+
+def pair_verdicts(real_rows: Iterable[dict[str, Any]], own_rows: Iterable[dict[str, Any]]
+                  ) -> list[Pair]:
+    """Pair the two probes' step rows by (trajectory, step); steps either probe could not
+    answer or score are left out of both. Depth is each pair's index among its trajectory's
+    kept pairs, in step order."""
+    real = {_key(r): r for r in real_rows if _usable(r)}
+    own = {_key(r): r for r in own_rows if _usable(r)}
+    keys = sorted(set(real) & set(own))
+    pairs: list[Pair] = []
+    depth: dict[str, int] = {}
+    for t, s in keys:
+        r, o = real[(t, s)], own[(t, s)]
+        d = depth.get(t, 0)
+        depth[t] = d + 1
+        nov = r.get("novelty")
+        pairs.append(Pair(t, s, d, bool(r["diverged"]), bool(o["diverged"]),
+                          r.get("mutates_state"),
+                          float(nov) if isinstance(nov, int | float) else None))
+    return pairs
+
+
+def _novelty_bin(v: float | None) -> str:
+    if v is None or not np.isfinite(v):
+        return "unknown"
+    for lo, hi in zip(NOVELTY_EDGES[:-1], NOVELTY_EDGES[1:], strict=True):
+        if lo <= v < hi or (hi == NOVELTY_EDGES[-1] and v == hi):
+            return f"{lo:.2f}-{hi:.2f}"
+    return "out of range"
+
+
+class _Data:
+    """The pairs as per-trajectory sums: columns real, own, induced (own & not real),
+    recovered (real & not own)."""
+
+    def __init__(self, pairs: Sequence[Pair], spec: IntervalSpec) -> None:
+        self.pairs, self.spec = list(pairs), spec
+        self.codes, self.ids = cluster_codes([p.trajectory for p in self.pairs])
+        self.c = len(self.ids)
+        self.shared = TrajectoryResamples(self.c, spec) if spec.resamples > 0 and self.c else None
+        real = np.array([p.real for p in self.pairs], dtype=float)
+        own = np.array([p.own for p in self.pairs], dtype=float)
+        self.values = np.stack([real, own, own * (1 - real), real * (1 - own)], axis=1) \
+            if self.pairs else np.zeros((0, 4))
+
+    def group(self, keep: Callable[[Pair], bool]) -> dict[str, Any] | None:
+        mask = np.array([keep(p) for p in self.pairs], dtype=bool)
+        if not mask.any():
+            return None
+        members = np.unique(self.codes[mask])
+        remap = {int(c): i for i, c in enumerate(members)}
+        codes = np.array([remap[int(c)] for c in self.codes[mask]], dtype=np.int64)
+        sums, counts = cluster_sums(codes, self.values[mask], len(members))
+        return self._figures(sums, counts, members)
+
+    def _figures(self, sums: np.ndarray, counts: np.ndarray, members: np.ndarray
+                 ) -> dict[str, Any]:
+        spec = self.spec
+        rates = ratio_intervals(sums[:, :2], counts[:, :2], spec, self.shared, members,
+                                binary=[True, True])
+        n_real, n_own = float(sums[:, 0].sum()), float(sums[:, 1].sum())
+        diff = ratio_difference((sums[:, [0]], counts[:, [0]]), (sums[:, [1]], counts[:, [1]]),
+                                spec, paired=True)[0]
+        # induced = own&!real / own ; recovered = real&!own / real (per-trajectory ratios)
+        induced = ratio_intervals(sums[:, [2]], sums[:, [1]], spec, self.shared, members,
+                                  binary=[True])[0]
+        recovered = ratio_intervals(sums[:, [3]], sums[:, [0]], spec, self.shared, members,
+                                    binary=[True])[0]
+        out = {
+            "n": int(round(float(counts[:, 0].sum()))),
+            "trajectories": int((counts[:, 0] > 0).sum()),
+            "real": rates[0], "own": rates[1],
+            "diff": {k: diff[k] for k in ("diff", "ci", "p_value", "method")},
+            "diverged_real": int(round(n_real)), "diverged_own": int(round(n_own)),
+            "induced": {**induced, "count": int(round(float(sums[:, 2].sum())))},
+            "recovered": {**recovered, "count": int(round(float(sums[:, 3].sum())))},
+        }
+        return out
+
+    def compounding_share(self, keep: Callable[[Pair], bool]) -> dict[str, Any]:
+        """(own - real) / own over the kept pairs, with a paired trajectory-bootstrap interval."""
+        mask = np.array([keep(p) for p in self.pairs], dtype=bool)
+        own = float(self.values[mask, 1].sum()) if mask.any() else 0.0
+        if own <= 0:
+            return {"point": None, "ci": None, "method": None,
+                    "note": "no self-conditioned divergence in this group"}
+        point = (own - float(self.values[mask, 0].sum())) / own
+        members = np.unique(self.codes[mask])
+        remap = {int(c): i for i, c in enumerate(members)}
+        codes = np.array([remap[int(c)] for c in self.codes[mask]], dtype=np.int64)
+        sums, _ = cluster_sums(codes, self.values[mask][:, :2], len(members))
+        ci, method = None, None
+        if self.shared is not None:
+            # numerator own - real and denominator own, resampled together
+            num = (sums[:, [1]] - sums[:, [0]])
+            reps = self.shared.replicates(members, num, sums[:, [1]])
+            bounds = _column_percentiles(reps, self.spec.level)[0]
+            if bounds is not None:
+                ci, method = [min(bounds[0], point), max(bounds[1], point)], \
+                    "trajectory_bootstrap"
+        return {"point": point, "ci": ci, "method": method}
+
+
+def decompose(pairs: Sequence[Pair], spec: IntervalSpec = IntervalSpec(),
+              deep: int = DEEP) -> dict[str, Any]:
+    """The summary's ``history`` block: the decomposition overall, by depth, by read/write, by
+    novelty bin and for depth >= ``deep``."""
+    data = _Data(pairs, spec)
+    overall = data.group(lambda p: True)
+    depths = sorted({p.depth for p in pairs})
+    by_depth = [{"depth": d, **g} for d in depths
+                if (g := data.group(lambda p, d=d: p.depth == d)) is not None]
+    kinds = {"read": False, "write": True, "unknown": None}
+    by_kind = {k: g for k, v in kinds.items()
+               if (g := data.group(lambda p, v=v: p.write is v)) is not None}
+    bins = sorted({_novelty_bin(p.novelty) for p in pairs})
+    by_novelty = {b: g for b in bins
+                  if (g := data.group(lambda p, b=b: _novelty_bin(p.novelty) == b)) is not None}
+    deep_group = data.group(lambda p: p.depth >= deep)
+    return {
+        "method": ("the same ground-truth calls rehearsed given the real history (history: "
+                   "real) and given the world model's own earlier rehearsed responses (history: "
+                   "own); paired by step, intervals resample whole trajectories"),
+        "interval": spec.describe(),
+        "pairs": len(pairs),
+        "overall": overall,
+        "compounding_share": data.compounding_share(lambda p: True),
+        "deep": {"min_depth": deep, **(deep_group or {"n": 0}),
+                 "compounding_share": data.compounding_share(lambda p: p.depth >= deep)},
+        "by_depth": by_depth,
+        "by_mutates_state": by_kind,
+        "by_novelty": by_novelty,
+    }

@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from audit.history import HISTORIES
 from audit.output import AuditWriter
 from audit.pipeline import reference_triples
 from audit.population import assign_depths
@@ -62,18 +63,34 @@ def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
     return d
 
 
+def _own_tool_message(m: Message, content: str) -> dict[str, Any]:
+    """A tool message holding the world model's own earlier answer (history "own")."""
+    d = m.dump()
+    d.update(content=content, rehearsed=True)
+    for k in ("logprob", "num_tokens", "error"):
+        d.pop(k, None)
+    return d
+
+
 def probe_trajectory(
     traj: Trajectory,
     rehearser: WorldModel,
     settings: AuditSettings,
     env_cache: dict[str, Environment] | None = None,
     steps: Iterable[int] | None = None,
+    history: str = "real",
 ) -> TrajectoryAudit:
     """Teacher-forced audit of one trajectory; raises `ReplayError` if it cannot start.
 
     `steps`: only ask the rehearser at these step indices (all calls are still executed, in
-    order, so the state and the history stay real); None asks at every call.
+    order, so the state stays real); None asks at every call. `history`: ``"real"`` (the
+    teacher-forced probe) shows the world model the real responses of earlier calls;
+    ``"own"`` (the self-conditioned probe) shows it its own earlier answers instead (calls
+    still forced from the trajectory; an unasked or unanswered step keeps its real response).
+    Each record carries ``history``.
     """
+    if history not in HISTORIES:
+        raise ValueError(f"history must be one of {HISTORIES}, got {history!r}")
     env = _reset(env_cache if env_cache is not None else {}, traj)
     wanted = None if steps is None else set(steps)
     tool_steps = traj.tool_steps()
@@ -81,24 +98,30 @@ def probe_trajectory(
     calls_of: dict[int, list[Any]] = defaultdict(list)
     for st in tool_steps:
         calls_of[st.message_index].append(st)
-    history: list[dict[str, Any]] = []  # the messages so far, tool answers made real
+    shown_so_far: list[dict[str, Any]] = []  # the messages so far, tool answers as `history`
     texts: list[str] = []
     real: dict[int, tuple[str, bool]] = {}  # step -> (actual response, error)
+    own: dict[int, str] = {}  # step -> the world model's answer (history "own")
+
+    def shown(m: Message, step: int) -> dict[str, Any]:
+        if history == "own" and step in own:
+            return _own_tool_message(m, own[step])
+        return _real_tool_message(m, *real[step])
+
     records: list[dict[str, Any]] = []
     unknown: list[str] = []
     offered = env.tool_names() if hasattr(env, "tool_names") else None
     for index, m in enumerate(traj.messages):
         answered = answer_of.get(id(m))
         if answered is not None and answered.step in real:
-            history.append(_real_tool_message(m, *real[answered.step]))
+            shown_so_far.append(shown(m, answered.step))
         else:
-            history.append(m.dump())
+            shown_so_far.append(m.dump())
         texts.append(_message_text(m))
         for st in calls_of.get(index, []):
             # earlier calls of the same message are answered (really) before this one is asked
-            so_far = history + [_real_tool_message(s.response, *real[s.step])
-                                for s in calls_of[index]
-                                if s.step < st.step and s.response is not None]
+            so_far = shown_so_far + [shown(s.response, s.step) for s in calls_of[index]
+                                     if s.step < st.step and s.response is not None]
             asked = wanted is None or st.step in wanted
             rehearsed = why = None
             if asked:
@@ -106,6 +129,8 @@ def probe_trajectory(
                     rehearsed = rehearser(so_far, traj.tools, st.tool, dict(st.arguments or {}))
                 except Unanswered as exc:
                     why = str(exc)
+                if rehearsed is not None:
+                    own[st.step] = str(rehearsed)
             if st.malformed is not None:
                 actual_text = f"Error during execution: malformed call: {st.malformed}"
                 actual_error = True
@@ -119,6 +144,7 @@ def probe_trajectory(
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
                                        history_text, settings))
+                records[-1]["history"] = history
                 if why is not None:
                     records[-1]["unanswered_reason"] = why
     assign_depths(records)

@@ -1,0 +1,94 @@
+"""The self-conditioned probe (audit.probe, history="own") on real BFCL trajectories, with
+scripted world models of pure logic (named as such: they are the known answers).
+
+- a model that copies the real response while every earlier response it sees is real, is wrong
+  at one hard step, and is wrong after any wrong response in its history: with the real history
+  it diverges at the hard step only; with its own history, from the hard step on;
+- a model that ignores the history entirely: both probes give identical verdicts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.history import decompose, pair_verdicts
+from audit.intervals import IntervalSpec
+from audit.probe import probe_trajectory
+from audit.replay import AuditSettings
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+
+HARD = 1  # the step index at which the scripted model errs whatever its history
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    trajs = [t for t in export_real(split_tasks("dev")[:30]) if len(t.tool_steps()) >= 4]
+    assert len(trajs) >= 3
+    return trajs[:5]
+
+
+def _truth(traj) -> list[str]:
+    recs = probe_trajectory(traj, lambda *a: "x", AuditSettings()).steps
+    return [r["actual"] for r in sorted(recs, key=lambda r: r["step"])]
+
+
+def _compounding_model(truth: list[str]):
+    """Scripted (pure logic): right while its history is real, except at step HARD."""
+
+    def model(messages, tools, tool, arguments):
+        seen = [m["content"] for m in messages if m["role"] == "tool"]
+        k = len(seen)
+        if k == HARD or seen != truth[:k]:
+            return "WRONG"
+        return truth[k]
+
+    return model
+
+
+def _verdicts(traj, model, history):
+    recs = probe_trajectory(traj, model, AuditSettings(), history=history).steps
+    assert all(r["history"] == history for r in recs)
+    return [r["diverged"] for r in sorted(recs, key=lambda r: r["step"])]
+
+
+def test_compounding_model_gives_the_induced_pattern_exactly(trajectories):
+    real_rows, own_rows = [], []
+    for traj in trajectories:
+        truth = _truth(traj)
+        model = _compounding_model(truth)
+        n = len(truth)
+        assert _verdicts(traj, model, "real") == [i == HARD for i in range(n)]
+        assert _verdicts(traj, model, "own") == [i >= HARD for i in range(n)]
+        for history, rows in (("real", real_rows), ("own", own_rows)):
+            rows += probe_trajectory(traj, model, AuditSettings(), history=history).steps
+    block = decompose(pair_verdicts(real_rows, own_rows), IntervalSpec(200, 0))
+    steps = sum(len(_truth(t)) for t in trajectories)
+    o = block["overall"]
+    assert o["diverged_real"] == len(trajectories)
+    assert o["diverged_own"] == steps - HARD * len(trajectories)
+    assert o["induced"]["count"] == o["diverged_own"] - o["diverged_real"]
+    assert o["recovered"]["count"] == 0
+    assert block["deep"]["compounding_share"]["point"] == 1.0
+
+
+def test_history_blind_model_shows_no_difference(trajectories):
+    def blind(messages, tools, tool, arguments):  # scripted: a function of the call alone
+        return "ok" if len(str(arguments)) % 2 else "nope"
+
+    for traj in trajectories:
+        assert _verdicts(traj, blind, "real") == _verdicts(traj, blind, "own")
+
+
+def test_own_history_shows_the_models_answers(trajectories):
+    traj = trajectories[0]
+    seen: list[list[str]] = []
+
+    def spy(messages, tools, tool, arguments):
+        seen.append([m["content"] for m in messages if m["role"] == "tool"])
+        return f"answer{len(seen)}"
+
+    probe_trajectory(traj, spy, AuditSettings(), history="own")
+    assert seen[2] == ["answer1", "answer2"]
+    with pytest.raises(ValueError):
+        probe_trajectory(traj, spy, AuditSettings(), history="imagined")

@@ -12,6 +12,7 @@ Writes bench/results/audit_throughput.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def audit(path: Path, out: Path, workers: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="envace-bench-"))
     tasks = list(load_tasks().values())
     one, ten = tmp / "x1.jsonl", tmp / "x10.jsonl"

@@ -9,6 +9,7 @@ then ``envace-audit baseline`` for the ``lookup`` and ``majority`` references bu
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def figures(summary: dict) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     from bench.machine import write_result
 
     commands = [

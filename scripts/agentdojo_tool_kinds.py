@@ -12,6 +12,7 @@ request, so both are WRITE.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from envace.core.envs.agentdojo import TOOL_KINDS_FILE, AgentDojoEnv
@@ -50,7 +51,8 @@ def observe(env: AgentDojoEnv, calls: list[tuple[str, dict]], seen: dict[str, bo
         seen[name] = seen.get(name, False) or env.state_hash() != before
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     env = AgentDojoEnv(DEFAULT_VERSION)
     kinds: dict[str, dict[str, str]] = {}
     for suite_name in SUITES:

@@ -10,6 +10,7 @@ ground truth are left out: the adapter falls back to a verb list for them
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from envace.core.envs.bfcl import TOOL_KINDS_FILE, BFCLEnv
@@ -20,7 +21,8 @@ from envace.core.envs.verify import ground_truth_calls
 OVERRIDES = {"cd": "write"}  # GorillaFileSystem._current_dir
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     env = BFCLEnv()
     changed: dict[str, bool] = {}
     for task in load_tasks().values():

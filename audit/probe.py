@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,10 @@ from audit.summary import build_summary, compact
 from envace.core.envs.base import Environment
 from envace.core.schema import Message, Trajectory, read_trajectories
 from envace.core.worldmodel import Unanswered, WorldModel
+
+#: one request to a world model: (messages so far, tool schemas, tool name, arguments)
+Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]]
+ProbeSteps = Generator[Request, Any, TrajectoryAudit]
 
 
 def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
@@ -89,6 +93,71 @@ def probe_trajectory(
     still forced from the trajectory; an unasked or unanswered step keeps its real response).
     Each record carries ``history``.
     """
+    return drive(probe_steps(traj, settings, env_cache, steps, history), rehearser)
+
+
+def drive(gen: ProbeSteps, world_model: WorldModel) -> TrajectoryAudit:
+    """Run one trajectory's probe, answering each request with `world_model` as it comes."""
+    try:
+        request = next(gen)
+        while True:
+            try:
+                reply: str | Unanswered = world_model(*request)
+            except Unanswered as exc:
+                reply = exc
+            request = gen.send(reply)
+    except StopIteration as stop:
+        return stop.value
+
+
+def probe_batched(
+    trajs: Sequence[Trajectory],
+    answer_batch: Callable[[list[Request]], list[str | Unanswered]],
+    settings: AuditSettings,
+    steps: Mapping[str, Iterable[int]] | None = None,
+    history: str = "real",
+) -> list[TrajectoryAudit | Exception]:
+    """Probe many trajectories at once, asking in rounds: each round sends every live
+    trajectory's next request to `answer_batch` (one list, answers in the same order; an
+    `Unanswered` answer marks that step unanswered). With ``history="own"`` a request depends on
+    the answers before it, so rounds are what make batching possible at all. Each trajectory has
+    its own environment. Per trajectory: its audit, or the exception that stopped it (e.g.
+    `ReplayError`)."""
+    results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
+    live: dict[int, tuple[ProbeSteps, Request]] = {}
+
+    def advance(i: int, gen: ProbeSteps, reply: Any = None, first: bool = False) -> None:
+        try:
+            live[i] = (gen, next(gen) if first else gen.send(reply))
+        except StopIteration as stop:
+            live.pop(i, None)
+            results[i] = stop.value
+        except Exception as exc:  # noqa: BLE001 - one trajectory's failure is its result
+            live.pop(i, None)
+            results[i] = exc
+
+    for i, traj in enumerate(trajs):
+        wanted = None if steps is None else steps.get(traj.id, ())
+        advance(i, probe_steps(traj, settings, None, wanted, history), first=True)
+    while live:
+        order = sorted(live)
+        answers = answer_batch([live[i][1] for i in order])
+        if len(answers) != len(order):
+            raise ValueError(f"answer_batch gave {len(answers)} answers for {len(order)} requests")
+        for i, reply in zip(order, answers, strict=True):
+            advance(i, live[i][0], reply)
+    return [r if r is not None else RuntimeError("not probed") for r in results]
+
+
+def probe_steps(
+    traj: Trajectory,
+    settings: AuditSettings,
+    env_cache: dict[str, Environment] | None = None,
+    steps: Iterable[int] | None = None,
+    history: str = "real",
+) -> ProbeSteps:
+    """The probe of one trajectory as a generator: it yields each request (the world model's
+    arguments), is sent the answer (text, or an `Unanswered`), and returns the audit."""
     if history not in HISTORIES:
         raise ValueError(f"history must be one of {HISTORIES}, got {history!r}")
     env = _reset(env_cache if env_cache is not None else {}, traj)
@@ -125,10 +194,11 @@ def probe_trajectory(
             asked = wanted is None or st.step in wanted
             rehearsed = why = None
             if asked:
-                try:
-                    rehearsed = rehearser(so_far, traj.tools, st.tool, dict(st.arguments or {}))
-                except Unanswered as exc:
-                    why = str(exc)
+                reply = yield (so_far, traj.tools, st.tool, dict(st.arguments or {}))
+                if isinstance(reply, Unanswered):
+                    why = str(reply) or "no answer"
+                else:
+                    rehearsed = reply
                 if rehearsed is not None:
                     own[st.step] = str(rehearsed)
             if st.malformed is not None:

@@ -92,3 +92,35 @@ def test_own_history_shows_the_models_answers(trajectories):
     assert seen[2] == ["answer1", "answer2"]
     with pytest.raises(ValueError):
         probe_trajectory(traj, spy, AuditSettings(), history="imagined")
+
+
+@pytest.mark.parametrize("history", ["real", "own"])
+def test_batched_rounds_equal_one_at_a_time(trajectories, history):
+    """probe_batched (rounds across trajectories, what local models and endpoints use) gives
+    the records of probing each trajectory alone, for both histories; Unanswered stays a step."""
+    from audit.probe import probe_batched
+    from envace.core.worldmodel import Unanswered
+
+    def model(messages, tools, tool, arguments):  # scripted: depends on the history it sees
+        seen = [m["content"][:3] for m in messages if m["role"] == "tool"]
+        if len(seen) == 2:
+            raise Unanswered("timed out")
+        return f"{tool}:{len(seen)}:{'|'.join(seen)}"
+
+    def batch(requests):
+        out = []
+        for r in requests:
+            try:
+                out.append(model(*r))
+            except Unanswered as exc:
+                out.append(exc)
+        return out
+
+    sizes = []
+    one = [probe_trajectory(t, model, AuditSettings(), history=history).steps
+           for t in trajectories]
+    many = probe_batched(trajectories, lambda rs: sizes.append(len(rs)) or batch(rs),
+                         AuditSettings(), history=history)
+    assert [m.steps for m in many] == one
+    assert sizes[0] == len(trajectories) and max(sizes) == len(trajectories)
+    assert any(r.get("unanswered_reason") == "timed out" for rows in one for r in rows)

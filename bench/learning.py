@@ -13,7 +13,7 @@ from the base (over tasks), dev fidelity, and the training reward of the first a
 of the steps with a bootstrap interval of the difference (over episodes).
 Writes bench/results/<--name>.json.
 
-The runs are made with the project's own commands (README, "Learning at the tiny scale").
+The runs are made with the project's own commands (docs/results.md, "Learning (tiny preset)").
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_dif
 from audit.output import UsageError
 from audit.population import population
 from audit.records import read_steps, read_summary
+from envace.core.layout import AUDIT
 
 PAIRED = "paired_by_trajectory"
 INDEPENDENT = "independent"
@@ -40,12 +41,12 @@ INDEPENDENT = "independent"
 def _load(dir_: Path, skipped: list[dict[str, Any]]) -> tuple[dict, list[dict]]:
     """An audit's usable summary fields and step records; what is not usable goes to
     ``skipped`` (file, line, reason). Raises UsageError when nothing in it is usable."""
-    if not (dir_ / "steps.jsonl").is_file():
-        raise UsageError(f"{dir_} is not an audit directory (no steps.jsonl)")
+    if not (dir_ / AUDIT.steps).is_file():
+        raise UsageError(f"{dir_} is not an audit directory (no {AUDIT.steps})")
     try:
         steps = read_steps(dir_)
     except OSError as exc:
-        raise UsageError(f"cannot read {dir_ / 'steps.jsonl'}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {dir_ / AUDIT.steps}: {exc.strerror or exc}") from None
     if steps.unusable:
         first = steps.skipped[0]
         raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; line "

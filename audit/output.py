@@ -1,8 +1,13 @@
-"""Where an `envace-audit` command writes: a locked, checked, all-or-nothing output directory.
+"""Where an audit is written: a locked, checked, all-or-nothing output directory, and the one
+writer of an audit directory's files.
+
+    with AuditWriter(out, inputs=[dev]) as w:    # replay, probe, rescore and the trainer
+        w.write_steps(records, trajectory_row)   # steps.jsonl lines checked (audit.models)
+        summary = w.finish(summary, plots=True)  # summary.json, report.md, plots
+    # on a normal exit the directory is renamed to `out`; on an exception it is deleted
 
     with OutputDir(out, inputs=[train, dev], kind="audit") as tmp:
-        ...write every file into tmp...
-    # on a normal exit tmp is renamed to `out`; on an exception it is deleted
+        ...write every file into tmp...         # the lower level (compare uses it)
 
 Rules (README, "Formats and exit codes"):
 
@@ -37,12 +42,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from envace.core.layout import AUDIT
+
 #: File names each kind of output may hold (with the landed code's leftovers).
 KNOWN_FILES = {
-    "audit": {"steps.jsonl", "trajectories.jsonl", "summary.json", "report.md", "depth.png",
-              "survival.png", "tools.png", "steps.unreadable.jsonl", "steps.jsonl.partial",
-              "trajectories.jsonl.partial", "summary.json.tmp", "report.md.tmp"},
-    "compare": {"compare.json", "compare.md", "compare.json.tmp"},
+    "audit": {*AUDIT.files, *(f"{n}.partial" for n in (AUDIT.steps, AUDIT.trajectories)),
+              *(f"{n}.tmp" for n in (AUDIT.summary, AUDIT.report))},
+    "compare": {AUDIT.compare_json, AUDIT.compare_md, f"{AUDIT.compare_json}.tmp"},
 }
 AUDIT_SCHEMA_PREFIX = "envace.audit/"
 
@@ -78,14 +84,14 @@ def is_earlier_output(out: Path, kind: str) -> tuple[bool, str]:
                                           else "")
         return False, f"it holds files that are not an envace-audit {kind}'s: {shown}"
     if kind == "compare":
-        return ("compare.json" in names, "it holds no compare.json")
+        return (AUDIT.compare_json in names, f"it holds no {AUDIT.compare_json}")
     try:
-        schema = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("schema")
+        schema = json.loads((out / AUDIT.summary).read_text(encoding="utf-8")).get("schema")
     except (OSError, ValueError, AttributeError, RecursionError):
         schema = None
     if isinstance(schema, str) and schema.startswith(AUDIT_SCHEMA_PREFIX):
         return True, ""
-    if "steps.jsonl" in names:  # an audit whose summary.json is missing or damaged
+    if AUDIT.steps in names:  # an audit whose summary.json is missing or damaged
         return True, ""
     return False, "it holds no envace-audit summary.json or steps.jsonl"
 
@@ -267,3 +273,98 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+class AuditWriter:
+    """The one writer of an audit directory (``envace-audit replay``, ``probe``, ``rescore`` and
+    the trainer's ``audit/step_<N>/``): an :class:`OutputDir` of kind ``audit`` holding
+    ``steps.jsonl`` (every line a :class:`audit.models.StepRow`), ``trajectories.jsonl``,
+    ``summary.json`` (an :class:`audit.models.AuditSummary`), ``report.md`` and its plots.
+
+    ``trajectories=False`` (rescore) writes no ``trajectories.jsonl`` unless one is copied in
+    (:meth:`copy_trajectories`). Leaving the ``with`` block without :meth:`finish` (an
+    exception) writes nothing.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = (),
+                 replaces: str | os.PathLike[str] | None = None,
+                 trajectories: bool = True) -> None:
+        self._out = OutputDir(out, inputs, kind="audit", replaces=replaces)
+        self._with_trajectories = trajectories
+        self.dir: Path | None = None
+        self._steps: Any = None
+        self._trajs: Any = None
+        self.finished = False
+
+    def __enter__(self) -> AuditWriter:
+        self.dir = self._out.__enter__()
+        try:
+            self._steps = open(self.dir / AUDIT.steps, "w", encoding="utf-8")  # noqa: SIM115
+            if self._with_trajectories:
+                self._trajs = open(self.dir / AUDIT.trajectories, "w",  # noqa: SIM115
+                                   encoding="utf-8")
+        except BaseException as exc:
+            self._close()
+            self._out.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def write_lines(self, steps_text: str, trajectory_text: str = "") -> None:
+        """Lines already made by :func:`audit.models.step_line` (in a worker process) and
+        ``json.dumps`` of a trajectory row."""
+        self._steps.write(steps_text)
+        if trajectory_text:
+            self._trajs.write(trajectory_text)
+
+    def write_steps(self, records: Iterable[dict[str, Any]],
+                    trajectory: dict[str, Any] | None = None) -> None:
+        """One trajectory's step records (checked: ``pydantic.ValidationError`` for a record
+        that is not a step row) and its ``trajectories.jsonl`` row."""
+        from audit.models import step_line
+
+        text = "".join(step_line(r) for r in records)
+        row = "" if trajectory is None else json.dumps(trajectory, ensure_ascii=False) + "\n"
+        self.write_lines(text, row)
+
+    def copy_trajectories(self, src: Path) -> None:
+        """An earlier audit's ``trajectories.jsonl``, byte for byte (rescore)."""
+        assert self.dir is not None
+        if self._trajs is not None:
+            self._trajs.close()
+            self._trajs = None
+        shutil.copyfile(src, self.dir / AUDIT.trajectories)
+
+    def path(self, name: str) -> Path:
+        """Where a further file of the audit goes (``AUDIT.unreadable``)."""
+        assert self.dir is not None and name in AUDIT.files
+        return self.dir / name
+
+    def finish(self, summary: dict[str, Any], plots: bool = True) -> dict[str, Any]:
+        """Close the line files, write ``summary.json`` (checked against
+        :class:`audit.models.AuditSummary`) and ``report.md`` with its plots; return the
+        summary as written."""
+        from audit.models import summary_data
+        from audit.report import write_report
+
+        assert self.dir is not None
+        self._close()
+        data = summary_data(summary)
+        write_json_atomic(self.dir / AUDIT.summary, data)
+        write_report(self.dir, data, plots=plots)
+        self.finished = True
+        return data
+
+    def _close(self) -> None:
+        for fh in (self._steps, self._trajs):
+            if fh is not None:
+                fh.close()
+        self._steps = self._trajs = None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._close()
+        if exc_type is None and not self.finished:
+            exc = RuntimeError("AuditWriter left without finish(): nothing written")
+            self._out.__exit__(RuntimeError, exc, None)
+            raise exc
+        self._out.__exit__(exc_type, exc, tb)

@@ -30,32 +30,19 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from audit.output import OutputDir, UsageError, write_json_atomic
-from audit.replay import AuditSettings, Override, ReplayError, replay_trajectory
+from audit.models import step_line
+from audit.output import AuditWriter, UsageError, write_json_atomic
+from audit.replay import ReplayError, replay_trajectory
+from audit.settings import AuditOptions, Override
 from audit.summary import build_summary, compact
 from envace.core.schema import Trajectory, read_trajectories
 
 __all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
            "write_json_atomic", "nonfinite_paths"]
-
-
-@dataclass
-class AuditOptions:
-    """Options of an audit run (the CLI's flags)."""
-
-    scorers: list[str] = field(default_factory=lambda: ["exact", "json_f1", "fuzzy",
-                                                        "error_agreement"])
-    verdict_scorer: str = "exact"
-    verdict_threshold: float = 1.0
-    workers: int = 1
-    reference: str | None = None  # a training trajectory file for reference world models
-    override: str | None = None  # audit a reference alone: its name
-    progress: bool = True
-    plots: bool = True
 
 
 Triple = tuple[str, dict, str]
@@ -146,8 +133,7 @@ def _setup_worker(opts: AuditOptions, triples: list[Triple] | None) -> None:
         refs = {n: build_reference(n, triples) for n in REFERENCE_NAMES}
     override = refs.get(opts.override) if opts.override else None
     _WORKER.update(
-        settings=AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold,
-                               references={} if override else refs),
+        settings=replace(opts, references={} if override else refs),
         override=override,
         envs={},
     )
@@ -187,11 +173,11 @@ def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
         if bad:
             warnings.append("non-finite number(s) replayed as they are (written NaN/Infinity): "
                             + "; ".join(bad))
-        steps_text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in res.steps)
+        steps_text = "".join(step_line(r) for r in res.steps)
         traj_text = json.dumps({**res.summary, "file": path, "line": line},
                                ensure_ascii=False) + "\n"
         rows = [compact(r) for r in res.steps]
-    except (ValueError, TypeError, RecursionError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
         return path, line, f"cannot serialise the audit of this record: {_one_line(exc)}"
     return path, line, _Done(steps_text, traj_text, rows, warnings, traj.id, len(res.steps))
 
@@ -279,22 +265,21 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
     opts = opts or AuditOptions()
     if opts.override and not opts.reference:
         raise UsageError("auditing a reference needs --reference TRAIN.jsonl")
-    AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold)  # validate
-    with OutputDir(out_dir, [*inputs, opts.reference], kind="audit") as tmp:
+    try:
+        opts.verdict  # noqa: B018 (validates the scorer and the threshold)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
         triples, ref_report = read_reference(opts.reference) if opts.reference else (None, None)
-        summary = _audit_into(tmp, inputs, opts, triples)
+        summary = _audit_into(w, inputs, opts, triples)
         if ref_report is not None:
             summary["reference_counts"] = {k: ref_report[k] for k in
                                            ("records_read", "trajectories", "calls")}
             summary["reference_skipped_records"] = ref_report["skipped_records"]
-        write_json_atomic(tmp / "summary.json", summary)
-        from audit.report import write_report
-
-        write_report(tmp, summary, plots=opts.plots)
-    return summary
+        return w.finish(summary, plots=opts.plots)
 
 
-def _audit_into(out: Path, inputs: list[str], opts: AuditOptions,
+def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
                 triples: list[Triple] | None) -> dict[str, Any]:
     skipped: list[dict] = []
     warnings: list[dict] = []
@@ -313,20 +298,17 @@ def _audit_into(out: Path, inputs: list[str], opts: AuditOptions,
         results = map(_work, jobs)
     done = False
     try:
-        with open(out / "steps.jsonl", "w", encoding="utf-8") as steps_f, \
-                open(out / "trajectories.jsonl", "w", encoding="utf-8") as traj_f:
-            for path, line, res in results:
-                if isinstance(res, str):
-                    skipped.append({"file": path, "line": line, "reason": res})
-                    continue
-                trajectories += 1
-                for w in res.warnings:
-                    warnings.append({"file": path, "line": line,
-                                     "trajectory_id": res.trajectory_id, "message": w})
-                steps_f.write(res.steps_text)
-                traj_f.write(res.traj_text)
-                rows.extend(res.rows)
-                bar.update(res.n_steps)
+        for path, line, res in results:
+            if isinstance(res, str):
+                skipped.append({"file": path, "line": line, "reason": res})
+                continue
+            trajectories += 1
+            for msg in res.warnings:
+                warnings.append({"file": path, "line": line,
+                                 "trajectory_id": res.trajectory_id, "message": msg})
+            w.write_lines(res.steps_text, res.traj_text)
+            rows.extend(res.rows)
+            bar.update(res.n_steps)
         done = True
     finally:
         bar.close()
@@ -335,23 +317,6 @@ def _audit_into(out: Path, inputs: list[str], opts: AuditOptions,
     return build_summary(rows, opts, trajectories=trajectories, read=counts["read"],
                          skipped=skipped, warnings=warnings, inputs=inputs,
                          seconds=time.perf_counter() - t0)
-
-
-class _Writer:
-    """A JSONL file written through ``NAME.partial`` and renamed when finished (used by
-    ``envace.training.fidelity`` and ``audit.probe``, which write into a directory they own)."""
-
-    def __init__(self, path: Path) -> None:
-        self.tmp = path.with_suffix(path.suffix + ".partial")
-        self.path = path
-        self.fh = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 (closed in finish)
-
-    def write(self, obj: dict) -> None:
-        self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
-
-    def finish(self) -> None:
-        self.fh.close()
-        os.replace(self.tmp, self.path)
 
 
 class _NoBar:

@@ -14,42 +14,23 @@ through it (in worker processes when asked) and writes the audit directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from audit.canonical import is_error_response
 from audit.compounding import novelty
 from audit.population import assign_depths, is_rehearsed
-from audit.scorers import ScoreContext, Verdict, make_verdict, score_step
+from audit.scorers import ScoreContext, score_step
+from audit.settings import AuditSettings, Override
 from envace.core.envs.base import Environment, make_env
 from envace.core.envs.tasks import UnknownTask
 from envace.core.schema import Trajectory
 
-#: An alternative writer of the "rehearsed" side, e.g. a reference world model:
-#: (tool, arguments) -> response text.
-Override = Callable[[str, dict[str, Any]], str]
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
 
 
 class ReplayError(Exception):
     """A trajectory that cannot be replayed at all (unknown env or task, bad inline state)."""
-
-
-@dataclass
-class AuditSettings:
-    """What to score and how to decide divergence."""
-
-    scorers: list[str] = field(default_factory=lambda: ["exact", "json_f1", "fuzzy",
-                                                        "error_agreement"])
-    verdict_scorer: str = "exact"
-    verdict_threshold: float = 1.0
-    references: Mapping[str, Override] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.verdict_scorer not in self.scorers:
-            self.scorers = [*self.scorers, self.verdict_scorer]
-        self.verdict: Verdict = make_verdict(self.verdict_scorer, self.verdict_threshold)
 
 
 @dataclass

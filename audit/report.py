@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from envace.core.layout import AUDIT
+
 
 def _fmt(x: Any, pct: bool = False) -> str:
     if x is None:
@@ -46,9 +48,9 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.set(xlabel="depth (0 = first rehearsed step)", ylabel="divergence rate", ylim=(0, 1),
                title="Divergence by depth (95% trajectory-bootstrap CI)")
         fig.tight_layout()
-        fig.savefig(out / "depth.png", dpi=110)
+        fig.savefig(out / AUDIT.depth_plot, dpi=110)
         plt.close(fig)
-        made.append("depth.png")
+        made.append(AUDIT.depth_plot)
     km = (s.get("first_divergence") or {}).get("rows") or []
     if km:
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -57,9 +59,9 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
                ylim=(0, 1.02),
                title="First-divergence survival (Kaplan–Meier)")
         fig.tight_layout()
-        fig.savefig(out / "survival.png", dpi=110)
+        fig.savefig(out / AUDIT.survival_plot, dpi=110)
         plt.close(fig)
-        made.append("survival.png")
+        made.append(AUDIT.survival_plot)
     tools = s.get("by_tool") or {}
     if tools:
         items = sorted(tools.items(), key=lambda kv: -kv[1]["n"])[:20]
@@ -68,9 +70,9 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.invert_yaxis()
         ax.set(xlabel="divergence rate", xlim=(0, 1), title="Divergence by tool (most used)")
         fig.tight_layout()
-        fig.savefig(out / "tools.png", dpi=110)
+        fig.savefig(out / AUDIT.tools_plot, dpi=110)
         plt.close(fig)
-        made.append("tools.png")
+        made.append(AUDIT.tools_plot)
     return made
 
 
@@ -179,6 +181,6 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
 
 def write_report(out: Path, summary: dict[str, Any], plots: bool = True) -> None:
     made = plot_all(out, summary) if plots else []
-    tmp = out / "report.md.tmp"
+    tmp = out / f"{AUDIT.report}.tmp"
     tmp.write_text(render_markdown(summary, made), encoding="utf-8")
-    os.replace(tmp, out / "report.md")
+    os.replace(tmp, out / AUDIT.report)

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from audit.output import OutputDir, UsageError, write_json_atomic
-from audit.pipeline import AuditOptions
+from audit.models import SUMMARY_VERSION, step_line
+from audit.output import AuditWriter, UsageError
 from audit.population import assign_depths
 from audit.records import read_steps, read_summary
-from audit.replay import AuditSettings
 from audit.scorers import ScoreContext, score_step
-from audit.summary import SUMMARY_VERSION, build_summary, compact
+from audit.settings import AuditOptions, AuditSettings
+from audit.summary import build_summary, compact
+from envace.core.layout import AUDIT
 
-UNREADABLE = "steps.unreadable.jsonl"
+UNREADABLE = AUDIT.unreadable
 
 
 def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, Any]:
@@ -58,14 +58,14 @@ def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, An
 
 def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
     """Rescore ``src/steps.jsonl`` into ``out`` (may be ``src``); return the new summary."""
-    settings = AuditSettings(list(opts.scorers), opts.verdict_scorer, opts.verdict_threshold)
+    settings = opts
     src, out = Path(src), Path(out)
     in_place = os.path.realpath(src) == os.path.realpath(out)
-    with OutputDir(out, [src], kind="audit", replaces=src if in_place else None) as tmp:
+    with AuditWriter(out, [src], replaces=src if in_place else None, trajectories=False) as w:
         try:
             steps = read_steps(src)
         except OSError as exc:
-            raise UsageError(f"cannot read {src / 'steps.jsonl'}: {exc.strerror or exc}"
+            raise UsageError(f"cannot read {src / AUDIT.steps}: {exc.strerror or exc}"
                              ) from None
         if steps.unusable:
             raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; "
@@ -75,31 +75,30 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
         raw_bad = list(steps.bad)
         rows: list[dict] = []
         pending: list[dict] = []  # one trajectory's records (contiguous in steps.jsonl)
-        with open(tmp / "steps.jsonl", "w", encoding="utf-8") as fh:
-            def flush() -> None:
-                if pending and not all("depth" in r for r in pending):
-                    assign_depths(pending)
-                for r in pending:
-                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-                    rows.append(compact(r))
-                pending.clear()
 
-            for rec, line in zip(steps.records, steps.lines, strict=True):
-                try:
-                    new = rescore_record(rec, settings)
-                    json.dumps(new)  # serialisable, or kept verbatim below
-                except Exception as exc:  # one bad record costs one record
-                    bad.append({"file": steps.path, "line": line,
-                                "reason": f"cannot rescore: {type(exc).__name__}: {exc}"[:300]})
-                    raw_bad.append((json.dumps(rec, ensure_ascii=False) + "\n").encode())
-                    continue
-                if pending and pending[-1]["trajectory_id"] != new["trajectory_id"]:
-                    flush()
-                pending.append(new)
-            flush()
-        _keep_unreadable(src / UNREADABLE, tmp / UNREADABLE, raw_bad, bad)
-        if (src / "trajectories.jsonl").is_file():
-            shutil.copyfile(src / "trajectories.jsonl", tmp / "trajectories.jsonl")
+        def flush() -> None:
+            if pending and not all("depth" in r for r in pending):
+                assign_depths(pending)
+            w.write_lines("".join(step_line(r) for r in pending))
+            rows.extend(compact(r) for r in pending)
+            pending.clear()
+
+        for rec, line in zip(steps.records, steps.lines, strict=True):
+            try:
+                new = rescore_record(rec, settings)
+                step_line(new)  # a step row, serialisable, or kept verbatim below
+            except Exception as exc:  # one bad record costs one record
+                bad.append({"file": steps.path, "line": line,
+                            "reason": f"cannot rescore: {type(exc).__name__}: {exc}"[:300]})
+                raw_bad.append((json.dumps(rec, ensure_ascii=False) + "\n").encode())
+                continue
+            if pending and pending[-1]["trajectory_id"] != new["trajectory_id"]:
+                flush()
+            pending.append(new)
+        flush()
+        _keep_unreadable(src / UNREADABLE, w.path(UNREADABLE), raw_bad, bad)
+        if (src / AUDIT.trajectories).is_file():
+            w.copy_trajectories(src / AUDIT.trajectories)
         opts.reference = old.get("reference_file")
         counts = old.get("counts", {})
         n_traj = counts.get("trajectories", len({r["trajectory_id"] for r in rows}))
@@ -111,11 +110,7 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
         if old.get("reference_skipped_records"):
             summary["reference_skipped_records"] = old["reference_skipped_records"]
         summary["rescored_from"] = str(src)
-        write_json_atomic(tmp / "summary.json", summary)
-        from audit.report import write_report
-
-        write_report(tmp, summary, plots=opts.plots)
-    return summary
+        return w.finish(summary, plots=opts.plots)
 
 
 def _keep_unreadable(old: Path, new: Path, raw: list[bytes], bad: list[dict]) -> None:
@@ -160,7 +155,7 @@ def summary_from_steps(audit_dir: str | Path, logistic_boot: int = 0) -> dict[st
     for key in ("audited_model", "probe", "rescored_from"):
         if old.get(key) is not None:
             summary[key] = old[key]
-    summary["recomputed_from"] = {"steps": str(src / "steps.jsonl"),
+    summary["recomputed_from"] = {"steps": str(src / AUDIT.steps),
                                   "old_schema": old.get("schema"), "schema": SUMMARY_VERSION,
                                   "logistic_boot": logistic_boot}
     return summary

@@ -27,6 +27,10 @@ from audit.canonical import (
     parse_value,
 )
 
+#: The scorers an audit runs unless told otherwise (``envace-audit``, ``envace probe``, the
+#: Python API); every one is registered below.
+DEFAULT_SCORERS: tuple[str, ...] = ("exact", "json_f1", "fuzzy", "error_agreement")
+
 #: Fuzzy comparison looks at most at this many characters of each side (bounds the work).
 MAX_FUZZY_CHARS = 50_000
 
@@ -288,8 +292,3 @@ def score_step(
     """``{scorer name: value}`` for one step (see :func:`score_step_explained`)."""
     detailed = score_step_explained(rehearsed, actual, context, scorers)
     return {name: float(s.value) for name, s in detailed.items()}
-
-
-def is_valid_score(value: object) -> bool:
-    """A finite number in [0, 1]."""
-    return is_number(value) and math.isfinite(value) and 0.0 <= value <= 1.0  # type: ignore

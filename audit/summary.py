@@ -16,13 +16,16 @@ from typing import Any
 
 from audit.compounding import clean, group_stats, summarize
 from audit.intervals import IntervalSpec
+from audit.models import SUMMARY_VERSION
 from audit.population import DETERMINISM, population
 from audit.reference import skill, skill_with_ci
 
-SUMMARY_VERSION = "envace.audit/2"  # /2: statistics over rehearsed steps, trajectory bootstrap
 N_BOOT = 1000  # trajectory resamples of every interval (rates, means, ratio, skill)
 LOGISTIC_BOOT = 200  # resamples of the logistic odds-ratio interval (each one a model fit)
 SEED = 0
+
+
+__all__ = ["SUMMARY_VERSION", "build_summary", "compact"]
 
 
 def compact(rec: dict[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from audit.models import read_summary_data
 from dashboard import readers
 from dashboard.readers import Frame
+from envace.core.layout import AUDIT
 
 Sig = tuple[str, int, int]
 
@@ -87,19 +89,19 @@ def metrics(path: str | os.PathLike[str]) -> Frame:
 
 def steps(audit_dir: str | os.PathLike[str]) -> Frame:
     """An audit's steps without texts (see :func:`readers.steps_frame`)."""
-    return _steps(*signature(Path(audit_dir) / "steps.jsonl"))
+    return _steps(*signature(Path(audit_dir) / AUDIT.steps))
 
 
 def trajectories(audit_dir: str | os.PathLike[str]) -> Frame:
     """An audit's ``trajectories.jsonl``; derived from the steps when it is absent."""
-    p = Path(audit_dir) / "trajectories.jsonl"
+    p = Path(audit_dir) / AUDIT.trajectories
     if p.is_file():
         return _trajectories(*signature(p))
     s = steps(audit_dir)
     if s.frame.empty:
         return Frame(pd.DataFrame(), s.notes)
-    return Frame(from_steps(s.frame), [*s.notes, "trajectories.jsonl is absent: trajectory rows "
-                                                  "were rebuilt from steps.jsonl."])
+    return Frame(from_steps(s.frame), [*s.notes, f"{AUDIT.trajectories} is absent: trajectory "
+                                                  f"rows were rebuilt from {AUDIT.steps}."])
 
 
 def from_steps(frame: pd.DataFrame) -> pd.DataFrame:
@@ -116,7 +118,7 @@ def summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, s
     """An audit's ``summary.json``: (data, None) or (None, why not); an older format is
     recomputed from ``steps.jsonl`` (see :func:`readers.audit_summary`)."""
     d = Path(audit_dir)
-    return _audit_summary(signature(d / "summary.json"), signature(d / "steps.jsonl"))
+    return _audit_summary(signature(d / AUDIT.summary), signature(d / AUDIT.steps))
 
 
 def json_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
@@ -130,7 +132,7 @@ def jsonl(path: str | os.PathLike[str]) -> readers.JsonlData:
 
 def step_texts(audit_dir: str | os.PathLike[str], offsets: list[int]) -> list[dict[str, Any]]:
     """Full step records (responses, arguments, references) at these byte offsets."""
-    return _lines_at(*signature(Path(audit_dir) / "steps.jsonl"), tuple(int(o) for o in offsets))
+    return _lines_at(*signature(Path(audit_dir) / AUDIT.steps), tuple(int(o) for o in offsets))
 
 
 def trajectory_record(path: str | os.PathLike[str], line: int) -> dict[str, Any] | None:
@@ -146,8 +148,8 @@ def trajectory_record(path: str | os.PathLike[str], line: int) -> dict[str, Any]
 def compare(dir_a: str | os.PathLike[str], dir_b: str | os.PathLike[str]) -> dict[str, Any]:
     """``audit.compare.compare_audits`` of two audit directories, cached on their files."""
     a, b = Path(dir_a), Path(dir_b)
-    return _compare(signature(a / "steps.jsonl"), signature(b / "steps.jsonl"),
-                    signature(a / "summary.json"), signature(b / "summary.json"))
+    return _compare(signature(a / AUDIT.steps), signature(b / AUDIT.steps),
+                    signature(a / AUDIT.summary), signature(b / AUDIT.summary))
 
 
 def clear() -> None:
@@ -156,9 +158,10 @@ def clear() -> None:
 
 
 def scored_steps(s: dict[str, Any]) -> int | None:
-    """How many steps an audit's statistics count (its rehearsed steps)."""
-    c = s.get("counts") or {}
-    return c.get("scored_steps", c.get("answered_steps"))
+    """How many steps an audit's statistics count (its rehearsed steps; see
+    ``audit.models.AuditSummary.scored_steps``)."""
+    summary, _ = read_summary_data(s)
+    return None if summary is None else summary.scored_steps
 
 
 def audit_trend(audits: list[Any]) -> pd.DataFrame:

@@ -9,10 +9,12 @@ user (a truncated last line, bad lines, a missing file), never an exception for 
   without a usable step is dropped and named, a non-finite value is a gap (one bad line costs
   one point, never the charts).
 - :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
-  with the byte offset of each line so :func:`read_lines_at` fetches texts on demand.
-- :func:`audit_summary` — an audit's ``summary.json``; one written before the current statistics
-  (``envace.audit/1`` pooled real history steps with rehearsed ones) is recomputed from
-  ``steps.jsonl`` so every page shows the figures a fresh audit would.
+  with the byte offset of each line so :func:`read_lines_at` fetches texts on demand; every
+  row read through ``audit.models.StepStats`` (a line that is not a step row is named).
+- :func:`audit_summary` — an audit's ``summary.json`` read through
+  ``audit.models.AuditSummary`` (a malformed field is left out and named); one written before
+  the current statistics (``envace.audit/1`` pooled real history steps with rehearsed ones) is
+  recomputed from ``steps.jsonl`` so every page shows the figures a fresh audit would.
 - :func:`trajectories_frame` — an audit's ``trajectories.jsonl``.
 """
 
@@ -27,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
+
+from audit.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem, read_summary_data
+from envace.core.layout import AUDIT, RUN
 
 STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
                "actual_error", "rehearsed_error", "novelty", "unanswered", "source_rehearsed")
@@ -63,7 +69,7 @@ class JsonlData:
 def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None) -> JsonlData:
     """Every JSON object of a file, one a line; bad lines and a truncated tail are reported.
 
-    ``keep`` limits each record to those keys (saves memory on big files).
+    ``keep`` limits each record to those of its keys (saves memory on big files).
     """
     out = JsonlData()
     try:
@@ -95,7 +101,7 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
         if not isinstance(rec, dict):
             out.bad_lines.append((lineno, f"not a JSON object ({type(rec).__name__})"))
             continue
-        out.records.append({k: rec.get(k) for k in keep} if keep else rec)
+        out.records.append({k: rec[k] for k in keep if k in rec} if keep else rec)
         out.offsets.append(start)
         out.lines.append(lineno)
     return out
@@ -115,21 +121,28 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str 
 
 
 def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """An audit's summary: (data, None) or (None, why not); recomputed from ``steps.jsonl``
-    (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it is older than the
-    current summary format."""
-    from audit.summary import SUMMARY_VERSION
-
+    """An audit's summary as ``audit.models.AuditSummary`` reads it: (data, None) or (None, why
+    not); a field of the wrong type is left out (``unusable_fields`` names it). Recomputed from
+    ``steps.jsonl`` (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it
+    is older than the current summary format."""
     d = Path(audit_dir)
-    s, err = read_json(d / "summary.json")
-    if s is None or s.get("schema") == SUMMARY_VERSION or not (d / "steps.jsonl").is_file():
-        return s, err
-    from audit.rescore import summary_from_steps
+    raw, err = read_json(d / AUDIT.summary)
+    if raw is None:
+        return None, err
+    summary, problems = read_summary_data(raw, AUDIT.summary)
+    if summary is None:
+        return None, problems[0]["reason"]
+    if summary.schema_ != SUMMARY_VERSION and (d / AUDIT.steps).is_file():
+        from audit.rescore import summary_from_steps
 
-    try:
-        return summary_from_steps(d), None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return s, f"summary.json is of an older format and cannot be recomputed: {exc}"[:300]
+        try:
+            return summary_from_steps(d), None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            err = f"{AUDIT.summary} is of an older format and cannot be recomputed: {exc}"[:300]
+    out = summary.dump()
+    if problems:
+        out["unusable_fields"] = [p["reason"] for p in problems]
+    return out, err
 
 
 def read_text(path: str | os.PathLike[str], limit: int = 200_000) -> str | None:
@@ -179,7 +192,7 @@ def metrics_frame(path: str | os.PathLike[str]) -> Frame:
     notes; a file where no record has a step is numbered by row.
     """
     data = read_jsonl(path)
-    notes = data.notes("metrics.jsonl")
+    notes = data.notes(RUN.metrics)
     has_steps = any("step" in r for r in data.records)
     rows, bad = [], []
     for i, (r, line) in enumerate(zip(data.records, data.lines, strict=True)):
@@ -224,29 +237,36 @@ _NUMBERED = re.compile(r"^(\w+?)_\d+$")
 
 def steps_frame(path: str | os.PathLike[str]) -> Frame:
     """An audit's ``steps.jsonl`` without texts: one row per call, ``score/<name>`` columns,
-    ``offset`` (byte position of the line, for :func:`read_lines_at`)."""
-    keep = (*STEP_FIELDS, "scores", "malformed", "references")
-    data = read_jsonl(path, keep=keep)
-    rows = []
-    for rec, off in zip(data.records, data.offsets, strict=True):
-        row = {k: rec.get(k) for k in STEP_FIELDS}
-        row["malformed"] = rec.get("malformed") is not None
+    ``offset`` (byte position of the line, for :func:`read_lines_at`). Every line is read as an
+    ``audit.models.StepStats``; one that is not a step row is left out and named."""
+    data = read_jsonl(path, keep=STAT_FIELDS)
+    rows, bad = [], []
+    for rec, off, line in zip(data.records, data.offsets, data.lines, strict=True):
+        try:
+            s = StepStats.model_validate(rec)
+        except ValidationError as exc:
+            bad.append(f"line {line} ({problem(exc)})")
+            continue
+        row = {k: getattr(s, k) for k in STEP_FIELDS}
+        row["malformed"] = s.malformed is not None
         row["offset"] = off
-        for name, v in (rec.get("scores") or {}).items():
+        for name, v in s.scores.items():
             row[f"score/{name}"] = v
         rows.append(row)
+    notes = data.notes(AUDIT.steps)
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        notes.append(f"{AUDIT.steps}: skipped {len(bad)} line(s) that are not step records: "
+                     f"{', '.join(bad[:5])}{more}.")
     frame = pd.DataFrame(rows, columns=None if rows else [*STEP_FIELDS, "malformed", "offset"])
     for c in CATEGORICAL:
-        if c in frame:
-            frame[c] = frame[c].astype(str).astype("category")
+        frame[c] = frame[c].astype(str).astype("category")
     for c in ("diverged", "mutates_state", "unanswered", "malformed", "actual_error"):
-        if c in frame:
-            frame[c] = frame[c].fillna(False).astype(bool)
-    if "step" in frame:
-        frame["step"] = pd.to_numeric(frame["step"], errors="coerce").fillna(-1).astype(int)
-    if "depth" in frame:  # depth among rehearsed steps; <NA> for real ones (and older files)
-        frame["depth"] = pd.to_numeric(frame["depth"], errors="coerce").astype("Int64")
-    return Frame(frame, data.notes("steps.jsonl"))
+        frame[c] = frame[c].fillna(False).astype(bool)
+    frame["step"] = frame["step"].astype(int)
+    # depth among rehearsed steps; <NA> for real ones (and older files)
+    frame["depth"] = pd.to_numeric(frame["depth"], errors="coerce").astype("Int64")
+    return Frame(frame, notes)
 
 
 def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict[str, Any]]:
@@ -267,7 +287,7 @@ def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
     """An audit's ``trajectories.jsonl`` (one row per audited trajectory)."""
     data = read_jsonl(path)
     frame = pd.DataFrame(data.records)
-    return Frame(frame, data.notes("trajectories.jsonl"))
+    return Frame(frame, data.notes(AUDIT.trajectories))
 
 
 def line_offsets(path: str | os.PathLike[str]) -> list[int]:

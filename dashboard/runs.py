@@ -23,9 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envace.core.layout import AUDIT
+
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "report.md", "rollouts", "audit", "eval",
                "checkpoints", "RUNNING")
-AUDIT_MARKERS = ("summary.json", "steps.jsonl")
+AUDIT_MARKERS = AUDIT.markers
 HEARTBEATS = ("metrics.jsonl", "heartbeat", "HEARTBEAT", "heartbeat.json", "RUNNING")
 RUNNING_WINDOW_S = 120.0
 MAX_DEPTH = 3

@@ -22,6 +22,7 @@ import streamlit as st
 from dashboard import conversation, data, ui
 from dashboard.runs import Run, is_audit_dir
 from dashboard.safe import md
+from envace.core.layout import AUDIT, RUN
 
 NONE_MSG = ("No rehearsal evaluations in this run: test-time rehearsal results appear under "
             "`eval/<name>/` (`envace eval --rehearsal parallel|sequential`), as trajectories "
@@ -78,7 +79,7 @@ def _float(v: Any) -> float | None:
 
 def eval_audit(eval_dir: Path) -> Path | None:
     for d in (eval_dir / "audit", eval_dir):
-        if (d / "steps.jsonl").is_file() and is_audit_dir(d):
+        if (d / AUDIT.steps).is_file() and is_audit_dir(d):
             return d
     return None
 
@@ -186,7 +187,7 @@ def page(run: Run) -> None:
     name = st.selectbox("Evaluation", list(found), key="rh_eval")
     d, recs, notes = found[name]
     ui.notes(notes)
-    summ, err = data.json_file(d / "summary.json")
+    summ, err = data.json_file(d / RUN.eval_summary)
     if summ:
         headline(summ)
         with st.expander("summary.json"):

@@ -215,6 +215,8 @@ def act_probe(
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     """`envace probe`: the teacher-forced audit of a local or a served model."""
+    from audit.scorers import DEFAULT_SCORERS
+
     p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
                        description=__doc__.split("\n")[0])
     p.add_argument("inputs", nargs="+", help="real trajectories (envace data export-real)")
@@ -225,8 +227,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
     p.add_argument("--reference", help="training trajectories: skill against reference models")
-    p.add_argument("--scorers", nargs="+", default=["exact", "json_f1", "fuzzy",
-                                                     "error_agreement"])
+    p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS))
     p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="diverged = verdict score < threshold (default 1.0)")

@@ -21,6 +21,7 @@ from audit.compounding import wilson_ci
 from audit.intervals import cluster_ratio
 from audit.pipeline import write_json_atomic
 from envace.core.envs.tasks import Task
+from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.model.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
@@ -71,7 +72,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
     per_task: dict[str, list[bool]] = defaultdict(list)
     rewards, ends, tokens = [], Counter(), Counter()
     by_backend: dict[str, list[bool]] = defaultdict(list)
-    with TrajectoryWriter(out_dir / "trajectories.jsonl", mode="w") as w:
+    with TrajectoryWriter(out_dir / RUN.eval_trajectories, mode="w") as w:
         for seed in range(s.seeds):
             cfg = RolloutConfig(mode=s.mode, temperature=s.temperature, top_p=s.top_p,
                                 max_new_tokens=s.max_new_tokens, max_turns=s.max_turns,
@@ -108,5 +109,5 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
         "seconds": time.perf_counter() - t0,
         "settings": s.__dict__,
     }
-    write_json_atomic(out_dir / "summary.json", summary)
+    write_json_atomic(out_dir / RUN.eval_summary, summary)
     return summary

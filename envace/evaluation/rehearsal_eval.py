@@ -14,6 +14,7 @@ from typing import Any
 
 from audit.compounding import wilson_ci
 from audit.pipeline import AuditOptions, run_audit, write_json_atomic
+from envace.core.layout import AUDIT, RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.evaluation.evaluate import pass_at_k
@@ -25,7 +26,7 @@ def _fidelity_by_plan(audit_dir: Path) -> dict[str, float]:
     import json
 
     per: dict[str, list[float]] = defaultdict(list)
-    steps = audit_dir / "steps.jsonl"
+    steps = audit_dir / AUDIT.steps
     if not steps.exists():
         return {}
     for line in steps.read_text().splitlines():
@@ -75,7 +76,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
     successes: list[bool] = []
     per_attempt: list[dict[str, Any]] = []
     plans_file = out / "plans.jsonl"
-    with TrajectoryWriter(out / "trajectories.jsonl", mode="w") as w, \
+    with TrajectoryWriter(out / RUN.eval_trajectories, mode="w") as w, \
             TrajectoryWriter(plans_file, mode="w") as wp:
         for seed in range(seeds):
             settings = RehearsalSettings(**{**s.__dict__, "seed": s.seed + 1000 * seed})
@@ -134,5 +135,5 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
         "fidelity_vs_success": _relation(fidelity, successes),
         "settings": s.__dict__,
     }
-    write_json_atomic(out / "summary.json", summary)
+    write_json_atomic(out / RUN.eval_summary, summary)
     return summary

@@ -1,14 +1,20 @@
-"""Fidelity of a batch of rollouts, for the trainer's log: audit each trajectory, summarise.
+"""Fidelity of a batch of rollouts, for the trainer's log: audit each trajectory once, summarise.
+
+    audits = replay_rollouts(trajs, settings)             # one replay per trajectory
+    rows, per_traj = rehearsed_fidelity(audits, "exact")  # metrics, grounded_lambda's reward
+    write_step_audit(run_dir / "audit" / "step_3", trajs, audits, settings, rollout_file)
 
 The verifier already executes the committed calls in the real environment, so pairing each
-rehearsed response with the real one costs one replay per trajectory. Figures here cover the
-*rehearsed* steps only (per-turn tasks carry earlier turns as real context; those are checked
-for determinism in the step's audit directory but not counted as fidelity). Depth counts from
-the policy's first rehearsed call. These are the audit's own figures (``audit.population`` picks
-the steps for both), so ``fidelity/divergence_rate``, ``fidelity/<scorer>`` and
-``fidelity/depth_<d>`` (d < max_depth) equal ``divergence_rate``, the scorer means and
-``by_depth`` of the step's ``audit/step_<N>/summary.json``; ``fidelity/depth_<max_depth>`` pools
-the deeper steps.
+rehearsed response with the real one costs one replay per trajectory, and a step replays its
+rollouts once: the records that give the metrics are the ones written to ``audit/step_<N>/``
+(through ``audit.output.AuditWriter``, like every audit) once the rollouts have their ids,
+rewards and meta. Figures here cover the *rehearsed* steps only (per-turn tasks carry earlier
+turns as real context; those are checked for determinism in the step's audit directory but not
+counted as fidelity). Depth counts from the policy's first rehearsed call. These are the audit's
+own figures (``audit.population`` picks the steps for both), so ``fidelity/divergence_rate``,
+``fidelity/<scorer>`` and ``fidelity/depth_<d>`` (d < max_depth) equal ``divergence_rate``, the
+scorer means and ``by_depth`` of the step's ``audit/step_<N>/summary.json``;
+``fidelity/depth_<max_depth>`` pools the deeper steps.
 """
 
 from __future__ import annotations
@@ -17,63 +23,86 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from audit.pipeline import AuditOptions, _Writer, write_json_atomic
+from audit.output import AuditWriter
 from audit.population import is_rehearsed
-from audit.replay import AuditSettings, ReplayError, replay_trajectory
-from audit.report import write_report
+from audit.replay import ReplayError, TrajectoryAudit, replay_trajectory, trajectory_row
+from audit.settings import AuditSettings
 from audit.summary import build_summary, compact
 from envace.core.schema import Trajectory
+
+#: One trajectory's audit, or why it could not be replayed.
+Audited = TrajectoryAudit | str
+
+
+def replay_rollouts(trajs: list[Trajectory], settings: AuditSettings) -> list[Audited]:
+    """Replay and score every trajectory once (a ``ReplayError`` becomes its reason)."""
+    envs: dict = {}
+    out: list[Audited] = []
+    for traj in trajs:
+        try:
+            out.append(replay_trajectory(traj, settings, envs))
+        except ReplayError as exc:
+            out.append(str(exc))
+    return out
+
+
+def rehearsed_fidelity(audits: list[Audited], verdict: str) -> tuple[list[dict], list[float]]:
+    """(rehearsed answered step records, each with ``depth``; per-trajectory mean of the
+    ``verdict`` scorer over them, NaN when a trajectory rehearsed nothing or was not replayed)."""
+    rows: list[dict] = []
+    per_traj: list[float] = []
+    for res in audits:
+        if isinstance(res, str):
+            per_traj.append(float("nan"))
+            continue
+        mine = [r for r in res.steps if is_rehearsed(r) and not r["unanswered"]]
+        rows.extend(mine)  # depth: set by the replay (audit.population)
+        per_traj.append(sum(r["scores"][verdict] for r in mine) / len(mine) if mine
+                        else float("nan"))
+    return rows, per_traj
+
+
+def write_step_audit(out_dir: Path, trajs: list[Trajectory], audits: list[Audited],
+                     settings: AuditSettings, source_file: str = "") -> dict[str, Any]:
+    """Write the audit directory of ``trajs`` from their replays (no environment runs here).
+
+    ``trajs`` may have changed since the replay (ids, rewards, meta set by the trainer): step
+    records take the trajectory's current id, and its ``trajectories.jsonl`` row is rebuilt.
+    Returns the summary as written."""
+    rows, skipped = [], []
+    with AuditWriter(out_dir, [source_file] if source_file else []) as w:
+        for i, (traj, res) in enumerate(zip(trajs, audits, strict=True)):
+            if isinstance(res, str):
+                skipped.append({"file": source_file, "line": i + 1, "reason": res})
+                continue
+            steps = [{**r, "trajectory_id": traj.id} for r in res.steps]
+            w.write_steps(steps, {**trajectory_row(traj, steps), "file": source_file,
+                                  "line": i + 1})
+            rows.extend(compact(r) for r in steps)
+        opts = AuditSettings(list(settings.scorers), settings.verdict_scorer,
+                             settings.verdict_threshold, progress=False, plots=False)
+        summary = build_summary(rows, opts, trajectories=len(trajs) - len(skipped),
+                                read=len(trajs), skipped=skipped, warnings=[],
+                                inputs=[source_file], seconds=0.0)
+        return w.finish(summary, plots=False)
 
 
 def audit_rollouts(trajs: list[Trajectory], scorers: list[str], verdict: str,
                    out_dir: Path | None, source_file: str = "") -> tuple[list[dict], list[float]]:
-    """Replay and score every trajectory; write an audit directory when ``out_dir`` is given.
-
-    Returns (rehearsed step records with ``depth`` added, per-trajectory exact-match fidelity or
-    NaN when a trajectory rehearsed nothing).
-    """
+    """Replay and score every trajectory once; write an audit directory when ``out_dir`` is
+    given. Returns :func:`rehearsed_fidelity`'s (rows, per-trajectory fidelity)."""
     settings = AuditSettings(list(scorers), verdict)
-    envs: dict = {}
-    rehearsed_rows: list[dict] = []
-    per_traj: list[float] = []
-    rows, skipped = [], []
-    writers = None
+    audits = replay_rollouts(trajs, settings)
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        writers = (_Writer(out_dir / "steps.jsonl"), _Writer(out_dir / "trajectories.jsonl"))
-    for i, traj in enumerate(trajs):
-        try:
-            res = replay_trajectory(traj, settings, envs)
-        except ReplayError as exc:
-            skipped.append({"file": source_file, "line": i + 1, "reason": str(exc)})
-            per_traj.append(float("nan"))
-            continue
-        mine = [r for r in res.steps if is_rehearsed(r) and not r["unanswered"]]
-        rehearsed_rows.extend(mine)  # depth: set by the replay (audit.population)
-        per_traj.append(sum(r["scores"][verdict] for r in mine) / len(mine) if mine
-                        else float("nan"))
-        if writers:
-            for r in res.steps:
-                writers[0].write(r)
-                rows.append(compact(r))
-            writers[1].write({**res.summary, "file": source_file, "line": i + 1})
-    if writers and out_dir is not None:
-        writers[0].finish()
-        writers[1].finish()
-        opts = AuditOptions(scorers=list(scorers), verdict_scorer=verdict, progress=False,
-                            plots=False)
-        summary = build_summary(rows, opts, trajectories=len(trajs) - len(skipped),
-                                read=len(trajs), skipped=skipped, warnings=[],
-                                inputs=[source_file], seconds=0.0)
-        write_json_atomic(out_dir / "summary.json", summary)
-        write_report(out_dir, summary, plots=False)
-    return rehearsed_rows, per_traj
+        write_step_audit(out_dir, trajs, audits, settings, source_file)
+    return rehearsed_fidelity(audits, verdict)
 
 
 def fidelity_metrics(rows: list[dict], scorers: list[str], max_depth: int = 8) -> dict[str, Any]:
     """Flat ``fidelity/...`` metrics: divergence rate, mean scores, divergence by depth.
 
-    ``rows``: the rehearsed step records ``audit_rollouts`` returns (each with ``depth``).
+    ``rows``: the rehearsed step records :func:`rehearsed_fidelity` returns (each with
+    ``depth``).
     """
     out: dict[str, Any] = {"fidelity/steps": len(rows)}
     if not rows:

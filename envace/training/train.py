@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from audit.settings import AuditSettings
+from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.core.timing import NULL_TIMER, StepTimer, Timer
@@ -37,7 +39,12 @@ from envace.training import grpo
 from envace.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from envace.training.config import ConfigError, TrainConfig, dump_yaml, to_dict
 from envace.training.distributed import Dist, init
-from envace.training.fidelity import audit_rollouts, fidelity_metrics
+from envace.training.fidelity import (
+    fidelity_metrics,
+    rehearsed_fidelity,
+    replay_rollouts,
+    write_step_audit,
+)
 from envace.training.fsdp import grad_norm_value
 from envace.training.resume import (
     Heartbeat,
@@ -207,8 +214,9 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     t_roll = time.perf_counter()
     rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
     with timer.section("fidelity"):
-        rows, fid = audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers,
-                                   cfg.verdict_scorer, None)
+        audit_settings = AuditSettings(list(cfg.audit_scorers), cfg.verdict_scorer)
+        audits = replay_rollouts([e.trajectory for e in episodes], audit_settings)
+        rows, fid = rehearsed_fidelity(audits, cfg.verdict_scorer)
     with timer.section("reward"):
         rewards, verdicts = rewards_for(episodes, cfg, fid)
         has = torch.tensor([[e.tokens(ACT) > 0, e.tokens(REHEARSE) > 0] for e in episodes])
@@ -221,7 +229,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     if dist.active:  # rank 0 writes and logs the whole batch, groups in their sampled order
         g = cfg.group_size
         mine = [(episodes[k:k + g], verdicts[k:k + g], rewards[k:k + g], has[k:k + g],
-                 adv[k:k + g]) for k in range(0, len(episodes), g)]
+                 adv[k:k + g], audits[k:k + g]) for k in range(0, len(episodes), g)]
         groups = dist.gather_ordered(mine)
         rows = [r for part in dist.gather(rows) for r in part]
         if not dist.is_main:
@@ -230,6 +238,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             return None
         episodes = [e for grp in groups for e in grp[0]]
         verdicts = [v for grp in groups for v in grp[1]]
+        audits = [a for grp in groups for a in grp[5]]
         rewards, has, adv = (torch.cat([grp[i] for grp in groups]) for i in (2, 3, 4))
     with TrajectoryWriter(rollout_file, mode="w") as w:
         for i, (e, v) in enumerate(zip(episodes, verdicts, strict=True)):
@@ -239,9 +248,9 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             e.trajectory.meta.update(train_step=step, group=e.task.id, success=v["success"],
                                      verifier=v["detail"], advantage=adv[i].tolist())
             w.write(e.trajectory)
-    with timer.section("fidelity"):  # the step's audit again, written to audit/step_<N>/
-        audit_rollouts([e.trajectory for e in episodes], cfg.audit_scorers, cfg.verdict_scorer,
-                       run_dir / "audit" / f"step_{step}", str(rollout_file))
+    with timer.section("fidelity"):  # the step's audit, from the replays above
+        write_step_audit(RUN.step_audit(run_dir, step), [e.trajectory for e in episodes],
+                         audits, audit_settings, str(rollout_file))
     n_act = sum(e.tokens(ACT) for e in episodes)
     n_reh = sum(e.tokens(REHEARSE) for e in episodes)
     ends: dict[str, int] = {}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.envs.tasks import split_tasks
+from envace.core.layout import RUN
 from envace.core.timing import shares
 from envace.evaluation.evaluate import EvalSettings, evaluate
 from envace.training.config import TrainConfig
@@ -53,7 +54,7 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
     reh = evaluate(policy.model, policy.tokenizer, tasks, reh_dir,
                    EvalSettings(mode="rehearse", **base), label=f"{cfg.eval_split}_rehearsed",
                    rollout=policy.rollout)
-    audit = run_audit([str(reh_dir / "trajectories.jsonl")], reh_dir / "audit",
+    audit = run_audit([str(reh_dir / RUN.eval_trajectories)], reh_dir / RUN.audit,
                       AuditOptions(scorers=list(cfg.audit_scorers),
                                    verdict_scorer=cfg.verdict_scorer, progress=False))
     write_report(cfg, run_dir, real, reh, audit, eval_seconds=time.perf_counter() - t0)

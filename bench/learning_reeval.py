@@ -61,7 +61,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="envace-reeval-"))
     res, rows = {"seeds": args.seeds, "conditions": args.conditions, "runs": {}}, []
     for run in map(Path, args.runs):
-        cfg = load_config(TrainConfig, run / "config.yaml", [])
+        cfg = load_config(TrainConfig, run / "config.yaml", [], drop_removed=True)
         s = settings(cfg, args.seeds, args.conditions)
         found = {}
         for label, path in (("start", Path(cfg.model)), ("trained", last_checkpoint(run))):
@@ -104,13 +104,13 @@ def main() -> None:
 
 def settings(cfg: TrainConfig, seeds: int, conditions: str) -> EvalSettings:
     """How to sample: as the run's evaluation, or as its training rollouts."""
-    from envace.training.train import ROLLOUT_MODE
+    from envace.core.modes import training_mode
 
     common = dict(seeds=seeds, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
                   max_context=cfg.max_context_tokens, reward=cfg.reward,
                   desc_chars=cfg.desc_chars)
     if conditions == "train":
-        mode = ROLLOUT_MODE[cfg.mode]
+        mode = training_mode(cfg.mode).rollout
         if mode == "simulator":
             raise SystemExit("--conditions train: simulator runs need their simulator; use eval")
         return EvalSettings(temperature=cfg.temperature, top_p=cfg.top_p, mode=mode, **common)

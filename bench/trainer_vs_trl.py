@@ -88,7 +88,7 @@ def run_ours(args: argparse.Namespace, path: str, tasks: list[Any], tmp: Path) -
                       prompts_per_step=args.prompts, group_size=4, temperature=1.0, top_p=1.0,
                       max_new_tokens=args.completion, max_turns=1, max_context_tokens=4096,
                       steps=args.steps, lr=1e-6, micro_batch_size=args.micro_batch,
-                      eval_every=0, checkpoint_every=0, output_dir=str(tmp), run_name="ours")
+                      checkpoint_every=0, output_dir=str(tmp), run_name="ours")
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg, run_dir, None, progress=False)

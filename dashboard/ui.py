@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
+import yaml
 
 from dashboard.runs import Audit, OutsideRoot, Run, describe, discover, resolve_inside
 from dashboard.safe import code, md
+from envace.core.modes import ROLLOUT_MODES, TRAINING_MODES
 
 __all__ = ["code", "md"]  # re-exported for the pages
 
@@ -182,3 +184,18 @@ def guard(what: str) -> Iterator[None]:
 def refresh_every(run: Run) -> str | None:
     """A fragment interval for a run in progress, so its pages refresh on their own."""
     return f"{REFRESH_S}s" if run.status == "running" else None
+
+
+def mode_line(config_text: str | None) -> str | None:
+    """What a training run's mode means (envace.core.modes), from its config.yaml text, as
+    escaped markdown; None when the text names no known mode."""
+    try:
+        mode = (yaml.safe_load(config_text or "") or {}).get("mode")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    m = TRAINING_MODES.get(mode) if isinstance(mode, str) else None
+    if m is None:
+        return None
+    trains = ", ".join(f"{role} by the {model.replace('_', ' ')}" for role, model in m.trains)
+    return (f"Mode {code(m.name)}: {md(m.help)}. Tool calls: {md(ROLLOUT_MODES[m.rollout])} "
+            f"(rollout mode {code(m.rollout)}); trained: {md(trains)}.")

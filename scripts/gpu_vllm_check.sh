@@ -31,9 +31,9 @@ start=$(date +%s)
 rc=0
 # per-turn tasks, short messages: a handful of full steps (16 prompts x 4 rollouts) in budget
 timeout --signal=INT --kill-after=60 "${ENVACE_GPU_BUDGET_S:-420}" \
-  "$PY" -m envace.model.backends.vllm_backend train --config "$CONFIG" model="$MODEL" \
+  "$PY" -m envace.training.vllm_train train --config "$CONFIG" model="$MODEL" \
   output_dir=runs run_name="$NAME" steps="${ENVACE_GPU_STEPS:-6}" max_turns=4 \
-  max_new_tokens=512 max_context_tokens=8192 eval_tasks=16 eval_every=0 checkpoint_every=0 \
+  max_new_tokens=512 max_context_tokens=8192 eval_tasks=16 checkpoint_every=0 \
   || rc=$?
 echo "[gpu_vllm_check] training exited with $rc after $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true

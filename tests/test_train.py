@@ -170,7 +170,7 @@ def test_train_smoke_end_to_end(tmp_path):
         for k in ("rollout/prefill", "rollout/decode", "rollout/other", "reward", "fidelity",
                   "update/forward", "update/backward", "update/optimizer", "checkpoint"):
             assert r[f"time/{k}"] > 0, k
-        assert r["time/weight_sync"] == 0 and r["time/eval"] == 0  # transformers, no eval_every
+        assert r["time/weight_sync"] == 0 and r["time/eval"] == 0  # transformers; no mid-run eval
         assert r["time/rollout/prefill"] + r["time/rollout/decode"] + r["time/rollout/forced"] \
             + r["time/rollout/other"] <= r["seconds/rollout"] + 1e-3
     assert sum(r["time/step"] for r in rows) < wall  # the steps fit in the whole command

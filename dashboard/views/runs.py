@@ -122,11 +122,12 @@ def details(run: Run) -> None:
             st.write(f"Audit of {md(', '.join(map(str, inputs)))} · verdict "
                      f"{code(verdict.get('scorer'))} · audited model "
                      f"{md(s.get('audited_model') or 'the trajectories’ own rehearsals')}")
+    cfg = read_text(run.path / "config.yaml")
+    if run.kind == "training" and (line := ui.mode_line(cfg)):
+        st.caption(line)
     left, right = st.columns(2)
-    with left:
-        cfg = read_text(run.path / "config.yaml")
-        with st.expander("config.yaml", expanded=cfg is not None):
-            st.code(cfg or "(no config.yaml)", language="yaml")
+    with left, st.expander("config.yaml", expanded=cfg is not None):
+        st.code(cfg or "(no config.yaml)", language="yaml")
     with right, st.expander("Contents", expanded=True):
         st.markdown("\n".join([
             f"- rollouts: {', '.join(f'step {s}' for s in sorted(run.rollouts)) or 'none'}",

@@ -20,12 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envace.core.modes import ROLLOUT_MODES
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="run episodes and write trajectories", description=__doc__)
     p.add_argument("--model", required=True, help="tiny, smollm2 or a local model folder")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    p.add_argument("--mode", default="rehearse", choices=["rehearse", "real", "simulator"])
+    p.add_argument("--mode", default="rehearse", choices=list(ROLLOUT_MODES),
+                   help="who answers tool calls: " + "; ".join(
+                       f"{k}: {v}" for k, v in ROLLOUT_MODES.items()))
     p.add_argument("--simulator", help="mode simulator: a model folder/preset or an http(s) URL")
     p.add_argument("--simulator-endpoint", help="mode simulator: an OpenAI-compatible server URL")
     p.add_argument("--simulator-model", help="the served model's name (default: the only one)")

@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"envace train: no such config file {config}; presets: "
               f"{', '.join(p.stem for p in DEFAULT_CONFIG.parent.glob('*.yaml'))}", file=sys.stderr)
         return 2
-    try:
-        cfg = load_config(TrainConfig, config, overrides)
+    try:  # a run's own config.yaml may still hold keys removed since it was written
+        cfg = load_config(TrainConfig, config, overrides,
+                          drop_removed=bool(args.resume) and args.config is None)
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2

@@ -24,9 +24,11 @@ import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
+
+from envace.core.modes import TRAINING_MODES, modes_help, training_mode
 
 T = TypeVar("T")
 
@@ -213,6 +215,9 @@ def _set(values: dict, cls: type, key: str, value: Any, source: str, raw: str | 
         sub, node = fields[part][1], node.setdefault(part, {})
     fields = _fields(sub)
     if last not in fields:
+        why = getattr(sub, "REMOVED", {}).get(last)
+        if why is not None:
+            raise ConfigError(f"config key {key!r} (from {source}) was removed: {why}; delete it")
         raise _unknown(key, cls, source)
     tp = fields[last][1]
     if _is_config(tp):
@@ -233,11 +238,15 @@ def _build(cls: type[T], values: dict) -> T:
     return cls(**kwargs)
 
 
-def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: list[str]) -> T:
+def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: list[str],
+                drop_removed: bool = False) -> T:
     """Build `cls` from its defaults, then a YAML file (optional), then `key=value` overrides.
 
     Raises ConfigError for an unknown key (with the closest valid keys and where it came from), a
-    value of the wrong type, a malformed override, or a combination `__post_init__` rejects.
+    key the class lists as removed (its `REMOVED`: key -> why), a value of the wrong type, a
+    malformed override, or a combination `__post_init__` rejects. ``drop_removed``: the YAML
+    file's removed keys are dropped instead (a run's own config.yaml, written before they were
+    removed); overrides still name them as removed.
     """
     values: dict = {}
     sources: dict[str, str] = {}  # dotted key -> where its value came from
@@ -254,6 +263,8 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must hold a mapping of keys to values, not {data!r}")
         for key, value in _flatten(data, cls).items():
+            if drop_removed and str(key) in getattr(cls, "REMOVED", {}):
+                continue
             _set(values, cls, key, value, source, raw=None)
             sources[str(key)] = f"{source}"
 
@@ -345,7 +356,7 @@ def config_help(cls: type, prefix: str = "") -> str:
 # -----------------------------------------------------------------------------
 # The trainer's config
 
-Mode = Literal["envace", "split", "simulator", "grpo"]
+Mode = Literal[tuple(TRAINING_MODES)]  # type: ignore[valid-type]  # envace.core.modes
 
 
 @dataclasses.dataclass
@@ -356,20 +367,22 @@ class TrainConfig:
     rollouts, clip 0.2 with dual clip 3, token-mean loss, KL off); presets in configs/ override.
     """
 
+    # keys that were validated and documented but never acted on: a config that sets one is
+    # refused with this reason (a run's own older config.yaml drops them on resume)
+    REMOVED: ClassVar[dict[str, str]] = {
+        "eval_every": "the run evaluates once, after its last step (eval_tasks, eval_split)",
+        "log_every": "every step's metrics are logged",
+        "resume_from": "resume a run with `envace train --resume runs/<name>`",
+    }
+
     # run
     run_name: str = opt("", "run folder name under output_dir; empty: '<mode>-<model>-s<seed>'")
     output_dir: str = opt("runs", "folder that holds run directories")
     seed: int = opt(0, "random seed (task order, sampling, init of the tiny model)")
-    resume_from: str | None = opt(None, "checkpoint folder to resume from; null starts fresh")
 
     # model and method
     model: str = opt("tiny", "policy model: 'tiny', 'smollm2', a local path or a hub id")
-    mode: Mode = opt(
-        "envace",
-        "envace: one policy acts and rehearses (the method); split: separate actor and world "
-        "model; simulator: responses from simulator_model, actor trained only; grpo: standard "
-        "GRPO with the real environment in the loop (the paper's baseline)",
-    )
+    mode: Mode = opt("envace", modes_help())
     world_model: str | None = opt(None, "mode=split: world model spec; null: a copy of `model`")
     simulator_model: str | None = opt(
         None, "mode=simulator: frozen model spec, or an OpenAI-compatible http(s):// endpoint"
@@ -434,7 +447,6 @@ class TrainConfig:
     sft_max_minutes: float = opt(5.0, "wall-clock budget of the cold start; 0: none")
 
     # evaluation, fidelity audit, logging, checkpoints
-    eval_every: int = opt(50, "evaluate every N steps; 0: never")
     eval_split: str = opt("dev", "task split to evaluate on")
     eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all")
     eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)")
@@ -446,7 +458,6 @@ class TrainConfig:
     )
     verdict_scorer: str = opt("exact", "scorer whose verdict decides that a step diverged")
     report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
-    log_every: int = opt(1, "log metrics every N steps")
     checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end")
     time_sync: bool = opt(
         False, "on a GPU, wait for queued kernels at every boundary of the step's timed sections "
@@ -490,35 +501,40 @@ class TrainConfig:
             0 <= self.grounded_lambda <= 1,
             f"grounded_lambda={self.grounded_lambda}: set it in [0, 1]",
         )
+        mode = training_mode(self.mode)
+        rehearsing = [m.name for m in TRAINING_MODES.values() if m.trains_rehearsals]
         require(
-            self.grounded_lambda == 0 or self.mode in ("envace", "split"),
+            self.grounded_lambda == 0 or mode.trains_rehearsals,
             f"grounded_lambda={self.grounded_lambda} rewards the policy's rehearsals, which "
-            f"mode={self.mode} does not train: set grounded_lambda=0 or mode=envace/split",
+            f"mode={self.mode} does not train: set grounded_lambda=0 or mode="
+            + "/".join(rehearsing),
         )
         require(
             self.grounded_lambda == 0 or bool(self.audit_scorers),
             "grounded_lambda > 0 needs measured fidelity: list scorers in audit_scorers",
         )
+        simulated = [m.name for m in TRAINING_MODES.values() if m.rollout == "simulator"]
         require(
-            self.mode != "simulator" or bool(self.simulator_model),
-            "mode=simulator needs simulator_model=<preset | path | http(s)://host/v1 endpoint>",
+            mode.rollout != "simulator" or bool(self.simulator_model),
+            f"mode={self.mode} needs simulator_model=<preset | path | http(s)://host/v1 "
+            "endpoint>",
         )
         require(
-            self.mode == "simulator" or self.simulator_model is None,
-            f"simulator_model is only used when mode=simulator (mode={self.mode}): set "
-            "simulator_model=null or mode=simulator",
+            mode.rollout == "simulator" or self.simulator_model is None,
+            f"simulator_model is only used when mode={'/'.join(simulated)} (mode={self.mode}): "
+            f"set simulator_model=null or mode={'/'.join(simulated)}",
         )
+        split = [m.name for m in TRAINING_MODES.values() if m.separate_world_model]
         require(
-            self.mode == "split" or self.world_model is None,
-            f"world_model is only used when mode=split (mode={self.mode}): set world_model=null "
-            "or mode=split",
+            mode.separate_world_model or self.world_model is None,
+            f"world_model is only used when mode={'/'.join(split)} (mode={self.mode}): set "
+            f"world_model=null or mode={'/'.join(split)}",
         )
         require(self.sft_steps >= 0, "sft_steps must be >= 0 (0: no cold start)")
         require(self.sft_lr is None or self.sft_lr > 0,
                 f"sft_lr={self.sft_lr}: set a positive learning rate or null")
-        for name in ("eval_every", "eval_tasks", "checkpoint_every", "train_tasks"):
+        for name in ("eval_tasks", "checkpoint_every", "train_tasks"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
-        require(self.log_every >= 1, "log_every must be >= 1")
         require(self.eval_seeds >= 1, "eval_seeds must be >= 1")
         require(self.desc_chars >= 0, f"desc_chars={self.desc_chars}: set desc_chars >= 0")
         require(self.sft_max_minutes >= 0,

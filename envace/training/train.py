@@ -31,6 +31,7 @@ import torch
 
 from audit.settings import AuditSettings
 from envace.core.layout import RUN
+from envace.core.modes import training_mode
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.core.timing import NULL_TIMER, StepTimer, Timer
@@ -54,11 +55,6 @@ from envace.training.resume import (
     running_marker,
 )
 from envace.training.train_setup import Policy, build_policy, check_anchors, training_pool
-
-TRAINED = {"envace": (ACT, REHEARSE), "split": (ACT, REHEARSE), "simulator": (ACT,),
-           "grpo": (ACT,)}
-ROLLOUT_MODE = {"envace": "rehearse", "split": "rehearse", "simulator": "simulator",
-                "grpo": "real"}
 
 
 def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -203,7 +199,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     rng = random.Random(cfg.seed * 1_000_003 + step)
     chosen = dist.shard(rng.sample(tasks, min(cfg.prompts_per_step, len(tasks))))
     batch = [t for t in chosen for _ in range(cfg.group_size)]
-    rcfg = RolloutConfig(mode=ROLLOUT_MODE[cfg.mode], temperature=cfg.temperature,
+    rcfg = RolloutConfig(mode=training_mode(cfg.mode).rollout, temperature=cfg.temperature,
                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars,

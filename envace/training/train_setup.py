@@ -20,18 +20,21 @@ import torch
 import yaml
 
 from envace.core.envs.tasks import Task, split_tasks
+from envace.core.modes import training_mode
 from envace.model.models import default_cache_dir, load_model, resolve_model
-from envace.model.rollout import ACT, REHEARSE
 from envace.training.checkpoint import save_checkpoint
 from envace.training.config import ConfigError, TrainConfig, to_dict
 from envace.training.distributed import Dist
+from envace.training.grpo import ROLE_NAMES
 
 # the folders in the run directory that hold each trainee's initial weights (the KL anchors)
 INITIAL_FOLDERS = {"policy": "initial_model", "world_model": "initial_world_model"}
 
-# keys that may differ between a run and its resumption
-RESUMABLE_CHANGES = {"resume_from", "steps", "checkpoint_every", "eval_every", "log_every",
-                     "report_to", "time_sync"}
+# keys that may differ between a run and its resumption (removed keys: an older run's
+# config.yaml may still hold them)
+RESUMABLE_CHANGES = {"steps", "checkpoint_every", "report_to", "time_sync", *TrainConfig.REMOVED}
+# token role by its name in the mode table
+ROLE_IDS = {name: role for role, name in ROLE_NAMES.items()}
 
 
 @dataclass
@@ -70,14 +73,9 @@ class Policy:
         return self.model if name == "policy" else self.world_model
 
     def trainees(self, mode: str) -> list[tuple[str, Any, tuple[int, ...]]]:
-        """(name, model the loss runs on, roles it trains) for this mode."""
-        if mode == "split":
-            names = [("policy", (ACT,)), ("world_model", (REHEARSE,))]
-        elif mode == "envace":
-            names = [("policy", (ACT, REHEARSE))]
-        else:
-            names = [("policy", (ACT,))]
-        return [(n, self.sharded.get(n, self.whole(n)), roles) for n, roles in names]
+        """(name, model the loss runs on, roles it trains) for this mode (envace.core.modes)."""
+        return [(n, self.sharded.get(n, self.whole(n)), tuple(ROLE_IDS[r] for r in roles))
+                for n, roles in training_mode(mode).models().items()]
 
     def after_step(self, name: str) -> None:
         """After an optimizer step: the whole model catches up with its sharded twin."""
@@ -177,7 +175,8 @@ def anchored(cfg: TrainConfig) -> list[str]:
     ``split`` without ``world_model`` it starts as a copy of the policy: the same anchor)."""
     if cfg.kl_coef <= 0:
         return []
-    return ["policy", "world_model"] if cfg.mode == "split" and cfg.world_model else ["policy"]
+    separate = training_mode(cfg.mode).separate_world_model and cfg.world_model
+    return ["policy", "world_model"] if separate else ["policy"]
 
 
 def check_anchors(cfg: TrainConfig, run_dir: Path) -> None:
@@ -228,7 +227,7 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
             dist.barrier()
         model, tok = load_model(path)
         wm = None
-        if cfg.mode == "split":
+        if training_mode(cfg.mode).separate_world_model:
             wm = load_model(resolve_model(cfg.world_model, default_cache_dir()))[0] \
                 if cfg.world_model else copy.deepcopy(model)
         if dist.is_main:  # the KL anchors, before any step changes the weights
@@ -248,9 +247,10 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
     for name in anchored(cfg):  # each trainee's own anchor, read back from the run directory
         ref = load_model(run_dir / INITIAL_FOLDERS[name])[0].eval().requires_grad_(False)
         policy.references[name] = ref.to(device) if device is not None else ref
-    if cfg.kl_coef > 0 and cfg.mode == "split" and "world_model" not in policy.references:
+    if cfg.kl_coef > 0 and training_mode(cfg.mode).separate_world_model \
+            and "world_model" not in policy.references:
         policy.references["world_model"] = policy.references["policy"]  # it started as a copy
-    if cfg.mode == "simulator":
+    if training_mode(cfg.mode).rollout == "simulator":
         policy.simulator = make_simulator(cfg)
     if dist.fsdp and dist.active:
         from envace.training.fsdp import shard

@@ -118,9 +118,10 @@ def test_weight_sync_changes_generation_exactly(hf, engine):
 
 
 def test_two_training_steps_on_vllm_rollouts(hf, engine, policy_path, tmp_path):
-    from envace.model.backends.vllm_backend import VLLMRollouts, train_with_vllm
+    from envace.model.backends.vllm_backend import VLLMRollouts
     from envace.model.models import load_model
     from envace.training.config import TrainConfig
+    from envace.training.vllm_train import train_with_vllm
 
     model, tok = hf
     prompts = _prompts(tok)
@@ -128,7 +129,7 @@ def test_two_training_steps_on_vllm_rollouts(hf, engine, policy_path, tmp_path):
     cfg = TrainConfig(model=str(policy_path), backend="vllm", output_dir=str(tmp_path),
                       run_name="vllm2", steps=2, prompts_per_step=2, group_size=2, lr=3e-3,
                       temperature=1.0, reward="action", max_new_tokens=24, max_turns=2,
-                      max_context_tokens=1536, desc_chars=40, eval_tasks=2, eval_every=0,
+                      max_context_tokens=1536, desc_chars=40, eval_tasks=2,
                       checkpoint_every=0, micro_batch_size=4)
     rollouts = VLLMRollouts(policy_path)
     rollouts.backends["policy"] = engine  # the session's engine: no second start-up

@@ -175,11 +175,6 @@ def describe_env(name: str) -> dict[str, Any]:
                            "tools": None, "error": None}
     try:
         env = make_env(name)
-        if name == "bfcl":  # BFCL's catalogue lives in its task registry
-            from envace.core.envs.bfcl import all_tool_schemas
-            from envace.core.envs.tasks import load_tasks
-
-            out["tasks"], out["tools"] = list(load_tasks()), sorted(all_tool_schemas())
         if hasattr(env, "task_ids"):
             out["tasks"] = list(env.task_ids())
         if hasattr(env, "all_tools"):

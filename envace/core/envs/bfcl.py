@@ -22,11 +22,10 @@ import signal
 import threading
 from contextlib import contextmanager
 from functools import cache, lru_cache
-from pathlib import Path
 from typing import Any
 
 from envace.core.envs.base import ToolKind, ToolResult, hash_state, plain, register_env
-from envace.core.envs.tasks import BACKENDS, DATA_DIR, Task, function_docs, get_task
+from envace.core.envs.tasks import BACKENDS, DATA_DIR, Task, function_docs, get_task, load_tasks
 
 ERROR_PREFIX = "Error during execution: "
 TOOL_KINDS_FILE = DATA_DIR / "bfcl_tool_kinds.json"
@@ -170,6 +169,17 @@ class BFCLEnv:
             excluded_functions=list(state.get("excluded_function") or []),
         )
 
+    # -- catalogue (what `envace envs` lists) -----------------------------------------------
+    @staticmethod
+    def task_ids() -> list[str]:
+        return list(load_tasks())
+
+    @staticmethod
+    def all_tools() -> list[dict[str, Any]]:
+        """Every BFCL tool schema, sorted by name."""
+        schemas = {s["function"]["name"]: s for docs in function_docs().values() for s in docs}
+        return [schemas[n] for n in sorted(schemas)]
+
     # -- protocol --------------------------------------------------------------------------
     def tools(self) -> list[dict[str, Any]]:
         return list(self._tools)
@@ -227,12 +237,3 @@ class BFCLEnv:
 @lru_cache(maxsize=1)
 def _all_methods() -> frozenset[str]:
     return frozenset(m for c in BACKENDS for m in backend_methods(c))
-
-
-def all_tool_schemas() -> dict[str, dict[str, Any]]:
-    """Every BFCL tool schema by name."""
-    return {s["function"]["name"]: s for docs in function_docs().values() for s in docs}
-
-
-def tool_kinds_path() -> Path:
-    return TOOL_KINDS_FILE

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from audit.compounding import clean, compounding_ratio
+from audit.history import split_histories
 from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
 from audit.output import UsageError
 from audit.population import population
@@ -92,6 +93,8 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
     skipped: list[dict[str, Any]] = []
     sa, all_a = _load(Path(dir_a), skipped)
     sb, all_b = _load(Path(dir_b), skipped)
+    all_a, _, ha = split_histories(all_a, IntervalSpec(0))
+    all_b, _, hb = split_histories(all_b, IntervalSpec(0))
     pa, pb = population(all_a), population(all_b)
     a, b = pa.rows, pb.rows
     scorers = sorted(set(sa.get("scorers") or _scored(a)) & set(sb.get("scorers") or _scored(b)))
@@ -114,6 +117,12 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
                               "b": compounding_ratio(b, n_boot=0)["ratio"]},
         "skipped_records": skipped,
     }
+    if ha is not None or hb is not None:  # probes with both histories: each side's split
+        out["history"] = {side: None if h is None else {
+            k: (h.get("overall") or {}).get(k, {}).get("point") for k in ("real", "own")}
+            | {"own_minus_real": (h.get("overall") or {}).get("diff", {}).get("diff"),
+               "compounding_share_deep": h["deep"]["compounding_share"]["point"]}
+            for side, h in (("a", sa.get("history") or ha), ("b", sb.get("history") or hb))}
     index_b = {_key(s): s for s in b}
     pairs = [(s, index_b[_key(s)]) for s in a if _key(s) in index_b]
     if pairs:
@@ -175,6 +184,12 @@ def render_compare(c: dict[str, Any]) -> str:
                      f"{f(v['p_value'])} | {v.get('significant', '–')} |")
     cr = c["compounding_ratio"]
     lines.append(f"| compounding ratio | {f(cr['a'])} | {f(cr['b'])} | | | | |")
+    for key, label in (("real", "divergence, real history"), ("own", "divergence, own history"),
+                       ("own_minus_real", "own − real"),
+                       ("compounding_share_deep", "compounding share, depth ≥ 3")):
+        if "history" in c:
+            ha, hb = c["history"]["a"] or {}, c["history"]["b"] or {}
+            lines.append(f"| {label} | {f(ha.get(key))} | {f(hb.get(key))} | | | | |")
     for side in ("a", "b"):
         if c["population"][side] == "determinism_check":
             lines.append(f"\n{side.upper()} holds real responses only: its figures are a "

@@ -171,6 +171,19 @@ class _Data:
         return {"point": point, "ci": ci, "method": method}
 
 
+def split_histories(rows: list[dict[str, Any]], spec: IntervalSpec = IntervalSpec()
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
+    """An audit's rows as (the rows its statistics count, the own-history rows set apart, the
+    ``history`` block or None). Rows without ``history``, or of one history only, are all
+    counted and there is no block; with both, the real-history rows are counted and the two
+    are decomposed."""
+    real = [r for r in rows if r.get("history") in (None, "real")]
+    own = [r for r in rows if r.get("history") == "own"]
+    if not own or not real:
+        return rows, [], None
+    return real, own, decompose(pair_verdicts(real, own), spec)
+
+
 def decompose(pairs: Sequence[Pair], spec: IntervalSpec = IntervalSpec(),
               deep: int = DEEP) -> dict[str, Any]:
     """The summary's ``history`` block: the decomposition overall, by depth, by read/write, by

@@ -16,7 +16,7 @@ Unknown fields are kept as they are (a newer writer's, a plugin's).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, create_model
 
@@ -58,8 +58,10 @@ class StepRow(BaseModel):
     diverged: bool
     references: dict[str, ReferenceResponse] | None = None
     depth: int | None = Field(default=None, ge=0)  #: index among answered rehearsed calls
-    probe: str | None = None  #: "teacher_forced" for ``envace-audit probe``
+    probe: str | None = None  #: "teacher_forced" for ``envace probe``
     unanswered_reason: str | None = None
+    #: the probe's history: "real" (teacher-forced) or "own" (self-conditioned, ``--history``)
+    history: Literal["real", "own"] | None = None
 
     def dump(self) -> dict[str, Any]:
         """The row as written: the fields it was given, in the spec's order."""
@@ -69,7 +71,7 @@ class StepRow(BaseModel):
 #: Fields the statistics and the dashboard read (no texts): compact rows, steps_frame.
 STAT_FIELDS = ("trajectory_id", "task_id", "step", "tool", "diverged", "scores", "mutates_state",
                "novelty", "unanswered", "source_rehearsed", "actual_error", "rehearsed_error",
-               "depth", "malformed")
+               "depth", "malformed", "history")
 
 #: A step row without its texts (validated like StepRow, field for field).
 StepStats: type[BaseModel] = create_model(  # type: ignore[call-overload]
@@ -176,6 +178,8 @@ class AuditSummary(BaseModel):
     reference_counts: dict[str, int] | None = None
     reference_skipped_records: list[Skipped] | None = None
     probe: str | None = None
+    histories: list[str] | None = None
+    history: dict[str, Any] | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,9 @@ from envace.core.worldmodel import Unanswered, WorldModel
 #: one request to a world model: (messages so far, tool schemas, tool name, arguments)
 Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]]
 ProbeSteps = Generator[Request, Any, TrajectoryAudit]
+#: answers a batch of requests in order: the text, or an `Unanswered` for a step with no answer
+BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
+CHUNK = 64  # trajectories probed together (one round asks each of them once)
 
 
 def _real_tool_message(m: Message, content: str, error: bool) -> dict[str, Any]:
@@ -98,16 +101,18 @@ def probe_trajectory(
 
 def drive(gen: ProbeSteps, world_model: WorldModel) -> TrajectoryAudit:
     """Run one trajectory's probe, answering each request with `world_model` as it comes."""
-    try:
-        request = next(gen)
-        while True:
-            try:
-                reply: str | Unanswered = world_model(*request)
-            except Unanswered as exc:
-                reply = exc
-            request = gen.send(reply)
-    except StopIteration as stop:
-        return stop.value
+    reply: str | Unanswered | None = None
+    first = True
+    while True:
+        try:  # only the probe's own end is a StopIteration here, never the world model's
+            request = next(gen) if first else gen.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        first = False
+        try:
+            reply = world_model(*request)
+        except Unanswered as exc:
+            reply = exc
 
 
 def probe_batched(
@@ -249,32 +254,100 @@ def probe_settings(opts: AuditOptions) -> AuditSettings:
 def run_probe(
     paths: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
-    rehearser: WorldModel,
+    rehearser: WorldModel | None = None,
     opts: AuditOptions | None = None,
     limit: int = 0,
     label: str | None = None,
     steps: Mapping[str, Iterable[int]] | None = None,
     progress: Callable[[int], None] | None = None,
-    extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+    *,
+    histories: Sequence[str] = ("real",),
+    answer_batch: BatchAnswer | None = None,
+    chunk: int = CHUNK,
 ) -> dict[str, Any]:
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
+    The world model is `rehearser` (asked one call at a time, trajectory by trajectory) or
+    `answer_batch` (asked in rounds over `chunk` trajectories at once: `probe_batched`).
+    `histories`: ``("real",)`` the teacher-forced probe; ``("own",)`` the self-conditioned one;
+    both: every step is probed twice, the rows carry ``history``, the statistics count the
+    real-history rows and the summary decomposes the two (``history`` block, `audit.history`).
     `steps`: trajectory id -> step indices to probe (trajectories not named are skipped
-    silently); `label` names the audited model in the summary, `extra` adds summary fields.
-    Returns the summary. Unreadable or unreplayable records are reported with file and line,
-    never fatal. The directory is written like every audit's (``audit.output``: renamed into
-    place when complete, never over an input or another tool's files).
+    silently); `label` names the audited model in the summary, `extra` adds summary fields
+    (a callable: asked once the probe is done). Returns the summary. Unreadable or
+    unreplayable records are reported with file and line, never fatal. The directory is
+    written like every audit's (``audit.output``: renamed into place when complete, never
+    over an input or another tool's files).
     """
+    if (rehearser is None) == (answer_batch is None):
+        raise ValueError("give exactly one of rehearser and answer_batch")
+    bad = [h for h in histories if h not in HISTORIES] or ([] if histories else ["(none)"])
+    if bad or len(set(histories)) != len(histories):
+        raise ValueError(f"histories must be distinct values of {HISTORIES}, got {histories!r}")
     opts = opts or AuditOptions()
     inputs = [str(p) for p in paths]
     with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
-        summary = _probe_into(w, inputs, rehearser, opts, limit, label, steps, progress, extra)
+        summary = _probe_into(w, inputs, rehearser, answer_batch, tuple(histories), chunk, opts,
+                              limit, label, steps, progress, extra)
         return w.finish(summary, plots=opts.plots)
 
 
-def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel, opts: AuditOptions,
-                limit: int, label: str | None, steps: Mapping[str, Iterable[int]] | None,
-                progress: Callable[[int], None] | None, extra: Mapping[str, Any] | None
+def _readable(inputs: list[str], limit: int, steps: Mapping[str, Iterable[int]] | None,
+              skipped: list[dict[str, Any]]) -> Iterator[Any]:
+    """The records to probe, in file order (unreadable ones go to `skipped`); `limit` counts
+    the records handed out."""
+    given = 0
+    for path in inputs:
+        if not Path(path).exists():
+            skipped.append({"file": path, "line": None, "reason": "file not found"})
+            continue
+        for item in read_trajectories(path):
+            if limit and given >= limit:
+                return
+            if item.trajectory is not None and steps is not None \
+                    and item.trajectory.id not in steps:
+                continue
+            given += item.trajectory is not None
+            yield item
+
+
+def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _one_at_a_time(trajs: list[Trajectory], rehearser: WorldModel, settings: AuditSettings,
+                   env_cache: dict[str, Environment], steps: Mapping[str, Iterable[int]] | None,
+                   history: str) -> list[TrajectoryAudit | Exception]:
+    out: list[TrajectoryAudit | Exception] = []
+    for traj in trajs:
+        try:
+            out.append(probe_trajectory(traj, rehearser, settings, env_cache,
+                                        None if steps is None else steps[traj.id], history))
+        except Exception as exc:  # noqa: BLE001 - one trajectory's failure is its result
+            out.append(exc)
+    return out
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, ReplayError):
+        return f"cannot replay: {exc}"
+    return f"probe failed: {type(exc).__name__}: {exc}"
+
+
+def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
+                answer_batch: BatchAnswer | None, histories: tuple[str, ...], chunk: int,
+                opts: AuditOptions, limit: int, label: str | None,
+                steps: Mapping[str, Iterable[int]] | None,
+                progress: Callable[[int], None] | None,
+                extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
                 ) -> dict[str, Any]:
     settings = probe_settings(opts)
     env_cache: dict[str, Environment] = {}
@@ -283,43 +356,40 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel, opts: 
     rows: list[dict[str, Any]] = []
     read = done = 0
     t0 = time.perf_counter()
-    for path in inputs:
-        if not Path(path).exists():
-            skipped.append({"file": path, "line": None, "reason": "file not found"})
-            continue
-        for item in read_trajectories(path):
-            if limit and done >= limit:
-                break
+    for items in _chunks(_readable(inputs, limit, steps, skipped), max(1, chunk)):
+        good = [i for i in items if i.trajectory is not None]
+        trajs = [i.trajectory for i in good]
+        position = {id(i): k for k, i in enumerate(good)}
+        results = {h: (probe_batched(trajs, answer_batch, settings, steps, h)
+                       if answer_batch is not None else
+                       _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
+                   for h in histories}
+        for item in items:
+            read += 1
             if item.trajectory is None:
-                read += 1
                 skipped.append({"file": item.path, "line": item.line, "reason": item.error})
                 continue
-            traj = item.trajectory
-            if steps is not None and traj.id not in steps:
-                continue
-            read += 1
-            try:
-                res = probe_trajectory(traj, rehearser, settings, env_cache,
-                                       None if steps is None else steps[traj.id])
-            except ReplayError as exc:
+            res = [results[h][position[id(item)]] for h in histories]
+            failed = next((r for r in res if isinstance(r, Exception)), None)
+            if failed is not None:  # a bug or a hostile record must not stop the audit
                 skipped.append({"file": item.path, "line": item.line,
-                                "reason": f"cannot replay: {exc}"})
-                continue
-            except Exception as exc:  # a bug or a hostile record must not stop the audit
-                skipped.append({"file": item.path, "line": item.line,
-                                "reason": f"probe failed: {type(exc).__name__}: {exc}"})
+                                "reason": _failure(failed)})
                 continue
             done += 1
-            for msg in res.warnings:
+            for msg in dict.fromkeys(m for r in res for m in r.warnings):
                 warnings.append({"file": item.path, "line": item.line,
-                                 "trajectory_id": traj.id, "message": msg})
-            w.write_steps(res.steps, {**res.summary, "file": item.path, "line": item.line})
-            rows.extend(compact(rec) for rec in res.steps)
+                                 "trajectory_id": item.trajectory.id, "message": msg})
+            records = [rec for r in res for rec in r.steps]
+            w.write_steps(records, {**res[0].summary, "file": item.path, "line": item.line})
+            rows.extend(compact(rec) for rec in records)
             if progress is not None:
-                progress(len(res.steps))
+                progress(len(records))
     summary = build_summary(rows, opts, trajectories=done, read=read, skipped=skipped,
                             warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
     summary["audited_model"] = label
-    summary["probe"] = "teacher_forced"
-    summary.update(extra or {})
+    summary["probe"] = "teacher_forced" if histories == ("real",) else (
+        "self_conditioned" if histories == ("own",) else "teacher_forced+self_conditioned")
+    if histories != ("real",):
+        summary["histories"] = list(histories)
+    summary.update((extra() if callable(extra) else extra) or {})
     return summary

@@ -73,7 +73,63 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         fig.savefig(out / AUDIT.tools_plot, dpi=110)
         plt.close(fig)
         made.append(AUDIT.tools_plot)
+    hist = (s.get("history") or {}).get("by_depth") or []
+    if hist:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        d = [r["depth"] for r in hist]
+        for key, label in (("real", "real history (difficulty)"),
+                           ("own", "own history (difficulty + compounding)")):
+            rate = [r[key]["point"] for r in hist]
+            lo = [(r[key]["ci"] or [p, p])[0] for r, p in zip(hist, rate, strict=True)]
+            hi = [(r[key]["ci"] or [p, p])[1] for r, p in zip(hist, rate, strict=True)]
+            ax.fill_between(d, lo, hi, alpha=0.2)
+            ax.plot(d, rate, marker="o", label=label)
+        ax.set(xlabel="depth (0 = first probed call)", ylabel="divergence rate", ylim=(0, 1),
+               title="The same calls, real vs own history (95% CI)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / AUDIT.history_plot, dpi=110)
+        plt.close(fig)
+        made.append(AUDIT.history_plot)
     return made
+
+
+def _pct_ci(v: dict[str, Any] | None) -> str:
+    v = v or {}
+    return f"{_fmt(v.get('point'), True)}{_ci(v.get('ci'))}"
+
+
+def history_lines(h: dict[str, Any]) -> list[str]:
+    """The report's section on the real-vs-own decomposition (probe ``--history both``)."""
+    o, deep = h.get("overall") or {}, h.get("deep") or {}
+    if not o:
+        return []
+    share, dshare = h.get("compounding_share") or {}, deep.get("compounding_share") or {}
+    lines = ["", "## Real vs own history (error compounding, isolated)", "",
+             "The same ground-truth calls rehearsed given the real responses of earlier calls "
+             "and given the model's own earlier answers; paired by step. What the real history "
+             "already shows is difficulty; own − real is what its own history costs.", "",
+             f"- divergence with the real history {_pct_ci(o.get('real'))}, with its own "
+             f"{_pct_ci(o.get('own'))}; own − real {_fmt(o['diff'].get('diff'), True)}"
+             f"{_ci(o['diff'].get('ci'))} over {o.get('n')} calls",
+             f"- induced (own diverged, real right): {o['induced'].get('count')} = "
+             f"{_pct_ci(o.get('induced'))} of own-history divergences; recovered (real "
+             f"diverged, own right): {o['recovered'].get('count')} = "
+             f"{_pct_ci(o.get('recovered'))} of real-history divergences",
+             f"- compounding share (own − real) / own: {_pct_ci(share)} overall, "
+             f"{_pct_ci(dshare)} at depth ≥ {deep.get('min_depth')} ({deep.get('n', 0)} calls)",
+             "", "| depth | calls | real | own | own − real | 95% CI | induced |",
+             "|---|---|---|---|---|---|---|"]
+    for r in h.get("by_depth") or []:
+        lines.append(f"| {r['depth']} | {r['n']} | {_fmt(r['real']['point'], True)} | "
+                     f"{_fmt(r['own']['point'], True)} | {_fmt(r['diff']['diff'], True)} |"
+                     f"{_ci(r['diff']['ci'])} | {r['induced']['count']} |")
+    for key, title in (("by_mutates_state", "read/write"), ("by_novelty", "novelty")):
+        for k, v in (h.get(key) or {}).items():
+            lines.append(f"| {title}: {k} | {v['n']} | {_fmt(v['real']['point'], True)} | "
+                         f"{_fmt(v['own']['point'], True)} | {_fmt(v['diff']['diff'], True)} |"
+                         f"{_ci(v['diff']['ci'])} | {v['induced']['count']} |")
+    return lines
 
 
 def _scope(s: dict[str, Any]) -> list[str]:
@@ -167,6 +223,7 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## By tool", "", "| tool | steps | divergence |", "|---|---|---|"]
     for k, v in sorted((s.get("by_tool") or {}).items(), key=lambda kv: -kv[1]["n"]):
         lines.append(f"| {k} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
+    lines += history_lines(s.get("history") or {})
     if s.get("skipped_records"):
         lines += ["", "## Skipped records", ""]
         for r in s["skipped_records"][:50]:

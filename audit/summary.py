@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from audit.compounding import clean, group_stats, summarize
+from audit.history import split_histories
 from audit.intervals import IntervalSpec
 from audit.models import SUMMARY_VERSION
 from audit.population import DETERMINISM, population
@@ -35,6 +36,8 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
                                    "source_rehearsed", "actual_error", "rehearsed_error")}
     if "depth" in rec:
         row["depth"] = rec["depth"]
+    if rec.get("history") is not None:
+        row["history"] = rec["history"]
     row["malformed"] = rec.get("malformed") is not None
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
@@ -117,13 +120,18 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
                   skipped: list[dict], warnings: list[dict], inputs: list[str],
                   seconds: float, logistic_boot: int | None = None) -> dict[str, Any]:
     """The whole ``summary.json`` (``logistic_boot``: resamples of the odds-ratio interval,
-    default ``LOGISTIC_BOOT``)."""
+    default ``LOGISTIC_BOOT``).
+
+    A probe run with both histories (``history`` "real" and "own" on its rows) has its
+    statistics over the real-history (teacher-forced) rows and the decomposition of the two in
+    a ``history`` block (``audit.history``); the own-history rows are counted apart."""
+    spec = IntervalSpec(resamples=N_BOOT, seed=SEED)
+    rows, own_rows, history_block = split_histories(rows, spec)
     answered = [r for r in rows if not r["unanswered"]]
     scorers = list(opts.scorers)
     if opts.verdict_scorer not in scorers:
         scorers.append(opts.verdict_scorer)
     pop = population(answered)
-    spec = IntervalSpec(resamples=N_BOOT, seed=SEED)
     stats = summarize(pop.rows, scorers, n_boot=N_BOOT, seed=SEED,
                       logistic_boot=LOGISTIC_BOOT if logistic_boot is None else logistic_boot)
     counts = {
@@ -141,6 +149,8 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "real_steps": sum(r.get("source_rehearsed") is False for r in answered),
         "diverged": stats["counts"]["diverged"],
     }
+    if own_rows:
+        counts["own_history_steps"] = len(own_rows)
     by_source = _by_source(answered, spec)
     return clean({
         "schema": SUMMARY_VERSION,
@@ -160,5 +170,6 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "error_prediction": _error_prediction(pop.rows),
         **{k: v for k, v in stats.items() if k != "counts"},
         "skill": _skill_block(pop.rows, scorers),
+        **({"history": history_block} if history_block is not None else {}),
         "seconds": seconds,
     })

@@ -124,3 +124,109 @@ def test_batched_rounds_equal_one_at_a_time(trajectories, history):
     assert [m.steps for m in many] == one
     assert sizes[0] == len(trajectories) and max(sizes) == len(trajectories)
     assert any(r.get("unanswered_reason") == "timed out" for rows in one for r in rows)
+
+
+def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypatch):
+    """run_probe(histories=("real", "own")): one directory, both verdicts per step, statistics
+    over the real-history rows (equal to a teacher-forced probe), the decomposition in the
+    summary and the report (with its plot); rescore keeps it; compare shows both sides."""
+    import json
+
+    import audit.summary
+    from audit.compare import compare_audits, render_compare
+    from audit.pipeline import AuditOptions
+    from audit.probe import run_probe
+    from audit.rescore import rescore
+    from envace.core.schema import TrajectoryWriter
+
+    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
+    src = tmp_path / "dev.jsonl"
+    truths = {}  # the first user message of each trajectory -> its real responses
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajectories:
+            w.write(t)
+            first = next(m.content for m in t.messages if m.role == "user")
+            truths[first] = _truth(t)
+
+    def model(messages, tools, tool, arguments):  # scripted: the compounding model, per task
+        truth = truths[next(m["content"] for m in messages if m["role"] == "user")]
+        seen = [m["content"] for m in messages if m["role"] == "tool"]
+        k = len(seen)
+        if k == HARD or seen != truth[:k]:
+            return "WRONG"
+        return truth[k]
+
+    opts = AuditOptions(progress=False, plots=True)
+    both = run_probe([str(src)], tmp_path / "both", model, opts, histories=("real", "own"))
+    real = run_probe([str(src)], tmp_path / "real", model, opts)
+    assert both["probe"] == "teacher_forced+self_conditioned"
+    assert both["histories"] == ["real", "own"]
+    assert both["divergence_rate"] == real["divergence_rate"]
+    assert both["by_depth"] == real["by_depth"]
+    rows = [json.loads(x) for x in (tmp_path / "both" / "steps.jsonl").read_text().splitlines()]
+    n = sum(len(v) for v in truths.values())
+    assert len(rows) == 2 * n and {r["history"] for r in rows} == {"real", "own"}
+    assert both["counts"]["own_history_steps"] == n and both["counts"]["steps"] == n
+    h = both["history"]["overall"]
+    assert h["diverged_real"] == len(trajectories)
+    assert h["induced"]["count"] == n - 2 * len(trajectories)
+    report = (tmp_path / "both" / "report.md").read_text()
+    assert "Real vs own history" in report and (tmp_path / "both" / "history.png").is_file()
+    again = rescore(tmp_path / "both", tmp_path / "rescored", opts)
+    assert again["history"]["overall"] == both["history"]["overall"]
+    c = compare_audits(tmp_path / "real", tmp_path / "both")
+    assert c["divergence_rate"]["diff"] == 0.0
+    assert c["history"]["a"] is None and c["history"]["b"]["own"] > c["history"]["b"]["real"]
+    assert "own − real" in render_compare(c)
+
+
+def test_a_world_model_that_raises_costs_its_trajectory_only(trajectories, tmp_path):
+    """Even a StopIteration from the world model is that trajectory's failure, named."""
+    from audit.pipeline import AuditOptions
+    from audit.probe import run_probe
+    from envace.core.schema import TrajectoryWriter
+
+    src = tmp_path / "dev.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajectories[:2]:
+            w.write(t)
+    calls = []
+
+    def flaky(messages, tools, tool, arguments):  # scripted: fails on the very first call
+        calls.append(tool)
+        if len(calls) == 1:
+            raise StopIteration
+        return "{}"
+
+    s = run_probe([str(src)], tmp_path / "o", flaky, AuditOptions(progress=False, plots=False),
+                  histories=("own",))
+    assert s["counts"]["trajectories"] == 1 and s["counts"]["skipped"] == 1
+    assert "StopIteration" in s["skipped_records"][0]["reason"]
+    assert s["probe"] == "self_conditioned"
+
+
+def test_envace_probe_history_both_with_a_local_model(trajectories, tmp_path):
+    """`envace probe --history both` on a real (tiny, untrained) model: batched rounds."""
+    import json
+    import subprocess
+    import sys
+
+    from envace.core.schema import TrajectoryWriter
+    from envace.model.models import build_tiny
+    from envace.training.sft import training_texts
+
+    model_dir = build_tiny(training_texts(list(export_real(split_tasks("train")[:4]))),
+                           tmp_path / "tiny")
+    src = tmp_path / "dev.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajectories[:2]:
+            w.write(t)
+    out = tmp_path / "probe"
+    r = subprocess.run([sys.executable, "-m", "envace.cli", "probe", "--model", str(model_dir),
+                        str(src), "--out", str(out), "--max-new-tokens", "4", "--history",
+                        "both"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    n = summary["counts"]["steps"]
+    assert summary["history"]["pairs"] == n == summary["counts"]["own_history_steps"] > 0
+    assert "history: divergence real" in r.stdout

@@ -22,15 +22,15 @@ and whether it is the ground-truth call (same name, same arguments up to int/flo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from envace.model.chat import IM_END, parse_assistant
 
 DEFAULT_CONTEXT = 2048
+HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
 
@@ -88,30 +88,21 @@ def generate_greedy(
 # ---------------------------------------------------------------- rehearsal (the world model)
 
 
-class _Recorder:
-    """Pass 1: records each request's prompt ids, answers a placeholder."""
+def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
+                  batch_size: int = 8) -> Callable[[list[Any]], list[str]]:
+    """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
+    is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
+    together, in length-sorted batches of `batch_size`."""
+    from envace.training.sft import prompt_ids
 
-    def __init__(self, tokenizer: Any, context: int, max_new_tokens: int) -> None:
-        self.tokenizer, self.budget = tokenizer, max(64, context - max_new_tokens)
-        self.prompts: list[list[int]] = []
+    budget = max(64, context - max_new_tokens)
 
-    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
-        from envace.training.sft import prompt_ids
+    def answer(requests: list[Any]) -> list[str]:
+        prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
+                   for messages, tools, _tool, _args in requests]
+        return generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
 
-        self.prompts.append(prompt_ids(self.tokenizer, messages, tools, "tool", self.budget))
-        return ""
-
-
-class _Answers:
-    """Pass 2: answers requests in the order pass 1 saw them."""
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts, self.i = texts, 0
-
-    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
-        text = self.texts[self.i]
-        self.i += 1
-        return text
+    return answer
 
 
 def probe_model(
@@ -126,19 +117,17 @@ def probe_model(
     steps: Mapping[str, Iterable[int]] | None = None,
     label: str | None = None,
     batch_size: int = 8,
+    histories: Sequence[str] = ("real",),
 ) -> dict[str, Any]:
-    """Teacher-forced audit of a model over trajectory files, generation batched; the summary."""
-    import tempfile
-
+    """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
+    self-conditioned with ``("own",)``, both decomposed with both), generation batched over
+    the trajectories' requests round by round; the summary."""
     from audit.probe import run_probe
 
-    recorder = _Recorder(tokenizer, context, max_new_tokens)
-    quiet = dataclasses.replace(opts, plots=False)
-    with tempfile.TemporaryDirectory() as scratch:
-        run_probe(inputs, scratch, recorder, dataclasses.replace(quiet, reference=None), limit,
-                  steps=steps)
-    texts = generate_greedy(model, tokenizer, recorder.prompts, max_new_tokens, batch_size)
-    return run_probe(inputs, out_dir, _Answers(texts), opts, limit, label=label, steps=steps)
+    return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
+                     histories=histories,
+                     answer_batch=model_answers(model, tokenizer, context, max_new_tokens,
+                                                batch_size))
 
 
 # ---------------------------------------------------------------- acting
@@ -231,6 +220,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
     p.add_argument("--threshold", type=float, default=1.0,
                    help="diverged = verdict score < threshold (default 1.0)")
+    p.add_argument("--history", choices=sorted(HISTORY_CHOICES), default="real",
+                   help="the history each call is rehearsed from: real (teacher-forced, the "
+                        "real responses of earlier calls), own (self-conditioned: the model's "
+                        "own earlier answers), both (each call twice, paired: the summary's "
+                        "history block splits divergence into difficulty and compounding)")
     p.add_argument("--quiet", action="store_true", help="no progress")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
@@ -284,7 +278,8 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
                         verdict_threshold=args.threshold, progress=False,
                         reference=getattr(args, "reference", None))
     summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
-                             args.limit, progress=None if args.quiet else _progress)
+                             args.limit, progress=None if args.quiet else _progress,
+                             histories=HISTORY_CHOICES[getattr(args, "history", "real")])
     c, block = summary["counts"], summary["endpoint"]
     if not args.quiet:
         rate = summary.get("divergence_rate")
@@ -297,6 +292,19 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
               f"({block['unanswered_reasons']}); see unanswered_reason in steps.jsonl",
               file=sys.stderr)
     return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
+
+
+def _print_history(summary: dict[str, Any]) -> None:
+    """One line of the real-vs-own decomposition, when the probe ran both histories."""
+    block = summary.get("history") or {}
+    o, deep = block.get("overall"), block.get("deep") or {}
+    if not o:
+        return
+    share = (deep.get("compounding_share") or {}).get("point")
+    print(f"history: divergence real {o['real']['point']:.1%}, own {o['own']['point']:.1%} "
+          f"(own - real {o['diff']['diff']:+.1%}); induced {o['induced']['count']}, recovered "
+          f"{o['recovered']['count']}; compounding share at depth >= {deep.get('min_depth')}: "
+          + ("n/a" if share is None else f"{share:.0%}"))
 
 
 def run_probe_cli(args: argparse.Namespace) -> int:
@@ -328,11 +336,12 @@ def run_probe_cli(args: argparse.Namespace) -> int:
                         reference=reference)
     summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts,
                           context_length(path, model), args.max_new_tokens, args.limit,
-                          label=str(path))
+                          label=str(path), histories=HISTORY_CHOICES[args.history])
     c = summary["counts"]
     if not args.quiet:
         rate = summary.get("divergence_rate")
         shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
         print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
               f"(skipped {c['skipped']}): divergence {shown}; wrote {args.out}")
+        _print_history(summary)
     return EXIT_SKIPPED if c["skipped"] else EXIT_OK

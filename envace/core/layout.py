@@ -27,6 +27,7 @@ class AuditLayout:
     depth_plot: str = "depth.png"
     survival_plot: str = "survival.png"
     tools_plot: str = "tools.png"
+    history_plot: str = "history.png"  #: real vs own history by depth (probe --history both)
     unreadable: str = "steps.unreadable.jsonl"  #: lines rescore could not use, verbatim
     compare_json: str = "compare.json"
     compare_md: str = "compare.md"
@@ -34,7 +35,7 @@ class AuditLayout:
     @property
     def plots(self) -> tuple[str, ...]:
         """The PNG plots ``report.md`` shows, in the order it shows them."""
-        return (self.depth_plot, self.survival_plot, self.tools_plot)
+        return (self.depth_plot, self.survival_plot, self.tools_plot, self.history_plot)
 
     @property
     def files(self) -> frozenset[str]:

@@ -3,20 +3,19 @@
     envace probe --endpoint http://127.0.0.1:8000/v1 --model smollm2 dev.jsonl --out probe_out \
         [--concurrency 4] [--timeout 60] [--retries 3] [--api completions|chat]
 
-Three passes, as the in-process probe (`envace.cli.probe.probe_model`): the trajectories are
-replayed once to collect every request (`envace.model.endpoint.request_for`, the real history up to
-each call), the requests are sent to the server with at most `concurrency` in flight, and a
-second replay audits the answers in the order they were asked. A request that still fails after
-its retries is recorded as an unanswered step with `unanswered_reason`; the summary names the
-model `endpoint:<URL>#<model>` (`audited_model`) and carries an `endpoint` block (URL, model,
-api, sampling, retries, how many requests failed and why). Torch-free.
+As the in-process probe (`envace.cli.probe.probe_model`), the trajectories are probed in
+rounds (`audit.probe.probe_batched`): each round sends every live trajectory's next request
+(`envace.model.endpoint.request_for`: the real history up to the call, or with `--history
+own` the model's own earlier answers) to the server with at most `concurrency` in flight. A
+request that still fails after its retries is recorded as an unanswered step with
+`unanswered_reason`; the summary names the model `endpoint:<URL>#<model>` (`audited_model`)
+and carries an `endpoint` block (URL, model, api, sampling, retries, how many requests failed
+and why). Torch-free.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,29 +26,24 @@ from envace.core.worldmodel import Unanswered
 from envace.model.endpoint import Answer, EndpointClient, request_for
 
 
-class _Requests:
-    """Pass 1: records each step's request, answers a placeholder."""
+class _Asker:
+    """A served model as a batch world model (`audit.probe.BatchAnswer`): a round's requests
+    go to the server with at most `concurrency` in flight; a request that still fails after
+    its retries answers `Unanswered`. Every answer is kept for the summary's endpoint block."""
 
-    def __init__(self, api: str) -> None:
-        self.api, self.requests = api, []  # type: list[dict[str, Any]]
+    def __init__(self, client: EndpointClient, concurrency: int,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.client, self.concurrency, self.progress = client, concurrency, progress
+        self.answers: list[Answer] = []
 
-    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
-        self.requests.append(request_for(messages, tools, tool, arguments, self.api))
-        return ""
-
-
-class _Replies:
-    """Pass 2: answers in the order pass 1 asked; a failed request raises `Unanswered`."""
-
-    def __init__(self, answers: Sequence[Answer]) -> None:
-        self.answers, self.i = answers, 0
-
-    def __call__(self, messages: list[dict], tools: Any, tool: str, arguments: dict) -> str:
-        ans = self.answers[self.i]
-        self.i += 1
-        if ans.text is None:
-            raise Unanswered(ans.error or "no answer")
-        return ans.text
+    def __call__(self, requests: list[Any]) -> list[str | Unanswered]:
+        asked = [request_for(m, t, tool, args, self.client.api) for m, t, tool, args in requests]
+        base = len(self.answers)
+        report = None if self.progress is None else (lambda n: self.progress(base + n, -1))
+        got = self.client.answer_all(asked, self.concurrency, report)
+        self.answers.extend(got)
+        return [a.text if a.text is not None else Unanswered(a.error or "no answer")
+                for a in got]
 
 
 def endpoint_block(client: EndpointClient, answers: Sequence[Answer],
@@ -74,21 +68,23 @@ def probe_endpoint(
     limit: int = 0,
     steps: Mapping[str, Iterable[int]] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    histories: Sequence[str] = ("real",),
 ) -> dict[str, Any]:
-    """Teacher-forced audit of a served model over trajectory files; the summary."""
-    recorder = _Requests(client.api)
-    quiet = dataclasses.replace(opts, plots=False, progress=False, reference=None)
-    with tempfile.TemporaryDirectory() as scratch:
-        run_probe(inputs, scratch, recorder, quiet, limit, steps=steps)
-    total = len(recorder.requests)
-    answers = client.answer_all(recorder.requests, concurrency,
-                                None if progress is None else lambda n: progress(n, total))
-    block = endpoint_block(client, answers, concurrency)
-    return run_probe(inputs, out_dir, _Replies(answers), opts, limit, label=client.label,
-                     steps=steps, extra={"endpoint": block})
+    """The probe of a served model over trajectory files (histories as `audit.probe.run_probe`
+    takes them); the summary, with the `endpoint` block."""
+    asker = _Asker(client, concurrency, progress)
+    return run_probe(inputs, out_dir, None, opts, limit, label=client.label, steps=steps,
+                     histories=histories, answer_batch=asker,
+                     extra=lambda: {"endpoint": endpoint_block(client, asker.answers,
+                                                               concurrency)})
 
 
 def _progress(done: int, total: int) -> None:
+    """`asked N` on stderr (`total` < 0: not known in advance, the probe asks in rounds)."""
+    if total < 0:
+        if done % 20 == 0:
+            print(f"\rasked {done}", end="", file=sys.stderr, flush=True)
+        return
     if done == total or done % max(1, total // 20) == 0:
         print(f"\rasked {done}/{total}", end="\n" if done == total else "", file=sys.stderr,
               flush=True)

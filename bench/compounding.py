@@ -1,0 +1,124 @@
+"""Benchmark: error compounding isolated — the same calls rehearsed with the real history and
+with the world model's own (issue #20).
+
+    .venv/bin/python -m bench.compounding --models "tiny + SFT=data/models/tiny-sft" \
+        "smollm2 zero-shot=smollm2" "smollm2 + SFT=.cache/envace/bench-sft-smollm2" \
+        --trajectories 24 --max-calls 8 --name compounding_bfcl_dev
+
+For each model, `envace probe --history both` (`envace.cli.probe.probe_model`) on the first
+`--max-calls` ground-truth calls of `--trajectories` BFCL dev trajectories (a seeded sample of
+those with at least 4 calls; the same for every model): every call is rehearsed given the real
+responses of the earlier calls and given the model's own earlier answers. The table gives, per
+model, divergence with each history, their difference (own - real) with a trajectory-bootstrap
+interval, the induced errors, and the compounding share (own - real) / own overall and at
+depth >= 3 (`audit.history`). Writes bench/results/<name>.json (machine, load before and after,
+seconds per model, each model's whole `history` block) and keeps each audit under --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.machine import table, write_result
+
+
+def _sample(n: int, min_calls: int, seed: int) -> list[Any]:
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+
+    trajs = [t for t in export_real(split_tasks("dev")) if len(t.tool_steps()) >= min_calls]
+    rng = random.Random(seed)
+    rng.shuffle(trajs)
+    return sorted(trajs[:n], key=lambda t: t.id)
+
+
+def _fmt_pct(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def _ci(block: dict[str, Any] | None) -> str:
+    ci = (block or {}).get("ci")
+    return "n/a" if not ci or ci[0] is None else f"[{ci[0]:+.1%}, {ci[1]:+.1%}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", required=True, metavar="LABEL=MODEL",
+                    help="a label and a model folder (or smollm2)")
+    ap.add_argument("--trajectories", type=int, default=24)
+    ap.add_argument("--min-calls", type=int, default=4)
+    ap.add_argument("--max-calls", type=int, default=8, help="probe each trajectory's first K")
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="compounding_bfcl_dev")
+    ap.add_argument("--keep", default=None, help="keep each model's audit directory here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from audit.pipeline import AuditOptions
+    from envace.cli.probe import context_length, probe_model
+    from envace.core.schema import TrajectoryWriter
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+
+    torch.set_num_threads(1)
+    trajs = _sample(args.trajectories, args.min_calls, args.seed)
+    steps = {t.id: range(min(args.max_calls, len(t.tool_steps()))) for t in trajs}
+    keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-comp-"))
+    keep.mkdir(parents=True, exist_ok=True)
+    src = keep / "dev_sample.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajs:
+            w.write(t)
+    results: dict[str, Any] = {}
+    load_start = os.getloadavg()
+    for spec in args.models:
+        label, _, model_spec = spec.partition("=")
+        path = resolve_model(model_spec or label, default_cache_dir())
+        model, tok = load_model(path)
+        out = keep / label.replace(" ", "_").replace("+", "plus").replace("/", "_")
+        t0 = time.perf_counter()
+        summary = probe_model(model, tok, [str(src)], out, AuditOptions(progress=False),
+                              context_length(path, model), args.max_new_tokens, steps=steps,
+                              label=str(path), batch_size=args.batch_size,
+                              histories=("real", "own"))
+        results[label] = {"model": str(path), "seconds": round(time.perf_counter() - t0, 1),
+                          "load_average_after": os.getloadavg(), "audit": str(out),
+                          "history": summary.get("history")}
+        print(f"{label}: {results[label]['seconds']} s", flush=True)
+    rows = []
+    for label, r in results.items():
+        h = r["history"] or {}
+        o, deep = h.get("overall") or {}, h.get("deep") or {}
+        rows.append([label, o.get("n"), _fmt_pct((o.get("real") or {}).get("point")),
+                     _fmt_pct((o.get("own") or {}).get("point")),
+                     _fmt_pct((o.get("diff") or {}).get("diff")), _ci(o.get("diff")),
+                     (o.get("induced") or {}).get("count"),
+                     deep.get("n"), _fmt_pct((deep.get("real") or {}).get("point")),
+                     _fmt_pct((deep.get("own") or {}).get("point")),
+                     _fmt_pct((deep.get("compounding_share") or {}).get("point")),
+                     _ci(deep.get("compounding_share"))])
+    header = ["model", "calls", "real", "own", "own-real", "95% CI", "induced", "calls d>=3",
+              "real d>=3", "own d>=3", "compounding share d>=3", "95% CI"]
+    print(table(rows, header))
+    path = write_result(args.name, {
+        "split": "dev", "trajectories": [t.id for t in trajs], "max_calls": args.max_calls,
+        "min_calls": args.min_calls, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+        "decoding": "greedy", "threads": 1, "load_average": {"start": load_start,
+                                                             "end": os.getloadavg()},
+        "models": results, "table": {"header": header, "rows": rows},
+        "command": "python -m bench.compounding " + " ".join(
+            f'"{a}"' if " " in a else a for a in (argv or __import__("sys").argv[1:]))})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -126,6 +126,30 @@ def test_batched_rounds_equal_one_at_a_time(trajectories, history):
     assert any(r.get("unanswered_reason") == "timed out" for rows in one for r in rows)
 
 
+def _compounding_source(trajectories, tmp_path):
+    """The trajectories in a file, and the compounding model over all of them (scripted: it
+    knows which trajectory it is in from the first user message)."""
+    from envace.core.schema import TrajectoryWriter
+
+    src = tmp_path / "dev.jsonl"
+    truths = {}  # the first user message of each trajectory -> its real responses
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajectories:
+            w.write(t)
+            first = next(m.content for m in t.messages if m.role == "user")
+            truths[first] = _truth(t)
+
+    def model(messages, tools, tool, arguments):
+        truth = truths[next(m["content"] for m in messages if m["role"] == "user")]
+        seen = [m["content"] for m in messages if m["role"] == "tool"]
+        k = len(seen)
+        if k == HARD or seen != truth[:k]:
+            return "WRONG"
+        return truth[k]
+
+    return src, model, truths
+
+
 def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypatch):
     """run_probe(histories=("real", "own")): one directory, both verdicts per step, statistics
     over the real-history rows (equal to a teacher-forced probe), the decomposition in the
@@ -137,25 +161,9 @@ def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypat
     from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from audit.rescore import rescore
-    from envace.core.schema import TrajectoryWriter
 
     monkeypatch.setattr(audit.summary, "N_BOOT", 50)
-    src = tmp_path / "dev.jsonl"
-    truths = {}  # the first user message of each trajectory -> its real responses
-    with TrajectoryWriter(src, mode="w") as w:
-        for t in trajectories:
-            w.write(t)
-            first = next(m.content for m in t.messages if m.role == "user")
-            truths[first] = _truth(t)
-
-    def model(messages, tools, tool, arguments):  # scripted: the compounding model, per task
-        truth = truths[next(m["content"] for m in messages if m["role"] == "user")]
-        seen = [m["content"] for m in messages if m["role"] == "tool"]
-        k = len(seen)
-        if k == HARD or seen != truth[:k]:
-            return "WRONG"
-        return truth[k]
-
+    src, model, truths = _compounding_source(trajectories, tmp_path)
     opts = AuditOptions(progress=False, plots=True)
     both = run_probe([str(src)], tmp_path / "both", model, opts, histories=("real", "own"))
     real = run_probe([str(src)], tmp_path / "real", model, opts)
@@ -230,3 +238,27 @@ def test_envace_probe_history_both_with_a_local_model(trajectories, tmp_path):
     n = summary["counts"]["steps"]
     assert summary["history"]["pairs"] == n == summary["counts"]["own_history_steps"] > 0
     assert "history: divergence real" in r.stdout
+
+
+def test_fidelity_page_shows_real_vs_own_history(trajectories, tmp_path, monkeypatch):
+    """The dashboard's Fidelity page on a --history both audit: the tab's figures and chart
+    are the summary's history block (a real Streamlit AppTest)."""
+    import audit.summary
+    from audit.pipeline import AuditOptions
+    from audit.probe import run_probe
+    from tests.test_dashboard import charts, metrics, open_page, pct
+
+    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
+    src, model, _ = _compounding_source(trajectories, tmp_path)
+    s = run_probe([str(src)], tmp_path / "both", model, AuditOptions(progress=False, plots=False),
+                  histories=("real", "own"))
+    at = open_page(monkeypatch, tmp_path / "both", "fidelity")
+    m = metrics(at)
+    o = s["history"]["overall"]
+    assert m["Divergence, real history"] == pct(o["real"]["point"])
+    assert m["Divergence, own history"] == pct(o["own"]["point"])
+    assert m["Own − real"] == pct(o["diff"]["diff"])
+    drawn = charts(at)["The same calls, real vs own history"][0]
+    own = drawn[drawn["history"] == "own history"].set_index("depth")
+    for r in s["history"]["by_depth"]:
+        assert own.loc[r["depth"], "divergence_rate"] == pytest.approx(r["own"]["point"])

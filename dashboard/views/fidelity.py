@@ -1,7 +1,8 @@
 """Fidelity page: how faithful the rehearsed tool responses are, from an audit's summary.json.
 
 Divergence rate and scores by depth with confidence bands; the first-divergence survival curve
-and hazard; the compounding ratio; per tool; read versus write tools; novelty; skill against
+and hazard; the compounding ratio; real vs own history (a probe with ``--history both``); per
+tool; read versus write tools; novelty; skill against
 reference world models; and, for a training run, fidelity across its audited steps. Every figure
 counts rehearsed steps only (depth 0 = a trajectory's first rehearsed step) and its interval
 resamples whole trajectories, as the audit computes them; a summary of an older format is
@@ -145,6 +146,53 @@ def compounding(s: dict[str, Any]) -> None:
                    f"{ui.ci(lg.get('odds_ratio_ci'), as_pct=False)}.")
 
 
+def history_frame(h: dict[str, Any]) -> pd.DataFrame:
+    """The ``history`` block's by-depth rows as a long frame: depth, history, rate, lo, hi."""
+    rows = []
+    for r in h.get("by_depth") or []:
+        for key, name in (("real", "real history"), ("own", "own history")):
+            v = r.get(key) or {}
+            lo, hi = (v.get("ci") or [None, None])[:2]
+            rows.append({"depth": r["depth"], "history": name, "n": r.get("n"),
+                         "divergence_rate": v.get("point"), "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
+def history(s: dict[str, Any]) -> None:
+    """Real vs own history (``envace probe --history both``): difficulty vs compounding."""
+    h = s.get("history") or {}
+    o = h.get("overall")
+    if not o:
+        st.info("This audit probed one history only. `envace probe --history both` rehearses "
+                "every call twice, given the real responses and given the model's own "
+                "answers, and splits divergence into difficulty and compounding.")
+        return
+    deep = h.get("deep") or {}
+    cols = st.columns(4)
+    cols[0].metric("Divergence, real history", ui.pct(o["real"].get("point")),
+                   help=ui.ci(o["real"].get("ci")))
+    cols[1].metric("Divergence, own history", ui.pct(o["own"].get("point")),
+                   help=ui.ci(o["own"].get("ci")))
+    cols[2].metric("Own − real", ui.pct(o["diff"].get("diff")), help=ui.ci(o["diff"].get("ci")))
+    share = (deep.get("compounding_share") or {})
+    cols[3].metric(f"Compounding share, depth ≥ {deep.get('min_depth')}",
+                   ui.pct(share.get("point")), help=ui.ci(share.get("ci")))
+    st.caption(f"{o.get('n')} calls of {o.get('trajectories')} trajectories, each rehearsed "
+               f"twice; induced errors (own wrong, real right): {o['induced'].get('count')}, "
+               f"recovered (real wrong, own right): {o['recovered'].get('count')}. Intervals "
+               "resample whole trajectories.")
+    df = history_frame(h)
+    if not df.empty:
+        st.altair_chart(charts.band(df, "depth", "divergence_rate", "lo", "hi",
+                                    "The same calls, real vs own history", "divergence",
+                                    series="history"), width="stretch")
+    st.dataframe(pd.DataFrame([{"depth": r["depth"], "calls": r["n"],
+                                "real": r["real"].get("point"), "own": r["own"].get("point"),
+                                "own − real": r["diff"].get("diff"),
+                                "induced": r["induced"].get("count")}
+                               for r in h.get("by_depth") or []]), hide_index=True)
+
+
 def stratum(s: dict[str, Any], key: str, label: str, title: str) -> None:
     df = strata(s.get(key) or {}, label)
     if df.empty:
@@ -192,8 +240,8 @@ def page(run: Run) -> None:
                    "Trajectories page.")
         return
     headline(s, run, audit.label)
-    tabs = ["By depth", "First divergence", "Compounding", "By tool", "Read vs write",
-            "Novelty", "Skill", "Counts"]
+    tabs = ["By depth", "First divergence", "Compounding", "Real vs own history", "By tool",
+            "Read vs write", "Novelty", "Skill", "Counts"]
     trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
     if not trend.empty:
         tabs.insert(0, "Over training")
@@ -205,7 +253,8 @@ def page(run: Run) -> None:
                                         "divergence"), width="stretch")
             st.dataframe(trend, hide_index=True)
     parts = [("By depth", by_depth), ("First divergence", first_divergence),
-             ("Compounding", compounding), ("Skill", skill), ("Counts", counts)]
+             ("Compounding", compounding), ("Real vs own history", history), ("Skill", skill),
+             ("Counts", counts)]
     for name, fn in parts:
         with t[name], ui.guard(name.lower()):
             fn(s)

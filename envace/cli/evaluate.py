@@ -1,7 +1,11 @@
 """`envace eval`: task success in the real environment, with or without test-time rehearsal.
 
-    envace eval --model PATH --split dev [--tasks 40] [--seeds 2] [--unit turn|task]
-                [--rehearsal none|parallel|sequential] [--n 2] [--out DIR]
+    envace eval --model PATH [--env bfcl|agentdojo] --split dev [--tasks 40] [--seeds 2]
+                [--unit turn|task] [--rehearsal none|parallel|sequential] [--n 2] [--out DIR]
+
+`--env` picks the environment (default bfcl): its split, its real backend and its task check
+(BFCL's state check; AgentDojo's own checker of each user task, which is a single user turn, so
+`--unit` changes nothing there).
 
 Writes DIR/trajectories.jsonl (commits with ``meta.plan = "commit"`` and the memory they saw;
 with rehearsal, also every plan with ``meta.plan = "rehearsal_<i>"``), DIR/summary.json
@@ -24,30 +28,34 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="evaluate in the real environment (optionally rehearsing)",
                        description=__doc__)
     p.add_argument("--model", required=True)
+    p.add_argument("--env", default="bfcl",
+                   help="environment of the tasks: bfcl (default) or agentdojo")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     p.add_argument("--tasks", type=int, default=40, help="at most this many tasks (0: all)")
     p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--unit", default="turn", choices=["turn", "task"])
+    p.add_argument("--unit", default="turn", choices=["turn", "task"],
+                   help="BFCL: single user turns or whole multi-turn tasks; AgentDojo tasks are "
+                   "single-turn (no difference)")
     p.add_argument("--rehearsal", default="none", choices=["none", "parallel", "sequential"])
     p.add_argument("--n", type=int, default=2, help="rehearsed plans per task")
     p.add_argument("--reward", default="state", choices=list(REWARDS))
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-memory-tokens", type=int, default=768)
-    p.add_argument("--out", help="output folder (default runs/eval-<split>-<rehearsal>-n<N>)")
+    p.add_argument("--out", help="output folder (default "
+                   "runs/eval-[<env>-]<split>-<rehearsal>-n<N>)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
 
 def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
-                 max_new_tokens: int, seed: int) -> list:
-    from envace.core.envs.tasks import split_tasks
-    from envace.core.turns import turn_tasks
+                 max_new_tokens: int, seed: int, env: str = "bfcl") -> list:
+    """The tasks of ``env``'s split that fit the context, at most ``limit`` (seeded sample)."""
+    from envace.core.envs.task_envs import env_tasks
     from envace.training.config import TrainConfig
     from envace.training.train_setup import fitting_tasks
 
-    tasks = split_tasks(split)
-    tasks = turn_tasks(tasks) if unit == "turn" else tasks
+    tasks = env_tasks(env, split, unit)
     cfg = TrainConfig(max_context_tokens=max_context, max_new_tokens=max_new_tokens)
     tasks = fitting_tasks(tasks, tokenizer, cfg)
     if limit and len(tasks) > limit:
@@ -56,11 +64,13 @@ def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from envace.core.envs.task_envs import check_task_env
     from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
     from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rehearsal import RehearsalSettings
 
     try:
+        check_task_env(args.env)
         path = resolve_model(args.model, default_cache_dir(),
                              texts=_texts() if args.model == "tiny" else None)
         settings = RehearsalSettings(strategy=args.rehearsal, n=args.n if args.rehearsal != "none"
@@ -72,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, tok = load_model(path)
     tasks = select_tasks(args.split, args.unit, args.tasks, tok, args.max_context,
-                         args.max_new_tokens, args.seed)
-    out = Path(args.out or f"runs/eval-{args.split}-{args.rehearsal}-n{settings.n}")
+                         args.max_new_tokens, args.seed, env=args.env)
+    env = "" if args.env == "bfcl" else f"{args.env}-"
+    out = Path(args.out or f"runs/eval-{env}{args.split}-{args.rehearsal}-n{settings.n}")
     s = evaluate_with_rehearsal(model, tok, tasks, settings, out, seeds=args.seeds,
                                 reward=args.reward, model_name=str(path))
     ci = s["success_ci"]

@@ -1,9 +1,13 @@
 """`envace rollout`: episodes in the trajectory format, ready for `envace-audit replay`.
 
-    envace rollout --model PATH --split dev --mode rehearse --out dev_rollouts.jsonl
-        [--tasks 20] [--unit turn|task] [--temperature 0.6] [--simulator PATH_OR_URL]
+    envace rollout --model PATH [--env bfcl|agentdojo] --split dev --mode rehearse \
+        --out dev_rollouts.jsonl [--tasks 20] [--unit turn|task] [--temperature 0.6] \
+        [--simulator PATH_OR_URL]
     envace rollout --model PATH --mode simulator --simulator-endpoint http://127.0.0.1:8000/v1 \
         [--simulator-model NAME] [--simulator-api completions|chat] --out FILE.jsonl
+
+`--env` picks the environment whose split is run (default bfcl; agentdojo: its user tasks, each
+a single user turn, so `--unit` changes nothing there); in mode real that environment answers.
 
 With `--simulator-endpoint` (or an http(s) `--simulator`) the tool responses come from an
 OpenAI-compatible server (`envace.model.simulators.EndpointSimulator`): checked before the policy is
@@ -26,6 +30,8 @@ from envace.core.modes import ROLLOUT_MODES
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="run episodes and write trajectories", description=__doc__)
     p.add_argument("--model", required=True, help="tiny, smollm2 or a local model folder")
+    p.add_argument("--env", default="bfcl",
+                   help="environment of the tasks: bfcl (default) or agentdojo")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     p.add_argument("--mode", default="rehearse", choices=list(ROLLOUT_MODES),
                    help="who answers tool calls: " + "; ".join(
@@ -39,7 +45,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--simulator-retries", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--tasks", type=int, default=0, help="at most this many tasks (0: all)")
-    p.add_argument("--unit", default="turn", choices=["turn", "task"])
+    p.add_argument("--unit", default="turn", choices=["turn", "task"],
+                   help="BFCL: single user turns or whole multi-turn tasks; AgentDojo tasks are "
+                   "single-turn (no difference)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -51,9 +59,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from envace.core.envs.task_envs import check_task_env
     from envace.model.endpoint import EndpointError
     from envace.training.config import TrainConfig
 
+    try:
+        check_task_env(args.env)
+    except ValueError as exc:
+        print(f"envace rollout: {exc}", file=sys.stderr)
+        return 2
     endpoint = args.simulator_endpoint or (
         args.simulator if (args.simulator or "").startswith(("http://", "https://")) else None)
     if args.mode == "simulator" and not (args.simulator or endpoint):
@@ -68,10 +82,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"envace rollout: {exc}", file=sys.stderr)
             return 2
     # the model side (torch) only once the simulator is known to answer
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.task_envs import env_tasks
     from envace.core.rewards import task_reward
     from envace.core.schema import TrajectoryWriter
-    from envace.core.turns import turn_tasks
     from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rollout import RolloutConfig, run_episodes
     from envace.training.train_setup import fitting_tasks, make_simulator
@@ -88,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_model(path)
     cfg = TrainConfig(model=str(path), max_new_tokens=args.max_new_tokens,
                       max_context_tokens=args.max_context)
-    tasks = split_tasks(args.split)
-    tasks = turn_tasks(tasks) if args.unit == "turn" else tasks
-    tasks = fitting_tasks(tasks, tok, cfg)
+    tasks = fitting_tasks(env_tasks(args.env, args.split, args.unit), tok, cfg)
     if args.tasks and len(tasks) > args.tasks:
         tasks = random.Random(args.seed).sample(tasks, args.tasks)
     if args.mode == "simulator" and sim is None:
@@ -103,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     with TrajectoryWriter(Path(args.out), mode="w") as w:
         for i in range(0, len(tasks), args.batch_size):
             for ep in run_episodes(model, tok, tasks[i:i + args.batch_size], rcfg, sim):
-                r = task_reward("state", ep.task, ep.calls_per_turn)
+                r = task_reward("state", ep.task, ep.calls_per_turn, ep.final_text)
                 ep.trajectory.reward = float(r["success"])
                 ep.trajectory.model = str(path)
                 if getattr(sim, "label", None):
@@ -120,18 +131,14 @@ def run(args: argparse.Namespace) -> int:
 def endpoint_simulator(url: str, args: argparse.Namespace, desc_chars: int) -> Any:
     """A checked `EndpointSimulator` (the model: `--simulator-model`, else the only one served)."""
     from envace.model.endpoint import EndpointError
-    from envace.model.simulators import EndpointSimulator
+    from envace.model.simulators import connect_endpoint
 
-    def make(model: str) -> Any:
-        return EndpointSimulator(url, model, timeout_s=args.simulator_timeout,
-                                 max_tokens=args.max_new_tokens, api=args.simulator_api,
-                                 retries=args.simulator_retries, desc_chars=desc_chars)
-
-    sim = make(args.simulator_model or "")
-    served = sim.client.check()
-    if not args.simulator_model:
-        if len(served) != 1:
-            raise EndpointError(f"{sim.client.base} serves {len(served)} models "
-                                f"({', '.join(served[:10])}): name one with --simulator-model")
-        sim = make(served[0])
-    return sim
+    try:
+        return connect_endpoint(url, args.simulator_model or "", api=args.simulator_api,
+                                timeout_s=args.simulator_timeout,
+                                max_tokens=args.max_new_tokens,
+                                retries=args.simulator_retries, desc_chars=desc_chars)
+    except EndpointError as exc:
+        if args.simulator_model or "name the one to use" not in str(exc):
+            raise
+        raise EndpointError(f"{exc} with --simulator-model") from None

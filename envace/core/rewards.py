@@ -1,12 +1,20 @@
 """Task rewards from a verifier that never feeds the policy (computed after the episode).
 
-- ``state``: BFCL's state check of the committed calls against the ground truth (1 or 0);
-- ``turn_state``: the share of checked turns passed before the first failure (partial credit);
+- ``state``: the environment's task check of the committed calls (1 or 0): BFCL's state check
+  against the ground truth; for AgentDojo the task's own utility check
+  (``envace.core.envs.agentdojo_verify``: the calls run from the task's initial state, the
+  episode's final answer text passed as the model output);
+- ``turn_state``: the share of checked turns passed before the first failure (partial credit;
+  an AgentDojo task is one turn: the same as ``state``);
 - ``action``: F1 between the committed calls and the ground-truth calls (name + arguments,
   as multisets), a denser signal for small models;
 - ``action_partial``: the same F1 with partial credit per call (0.5 for the right function, the
   other 0.5 shared by its arguments; calls matched one to one, best total): the densest signal,
   for models that rarely get a call exactly right (the tiny preset).
+
+The ground-truth calls of ``action``/``action_partial``: BFCL's per turn, bound to keyword
+arguments by the backend's signatures; AgentDojo's as its tasks list them (``task.calls()``).
+Which verifier runs is the task's environment (``task.env_name``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import Task
 from envace.core.envs.verify import check_calls, ground_truth_calls
 
 REWARDS = ("state", "turn_state", "action", "action_partial")
@@ -73,11 +80,30 @@ def partial_action_f1(model: list[Call], truth: list[Call]) -> float:
     return 2 * p * r / (p + r)
 
 
-def task_reward(kind: str, task: Task, calls_per_turn: list[list[Call]]) -> dict[str, Any]:
-    """{'reward': float, 'success': bool, 'detail': str}; errors become reward 0 with a reason."""
+def _agentdojo_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
+                      final_text: str) -> dict[str, Any]:
+    from envace.core.envs.agentdojo_verify import check_calls as agentdojo_check
+
+    model = [c for turn in calls_per_turn for c in turn]
+    check = agentdojo_check(task, model, final_text)
+    if kind in ("action", "action_partial"):
+        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
+    else:  # state, turn_state: one turn, so the share of turns passed is the verdict
+        value = check.partial
+    return {"reward": value, "success": check.valid, "detail": check.message}
+
+
+def task_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
+                final_text: str = "") -> dict[str, Any]:
+    """{'reward': float, 'success': bool, 'detail': str}; errors become reward 0 with a reason.
+
+    ``final_text``: the episode's last assistant message (AgentDojo's checkers read the answer
+    text of some tasks; BFCL's ignore it)."""
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {kind!r}")
     try:
+        if getattr(task, "env_name", "bfcl") == "agentdojo":
+            return _agentdojo_reward(kind, task, calls_per_turn, final_text)
         check = check_calls(task, calls_per_turn)
         if kind in ("action", "action_partial"):
             env = BFCLEnv()

@@ -1,12 +1,13 @@
-"""Evaluation in the real environment: task success (BFCL's state check), per backend, pass@k.
+"""Evaluation in the real environment: task success (the task's own check), per backend, pass@k.
 
     summary = evaluate(model, tokenizer, tasks, out_dir, EvalSettings(seeds=2))
 
 Each task is attempted once per seed with the real environment answering the policy's calls
-(mode ``real``); the committed calls are then checked against the ground truth. Writes
+(mode ``real``, the task's environment: BFCL or AgentDojo); the committed calls are then checked
+(``envace.core.rewards``: BFCL's state check, AgentDojo's task checker). Writes
 ``trajectories.jsonl`` (with reward and success in each record) and ``summary.json`` (success
-rate with a Wilson interval, resampling tasks when there are several seeds; per backend, pass@k
-over seeds, end reasons, tokens).
+rate with a Wilson interval, resampling tasks when there are several seeds; per backend (for
+AgentDojo: per suite), pass@k over seeds, end reasons, tokens).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
                                 seed=10_000 + seed)
             for i in range(0, len(tasks), s.batch_size):
                 for ep in rollout(model, tokenizer, tasks[i:i + s.batch_size], cfg):
-                    r = task_reward(s.reward, ep.task, ep.calls_per_turn)
+                    r = task_reward(s.reward, ep.task, ep.calls_per_turn, ep.final_text)
                     ep.trajectory.reward = r["reward"]
                     ep.trajectory.id = f"{ep.task.id}-s{seed}"
                     ep.trajectory.meta.update(seed=seed, success=r["success"], plan="commit",

@@ -82,7 +82,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
             settings = RehearsalSettings(**{**s.__dict__, "seed": s.seed + 1000 * seed})
             for res in rehearse_and_commit(model, tok, tasks, settings):
                 task, commit = res["task"], res["commit"]
-                v = task_reward(reward, task, commit.calls_per_turn)
+                v = task_reward(reward, task, commit.calls_per_turn, commit.final_text)
                 ids = []
                 for k, plan in enumerate(res["plans"]):
                     t = plan.trajectory

@@ -2,18 +2,22 @@
 
     episodes = run_episodes(model, tokenizer, tasks, RolloutConfig(mode="rehearse"))
 
-Per episode (a BFCL multi-turn task): the prompt (system with the tool listing, first user turn)
-is prefilled; the policy writes an assistant message; each call in it is answered by
+Per episode (a task of any environment with tasks, ``envace.core.envs.task_envs``: a BFCL
+multi-turn or per-turn task, an AgentDojo user task): the prompt (system with the tool listing,
+first user turn) is prefilled; the policy writes an assistant message; each call in it is
+answered by
 
 - ``rehearse``: the same policy, after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
-- ``real``: the real environment (its text is forced in as CONTEXT and never trained);
+- ``real``: the real environment of the task (``task.env_name``, built by ``make_env``; its text
+  is forced in as CONTEXT and never trained);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 
 and acting resumes on what came back. An assistant message without calls ends the user turn;
 the next user turn is forced in. Limits on turns, tokens per message and context end an episode
 cleanly with its reason. A malformed call or an unknown tool is recorded (the audit counts it)
 and ends the episode. Output per episode: the trajectory (spec) plus token ids, roles and the
-sampling log-probabilities the trainer needs, and the calls per turn for the verifier.
+sampling log-probabilities the trainer needs, and the calls per turn for the verifier. The
+trajectory's ``env`` names the task's environment (and its benchmark version where it has one).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 
 import torch
 
-from envace.core.envs.bfcl import BFCLEnv
+from envace.core.envs.base import Environment
+from envace.core.envs.task_envs import env_record, task_environment
 from envace.core.envs.tasks import Task
 from envace.core.modes import SOURCE, check_rollout_mode
 from envace.core.schema import Message, Trajectory
@@ -72,11 +77,19 @@ class Episode:
     def tokens(self, role: int) -> int:
         return sum(r == role for r in self.roles)
 
+    @property
+    def final_text(self) -> str:
+        """The last assistant message's text (what AgentDojo's checkers read as the answer)."""
+        for m in reversed(self.trajectory.messages):
+            if m.role == "assistant":
+                return m.content or ""
+        return ""
+
 
 @dataclass
 class _Row:
     task: Task
-    env: BFCLEnv | None
+    env: Environment | None
     messages: list[dict[str, Any]]
     ids: list[int]
     roles: list[int]
@@ -130,8 +143,7 @@ class Engine:
     def start(self, task: Task) -> _Row:
         env = None
         if self.cfg.mode == "real":
-            env = BFCLEnv()
-            env.reset(task)
+            env = task_environment(task)
         messages = task.opening_messages()
         ids, _ = chat.encode_with_roles(self.tok, messages, task.tools(turn=0),
                                             generation_prompt="assistant",
@@ -238,7 +250,7 @@ class Engine:
     def episode(self, row: _Row, prompt_len: int) -> Episode:
         traj = Trajectory(
             id=f"{row.task.id}", task_id=row.task.id,
-            env={"name": "bfcl", "task": row.task.base_id or row.task.id},
+            env=env_record(row.task),
             source=SOURCE[self.cfg.mode],
             messages=[Message.model_validate(m) for m in row.messages],
             tools=row.task.tools(),

@@ -11,6 +11,12 @@ never trains on what it writes (its tokens enter the policy's context as CONTEXT
 
     sim = EndpointSimulator("http://127.0.0.1:8000/v1", "smollm2", api="completions")
     sim.check(); text = sim(messages, tools, "ls", {})
+    sim = connect_endpoint(*split_endpoint_spec("http://127.0.0.1:8000/v1#smollm2"))  # checked
+
+A training config names a served simulator as ``simulator_model=http://HOST:PORT/v1#MODEL``
+(``#MODEL`` may be left out when the server serves one model); ``envace rollout`` as
+``--simulator-endpoint URL [--simulator-model NAME]``. Both check the server before the policy
+is loaded and ask with the ``completions`` API by default (envace's own prompt).
 """
 
 from __future__ import annotations
@@ -81,3 +87,33 @@ class EndpointSimulator:
             self.last_error = ans.error
             return json.dumps({"error": f"simulator endpoint failed: {ans.error}"})
         return ans.text
+
+
+def split_endpoint_spec(spec: str) -> tuple[str, str]:
+    """A served simulator's spec ``http(s)://HOST:PORT/v1#MODEL`` as (URL, model); the model is
+    ``""`` when the spec names none (then the server's only model is used)."""
+    url, _, model = spec.partition("#")
+    return url, model.strip()
+
+
+def connect_endpoint(url: str, model: str = "", *, api: str = "completions",
+                     timeout_s: float = 60.0, max_tokens: int = 256, retries: int = 3,
+                     desc_chars: int = 80) -> EndpointSimulator:
+    """A checked :class:`EndpointSimulator`: the server answers an OpenAI model list and serves
+    ``model`` (with no model named: the only model it serves). Raises
+    ``envace.model.endpoint.EndpointError`` (down, not OpenAI-compatible, model not served, or
+    several models and none named) or ValueError (not an http(s) URL)."""
+    from envace.model.endpoint import EndpointError
+
+    def make(name: str) -> EndpointSimulator:
+        return EndpointSimulator(url, name, timeout_s=timeout_s, max_tokens=max_tokens, api=api,
+                                 retries=retries, desc_chars=desc_chars)
+
+    sim = make(model)
+    served = sim.client.check()
+    if not model:
+        if len(served) != 1:
+            raise EndpointError(f"{sim.client.base} serves {len(served)} models "
+                                f"({', '.join(served[:10])}): name the one to use")
+        sim = make(served[0])
+    return sim

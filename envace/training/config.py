@@ -376,7 +376,8 @@ class TrainConfig:
     }
 
     # run
-    run_name: str = opt("", "run folder name under output_dir; empty: '<mode>-<model>-s<seed>'")
+    run_name: str = opt("", "run folder name under output_dir; empty: '<mode>-<model>-s<seed>' "
+                        "('-<env>' appended for an env other than bfcl)")
     output_dir: str = opt("runs", "folder that holds run directories")
     seed: int = opt(0, "random seed (task order, sampling, init of the tiny model)")
 
@@ -385,7 +386,9 @@ class TrainConfig:
     mode: Mode = opt("envace", modes_help())
     world_model: str | None = opt(None, "mode=split: world model spec; null: a copy of `model`")
     simulator_model: str | None = opt(
-        None, "mode=simulator: frozen model spec, or an OpenAI-compatible http(s):// endpoint"
+        None, "mode=simulator: frozen model spec, or a served model: an OpenAI-compatible "
+        "endpoint http(s)://HOST:PORT/v1#MODEL (#MODEL may be left out when the server serves "
+        "one model; checked before the run goes on)"
     )
     backend: Literal["hf", "vllm"] = opt("hf", "generation backend for rollouts")
     dtype: Literal["auto", "float32", "bfloat16"] = opt("auto", "parameter dtype; auto: model's")
@@ -395,12 +398,17 @@ class TrainConfig:
         "envace.training.fsdp); accelerate's FSDP config sets fsdp. One process: ignored")
 
     # tasks and reward
-    split: str = opt("train", "task split to train on (a file in data/)")
+    env: str = opt(
+        "bfcl", "environment whose tasks the run trains and evaluates on: bfcl (BFCL v4 "
+        "multi-turn) or agentdojo (AgentDojo v1.2.2 user tasks); rollouts, rewards and audits "
+        "follow it (envace.core.envs.task_envs)")
+    split: str = opt("train", "task split to train on (a file in data/, data/splits/<env>/)")
     train_tasks: int = opt(
         0, "train on a fixed pool of this many tasks of `split` (sampled with the seed); 0: all. "
         "With eval_split equal to split the evaluation uses the same pool (a memorisation check)")
     task_unit: Literal["turn", "task"] = opt(
-        "turn", "train on single user turns (denser reward) or on whole multi-turn tasks"
+        "turn", "train on single user turns (denser reward) or on whole multi-turn tasks; "
+        "AgentDojo user tasks are a single user turn, so there both give the same tasks"
     )
     desc_chars: int = opt(60, "tool descriptions in the prompt's tool listing are cut to this")
     reward: Literal["state", "action", "turn_state", "action_partial"] = opt(
@@ -468,6 +476,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         require(self.model.strip() != "", "model is empty: set model=tiny, smollm2 or a path")
+        self._check_env()
         require(self.steps >= 0, f"steps={self.steps}: set steps>=0")
         require(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
         require(
@@ -516,8 +525,8 @@ class TrainConfig:
         simulated = [m.name for m in TRAINING_MODES.values() if m.rollout == "simulator"]
         require(
             mode.rollout != "simulator" or bool(self.simulator_model),
-            f"mode={self.mode} needs simulator_model=<preset | path | http(s)://host/v1 "
-            "endpoint>",
+            f"mode={self.mode} needs simulator_model=<preset | path | "
+            "http(s)://HOST:PORT/v1#MODEL endpoint>",
         )
         require(
             mode.rollout == "simulator" or self.simulator_model is None,
@@ -546,6 +555,15 @@ class TrainConfig:
             f"{self.audit_scorers}: add it there or pick one of them",
         )
 
+    def _check_env(self) -> None:
+        """The environment is installed and has task splits with a verifier."""
+        from envace.core.envs.task_envs import check_task_env
+
+        try:
+            check_task_env(self.env)
+        except ValueError as exc:
+            raise ConfigError(f"env={self.env}: {exc}") from None
+
     def _check_scorers(self) -> None:
         """Every listed scorer (and the verdict's) is registered in the audit: a typo fails
         here, not after the model loaded and the first step rolled out."""
@@ -566,6 +584,8 @@ class TrainConfig:
 
     @property
     def run_dir(self) -> Path:
-        """Where this run writes: output_dir / (run_name or '<mode>-<model>-s<seed>')."""
-        name = self.run_name or f"{self.mode}-{Path(self.model).name}-s{self.seed}"
+        """Where this run writes: output_dir / (run_name or '<mode>-<model>-s<seed>', with
+        '-<env>' after it for an environment other than bfcl)."""
+        name = self.run_name or f"{self.mode}-{Path(self.model).name}-s{self.seed}" + (
+            f"-{self.env}" if self.env != "bfcl" else "")
         return Path(self.output_dir) / name

@@ -167,7 +167,8 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
 def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
                 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """[B, 2] rewards (act, rehearse) and the verifier's verdicts."""
-    verdicts = [task_reward(cfg.reward, e.task, e.calls_per_turn) for e in episodes]
+    verdicts = [task_reward(cfg.reward, e.task, e.calls_per_turn, e.final_text)
+                for e in episodes]
     task = torch.tensor([v["reward"] for v in verdicts], dtype=torch.float64)
     rehearse = task.clone()
     if cfg.grounded_lambda > 0:

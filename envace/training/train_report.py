@@ -1,5 +1,7 @@
 """The end of a training run: evaluation on dev in the real environment, an audit of the
-policy's rehearsals on dev, and ``report.md`` for a person.
+policy's rehearsals on dev, and ``report.md`` for a person. The tasks are those of the run's
+environment (``env``), so on AgentDojo the evaluation runs AgentDojo's checkers and the audit
+replays against AgentDojo.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.timing import shares
 from envace.evaluation.evaluate import EvalSettings, evaluate
@@ -18,16 +20,13 @@ from envace.training.config import TrainConfig
 
 
 def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
-    from envace.core.turns import turn_tasks
-
+    """The tasks of ``eval_split`` in the run's environment (or the training pool itself)."""
     if cfg.train_tasks and cfg.eval_split == cfg.split:  # the training pool itself
         from envace.training.train_setup import training_pool
 
         pool = training_pool(cfg, tokenizer)
         return pool[:cfg.eval_tasks] if cfg.eval_tasks else pool
-    tasks = split_tasks(cfg.eval_split)
-    if cfg.task_unit == "turn":
-        tasks = turn_tasks(tasks)
+    tasks = env_tasks(cfg.env, cfg.eval_split, cfg.task_unit)
     from envace.training.train_setup import fitting_tasks
 
     tasks = fitting_tasks(tasks, tokenizer, cfg)
@@ -62,6 +61,11 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
     if progress:
         print(f"[train] done: {run_dir}\n[train] report: {run_dir / 'report.md'}\n"
               f"[train] dashboard: envace-dashboard {run_dir.parent}", flush=True)
+
+
+def _unit(cfg: TrainConfig) -> str:
+    """What a task is: AgentDojo's tasks are single-turn, whatever ``task_unit`` says."""
+    return "task" if cfg.env == "agentdojo" else cfg.task_unit
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -105,7 +109,7 @@ def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: 
     lines = [
         f"# Run {run_dir.name}", "",
         f"- model: `{cfg.model}`, mode `{cfg.mode}`, reward `{cfg.reward}`, "
-        f"tasks: {cfg.task_unit}s of `{cfg.split}`, {cfg.steps} steps of "
+        f"tasks: {_unit(cfg)}s of `{cfg.split}` ({cfg.env}), {cfg.steps} steps of "
         f"{cfg.prompts_per_step} × {cfg.group_size}", f"- written {time.strftime('%F %T')}", "",
         "## Training (first → last step)", "", "| metric | first | last |", "|---|---|---|"]
     for k in ("reward/mean", "success/mean", "loss", "clip_frac", "entropy",

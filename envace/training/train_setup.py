@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import yaml
 
-from envace.core.envs.tasks import Task, split_tasks
+from envace.core.envs.task_envs import env_tasks
+from envace.core.envs.tasks import Task
 from envace.core.modes import training_mode
 from envace.model.models import default_cache_dir, load_model, resolve_model
 from envace.training.checkpoint import save_checkpoint
@@ -105,10 +106,9 @@ class Policy:
 
 
 def training_tasks(cfg: TrainConfig) -> list[Task]:
-    from envace.core.turns import turn_tasks
-
-    tasks = split_tasks(cfg.split)
-    return turn_tasks(tasks) if cfg.task_unit == "turn" else tasks
+    """The tasks of ``split`` in the run's environment, in its unit (per-turn BFCL tasks with
+    ``task_unit=turn``; AgentDojo's are single-turn whatever the unit)."""
+    return env_tasks(cfg.env, cfg.split, cfg.task_unit)
 
 
 def training_pool(cfg: TrainConfig, tokenizer: Any) -> list[Task]:
@@ -145,8 +145,19 @@ def _train_texts() -> list[str]:
     return training_texts(load_train_trajectories())
 
 
+def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
+    """The cold start's data: the real trajectories of the run environment's train split (None:
+    BFCL's, which ``run_sft`` loads itself)."""
+    if cfg.env == "bfcl":
+        return None
+    from envace.core.export import export_env
+
+    return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
+
+
 def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
-    """The policy to start from: the preset (or path), after the cold start if asked."""
+    """The policy to start from: the preset (or path), after the cold start if asked (on the
+    real trajectories of the run environment's train split)."""
     cache = default_cache_dir()
     if cfg.sft_steps > 0:
         from envace.training.sft import SFTSettings, run_sft
@@ -155,8 +166,8 @@ def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
                                max_minutes=cfg.sft_max_minutes, lr=cfg.sft_lr, seed=cfg.seed)
         if progress:
             print(f"[train] cold start: SFT of {cfg.model} for up to {cfg.sft_steps} steps / "
-                  f"{cfg.sft_max_minutes} min", flush=True)
-        return Path(run_sft(settings, quiet=not progress))
+                  f"{cfg.sft_max_minutes} min on {cfg.env} train", flush=True)
+        return Path(run_sft(settings, trajectories=sft_trajectories(cfg), quiet=not progress))
     texts = _train_texts() if cfg.model == "tiny" else None
     return resolve_model(cfg.model, cache, texts=texts)
 
@@ -277,11 +288,21 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
 
 
 def make_simulator(cfg: TrainConfig) -> Any:
-    from envace.model.simulators import EndpointSimulator, ModelSimulator
+    """The simulator of mode ``simulator``: a frozen local model (preset or path), or a served
+    one, ``simulator_model=http://HOST:PORT/v1#MODEL`` (an OpenAI-compatible server, checked
+    before the run goes on: ConfigError when it is down or does not serve MODEL; without
+    ``#MODEL`` the server's only model)."""
+    from envace.model.endpoint import EndpointError
+    from envace.model.simulators import ModelSimulator, connect_endpoint, split_endpoint_spec
 
     spec = cfg.simulator_model or ""
     if spec.startswith(("http://", "https://")):
-        return EndpointSimulator(spec)
+        url, model = split_endpoint_spec(spec)
+        try:
+            return connect_endpoint(url, model, max_tokens=cfg.max_new_tokens,
+                                    desc_chars=cfg.desc_chars)
+        except (EndpointError, ValueError) as exc:
+            raise ConfigError(f"simulator_model={spec}: {exc}") from None
     texts = _train_texts() if spec == "tiny" else None
     model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
     return ModelSimulator(model, tok, cfg.max_new_tokens, cfg.desc_chars)

@@ -164,8 +164,9 @@ def suite_tools(suite: str, version: str = DEFAULT_VERSION) -> list[dict[str, An
 class AgentDojoTask:
     """One AgentDojo user task: one user turn, its ground-truth calls, the expected answer.
 
-    Shaped like :class:`envace.core.envs.tasks.Task` where export and replay need it (``turns``,
-    ``ground_truth`` per turn, ``turn_messages``, ``opening_messages``, ``tools``).
+    Shaped like :class:`envace.core.envs.tasks.Task` where export, replay, rollout and eval need
+    it (``turns``, ``ground_truth`` per turn, ``turn_messages``, ``opening_messages``, ``tools``,
+    ``base_id``, ``history``, ``primary_backend``).
     """
 
     id: str
@@ -177,6 +178,9 @@ class AgentDojoTask:
     difficulty: str = "EASY"
     env_name: str = "agentdojo"
     turns: list[list[dict[str, str]]] = field(default_factory=list)
+    # shaped like a BFCL Task for the rollout engine: never a per-turn task, so no earlier turns
+    base_id: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.turns:
@@ -184,6 +188,11 @@ class AgentDojoTask:
 
     @property
     def category(self) -> str:
+        return self.suite
+
+    @property
+    def primary_backend(self) -> str:
+        """What evaluation groups success by (BFCL: the first backend class): the suite."""
         return self.suite
 
     @property

@@ -1,0 +1,76 @@
+"""Environments that rollout, train and eval run on: their tasks, and the real backend of a task.
+
+    tasks = env_tasks("agentdojo", "dev")           # AgentDojoTask objects of the dev split
+    tasks = env_tasks("bfcl", "dev", unit="turn")   # BFCL per-turn tasks (envace.core.turns)
+    env = task_environment(tasks[0])                # a fresh backend, reset to the task
+    traj_env = env_record(tasks[0])                 # the trajectory's ``env`` (replay's key)
+
+An environment takes part in rollout, train and eval when it has committed task splits and a
+verifier (``envace.core.rewards``): ``bfcl`` (BFCL v4 multi-turn) and ``agentdojo`` (its user
+tasks, benchmark version v1.2.2). The environment is a property of the task (``task.env_name``):
+the rollout engine, the reward and the audit all follow it.
+
+The unit of a task: BFCL tasks are multi-turn, and ``unit="turn"`` makes each user turn a task of
+its own (``envace.core.turns``). AgentDojo user tasks are a single user turn, so each is already
+its own unit: ``turn`` and ``task`` give the same tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envace.core.envs.base import Environment, env_names, make_env
+
+#: Environments with committed splits and a verifier (what rollout, train and eval need).
+TASK_ENVS = ("bfcl", "agentdojo")
+UNITS = ("turn", "task")
+
+
+def check_task_env(name: str) -> None:
+    """ValueError (one line, saying what to use instead) unless rollout/train/eval can run on
+    ``name``: it must be installed and have task splits with a verifier."""
+    if name in TASK_ENVS:
+        return
+    installed = env_names()
+    if name not in installed:
+        raise ValueError(f"unknown environment {name!r}; installed: {', '.join(installed)}")
+    raise ValueError(f"environment {name!r} is installed but has no task splits with a verifier, "
+                     f"which rollout, train and eval need; those that do: {', '.join(TASK_ENVS)} "
+                     "(audit its trajectories with envace-audit replay instead)")
+
+
+def env_tasks(name: str, split: str, unit: str = "task") -> list[Any]:
+    """The tasks of a committed split of environment ``name``; ``unit="turn"`` splits BFCL's
+    multi-turn tasks into per-turn tasks (AgentDojo's are single-turn: unit changes nothing)."""
+    check_task_env(name)
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
+    if name == "agentdojo":
+        from envace.core.envs.agentdojo_tasks import split_tasks as agentdojo_split
+
+        return list(agentdojo_split(split))
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.turns import turn_tasks
+
+    tasks = split_tasks(split)
+    return turn_tasks(tasks) if unit == "turn" else tasks
+
+
+def task_environment(task: Any) -> Environment:
+    """A fresh real backend of the task's environment, reset to the task (a per-turn BFCL task
+    replays its earlier turns; an AgentDojo task loads in its own benchmark version)."""
+    version = getattr(task, "version", None)
+    env = make_env(task.env_name, **({"version": version} if version else {}))
+    env.reset(task)
+    return env
+
+
+def env_record(task: Any) -> dict[str, Any]:
+    """A trajectory's ``env`` for an episode of ``task``: the environment, the task the replay
+    resets to (a per-turn task's base task), and the benchmark version where there is one."""
+    record: dict[str, Any] = {"name": task.env_name,
+                              "task": getattr(task, "base_id", None) or task.id}
+    version = getattr(task, "version", None)
+    if version:
+        record["version"] = version
+    return record

@@ -223,6 +223,41 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_130(tmp_path, capsys, monkeypa
     assert capsys.readouterr().err.strip() == "envace: interrupted"
 
 
+def test_the_vllm_trainer_entry_keeps_the_same_rules(tmp_path, capsys, monkeypatch):
+    """`python -m envace.training.vllm_train train` takes envace train's arguments: --restart
+    without --resume and a missing run are refused (2), Ctrl-C is one line and 130, and
+    --resume/--restart reach the trainer. (The engines are replaced by a fake that records the
+    call: vLLM itself is tested in tests/vllm/.)"""
+    pytest.importorskip("envace.model.backends.vllm_backend")
+    from envace.training import vllm_train
+
+    assert vllm_train.main(["train", "--restart"]) == 2
+    assert vllm_train.main(["train", "--resume", str(tmp_path / "none")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    seen = []
+
+    class FakeRollouts:  # fake: stands in for the vLLM engines
+        backends: dict = {}
+        seconds_sync = 0.0
+
+        @classmethod
+        def for_config(cls, cfg):
+            return cls()
+
+        def close(self):
+            seen.append("closed")
+
+    def fake_train(cfg, resume, progress, rollouts, restart):
+        seen.append((cfg.run_name, resume, restart))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vllm_train, "VLLMRollouts", FakeRollouts)
+    monkeypatch.setattr(vllm_train, "train_with_vllm", fake_train)
+    rc = vllm_train.main(["train", f"output_dir={tmp_path}", "run_name=v"])
+    assert rc == 130 and seen == [("v", False, False), "closed"]
+    assert "envace train --resume" in capsys.readouterr().err
+
+
 TIMING = ("time", "tokens_per_s", "seconds/")
 ARGS = [f"model={ROOT / 'data' / 'models' / 'tiny-sft'}", "steps=3", "prompts_per_step=2",
         "group_size=2", "max_new_tokens=24", "max_turns=2", "checkpoint_every=1",

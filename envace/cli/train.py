@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -30,7 +31,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, train_fn: Any = None) -> int:
+    """Check the arguments and the config, train (``train_fn``: another trainer entry with
+    ``envace.training.train.train``'s signature, e.g. the vLLM one); the exit code: 0 done,
+    2 bad usage or config, 130 interrupted (resumable)."""
     from envace.training.config import ConfigError, TrainConfig, config_help, load_config
 
     if args.help_config:
@@ -62,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2
-    from envace.training.train import train
+    if train_fn is None:
+        from envace.training.train import train as train_fn
 
     try:
-        train(cfg, resume=bool(args.resume), progress=not args.quiet, restart=args.restart)
+        train_fn(cfg, resume=bool(args.resume), progress=not args.quiet, restart=args.restart)
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2

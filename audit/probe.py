@@ -121,13 +121,16 @@ def probe_batched(
     settings: AuditSettings,
     steps: Mapping[str, Iterable[int]] | None = None,
     history: str = "real",
+    task_ids: bool = False,
 ) -> list[TrajectoryAudit | Exception]:
     """Probe many trajectories at once, asking in rounds: each round sends every live
     trajectory's next request to `answer_batch` (one list, answers in the same order; an
     `Unanswered` answer marks that step unanswered). With ``history="own"`` a request depends on
     the answers before it, so rounds are what make batching possible at all. Each trajectory has
     its own environment. Per trajectory: its audit, or the exception that stopped it (e.g.
-    `ReplayError`)."""
+    `ReplayError`). `task_ids`: `answer_batch` is called with a second list, each request's
+    task id (a memory of real responses must not answer from the task's own scenario:
+    `audit.memory`)."""
     results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
     live: dict[int, tuple[ProbeSteps, Request]] = {}
 
@@ -146,7 +149,9 @@ def probe_batched(
         advance(i, probe_steps(traj, settings, None, wanted, history), first=True)
     while live:
         order = sorted(live)
-        answers = answer_batch([live[i][1] for i in order])
+        requests = [live[i][1] for i in order]
+        answers = (answer_batch(requests, [trajs[i].task_id for i in order])  # type: ignore[call-arg]
+                   if task_ids else answer_batch(requests))
         if len(answers) != len(order):
             raise ValueError(f"answer_batch gave {len(answers)} answers for {len(order)} requests")
         for i, reply in zip(order, answers, strict=True):
@@ -265,6 +270,7 @@ def run_probe(
     histories: Sequence[str] = ("real",),
     answer_batch: BatchAnswer | None = None,
     chunk: int = CHUNK,
+    task_ids: bool = False,
 ) -> dict[str, Any]:
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
@@ -278,10 +284,13 @@ def run_probe(
     (a callable: asked once the probe is done). Returns the summary. Unreadable or
     unreplayable records are reported with file and line, never fatal. The directory is
     written like every audit's (``audit.output``: renamed into place when complete, never
-    over an input or another tool's files).
+    over an input or another tool's files). `task_ids`: `answer_batch` is also given each
+    request's task id (`probe_batched`).
     """
     if (rehearser is None) == (answer_batch is None):
         raise ValueError("give exactly one of rehearser and answer_batch")
+    if task_ids and answer_batch is None:
+        raise ValueError("task_ids needs answer_batch")
     bad = [h for h in histories if h not in HISTORIES] or ([] if histories else ["(none)"])
     if bad or len(set(histories)) != len(histories):
         raise ValueError(f"histories must be distinct values of {HISTORIES}, got {histories!r}")
@@ -289,7 +298,7 @@ def run_probe(
     inputs = [str(p) for p in paths]
     with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
         summary = _probe_into(w, inputs, rehearser, answer_batch, tuple(histories), chunk, opts,
-                              limit, label, steps, progress, extra)
+                              limit, label, steps, progress, extra, task_ids)
         return w.finish(summary, plots=opts.plots)
 
 
@@ -347,8 +356,8 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
                 opts: AuditOptions, limit: int, label: str | None,
                 steps: Mapping[str, Iterable[int]] | None,
                 progress: Callable[[int], None] | None,
-                extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
-                ) -> dict[str, Any]:
+                extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
+                task_ids: bool = False) -> dict[str, Any]:
     settings = probe_settings(opts)
     env_cache: dict[str, Environment] = {}
     skipped: list[dict[str, Any]] = []
@@ -360,7 +369,7 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
         good = [i for i in items if i.trajectory is not None]
         trajs = [i.trajectory for i in good]
         position = {id(i): k for k, i in enumerate(good)}
-        results = {h: (probe_batched(trajs, answer_batch, settings, steps, h)
+        results = {h: (probe_batched(trajs, answer_batch, settings, steps, h, task_ids)
                        if answer_batch is not None else
                        _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
                    for h in histories}

@@ -64,6 +64,15 @@ class _Tally:
         return self.raw[self.counts.most_common(1)[0][0]]
 
 
+def most_common_response(responses: Iterable[str]) -> str:
+    """The most common response, counting texts equal after :func:`canonical_text` as one;
+    the first raw text seen of the winning form; ties go to the form seen first."""
+    tally = _Tally()
+    for response in responses:
+        tally.add(response)
+    return tally.best()
+
+
 def _majority_table(triples: Sequence[tuple[str, dict, str]]) -> dict[str, str]:
     tallies: dict[str, _Tally] = defaultdict(_Tally)
     for tool, _, response in triples:

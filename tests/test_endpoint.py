@@ -260,6 +260,30 @@ def test_probe_cli_audits_a_served_model_without_torch(server, dev, tmp_path):
     assert all(b["prompt"].endswith("<|im_start|>tool\n") for b in state.requests)
 
 
+def test_probe_with_a_memory_and_the_hybrid_on_a_served_model(server, dev, tmp_path):
+    """--memory: every prompt ends with the memory note, then the open tool header; --hybrid:
+    only calls the lookup has no identical twin for reach the server (still without torch)."""
+    url, state = server
+    train = tmp_path / "train.jsonl"
+    with TrajectoryWriter(train, mode="w") as w:
+        for t in export_real(split_tasks("train")[:60]):
+            w.write(t)
+    out = tmp_path / "probe"
+    r = _cli("probe", "--endpoint", url, "--model", "world", str(dev), "--out", str(out),
+             "--memory", str(train), "--hybrid", str(train), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TORCH False" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audited_model"] == f"hybrid(lookup,endpoint:{url}#world+memory(k=3))"
+    hybrid = summary["world_model"]["hybrid"]
+    assert hybrid["answered_by_model"] == len(state.requests) == summary["endpoint"]["requests"]
+    assert hybrid["answered_by_lookup"] + hybrid["answered_by_model"] == summary["counts"]["steps"]
+    assert hybrid["answered_by_lookup"] > 0
+    noted = [b["prompt"] for b in state.requests
+             if "Similar calls and what the real environment returned:" in b["prompt"]]
+    assert noted and all(p.endswith("<|im_end|>\n<|im_start|>tool\n") for p in noted)
+
+
 def test_probe_records_failed_requests_as_unanswered_steps(server, dev, tmp_path):
     url, state = server
     state.mode = "nonsense"

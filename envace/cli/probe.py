@@ -2,6 +2,8 @@
 
     envace probe --model runs/sft-tiny dev.jsonl --out probe_out [--reference train.jsonl]
     envace probe --endpoint http://127.0.0.1:8000/v1 --model NAME dev.jsonl --out probe_out
+    envace probe --model PATH dev.jsonl --out DIR --memory train.jsonl [--memory-k 3]
+    envace probe --model PATH dev.jsonl --out DIR --hybrid train.jsonl --reference train.jsonl
 
 `run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved); with
 `--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch).
@@ -10,6 +12,12 @@ Locally: the model rehearses every tool call of the input trajectories given the
 pass over the trajectories collects every prompt (the rehearser records and answers nothing), the
 prompts are generated in length-sorted batches, and a second pass audits with the answers in the
 order they were asked.
+
+`--memory` shows the world model, before each tool turn, a note of the k most similar training
+calls and their real responses; `--hybrid` answers with the lookup's exact answer where there is
+one and asks the model elsewhere (`audit.memory`; both from a train-split file only, never from
+the asking task's own scenario). The summary's `audited_model` names the composite
+(`PATH+memory(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block records the files and k.
 
 Prompts are cut as the SFT windows are (`envace.training.sft.prompt_ids`) to the model's context
 length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else `DEFAULT_CONTEXT` tokens.
@@ -30,6 +38,7 @@ from typing import Any
 from envace.model.chat import IM_END, parse_assistant
 
 DEFAULT_CONTEXT = 2048
+MEMORY_K = 3
 HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
@@ -118,16 +127,23 @@ def probe_model(
     label: str | None = None,
     batch_size: int = 8,
     histories: Sequence[str] = ("real",),
+    grounding: Any = None,
 ) -> dict[str, Any]:
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
-    the trajectories' requests round by round; the summary."""
+    the trajectories' requests round by round; the summary. `grounding` (an
+    `audit.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
+    hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
     from audit.probe import run_probe
 
-    return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
-                     histories=histories,
-                     answer_batch=model_answers(model, tokenizer, context, max_new_tokens,
-                                                batch_size))
+    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
+    if grounding is None or not grounding.active:
+        return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
+                         histories=histories, answer_batch=base)
+    answer, block = grounding.wrap(base)
+    return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(str(label)),
+                     steps=steps, histories=histories, answer_batch=answer, task_ids=True,
+                     extra=block)
 
 
 # ---------------------------------------------------------------- acting
@@ -226,6 +242,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "own earlier answers), both (each call twice, paired: the summary's "
                         "history block splits divergence into difficulty and compounding)")
     p.add_argument("--quiet", action="store_true", help="no progress")
+    g = p.add_argument_group("grounded world models (a memory of real responses)")
+    g.add_argument("--memory", metavar="TRAIN.jsonl",
+                   help="show the model, before each tool turn, the --memory-k most similar "
+                        "calls of this train-split real trajectory file (envace data export-real "
+                        "--split train) and what the real environment returned; never calls of "
+                        "the task's own scenario; a file with any non-train task is refused")
+    g.add_argument("--memory-k", type=int, default=None, metavar="K",
+                   help=f"entries per note with --memory (default {MEMORY_K})")
+    g.add_argument("--hybrid", metavar="TRAIN.jsonl",
+                   help="the hybrid world model: the lookup's exact answer where this "
+                        "train-split file made the identical call (the audit's lookup "
+                        "reference), the model (with --memory: shown the memory) elsewhere")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -246,6 +274,13 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
         return f"no such reference file: {reference}"
+    for flag in ("memory", "hybrid"):
+        given = getattr(args, flag, None)
+        if given and not Path(given).is_file():
+            return f"no such --{flag} file: {given}"
+    k = getattr(args, "memory_k", None)
+    if k is not None and (k < 1 or not getattr(args, "memory", None)):
+        return "--memory-k needs --memory and must be >= 1"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:
@@ -259,13 +294,31 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     return None
 
 
+def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> Any:
+    """The `audit.memory.MemoryOptions` of `--memory`, `--memory-k` and `--hybrid` (inactive
+    when neither file is given); `audit.output.UsageError` when a file is refused."""
+    from audit.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
+
+    memory, hybrid = getattr(args, "memory", None), getattr(args, "hybrid", None)
+    k = getattr(args, "memory_k", None) or MEMORY_K
+    return MemoryOptions(memory=ResponseMemory.from_file(memory) if memory else None, k=k,
+                         hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
+                         max_chars=NOTE_CHARS if max_chars is None else max_chars)
+
+
 def run_endpoint_probe(args: argparse.Namespace) -> int:
     """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
+    from audit.output import UsageError
     from audit.pipeline import AuditOptions
     from envace.evaluation.endpoint_probe import _progress, probe_endpoint
     from envace.model.endpoint import EndpointClient, EndpointError
 
     prog = getattr(args, "prog", "envace probe")
+    try:
+        grounding = load_grounding(args)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         client = EndpointClient(args.endpoint, args.model, api=args.api,
                                 max_tokens=args.max_new_tokens, timeout_s=args.timeout,
@@ -279,7 +332,8 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
                         reference=getattr(args, "reference", None))
     summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
                              args.limit, progress=None if args.quiet else _progress,
-                             histories=HISTORY_CHOICES[getattr(args, "history", "real")])
+                             histories=HISTORY_CHOICES[getattr(args, "history", "real")],
+                             grounding=grounding)
     c, block = summary["counts"], summary["endpoint"]
     if not args.quiet:
         rate = summary.get("divergence_rate")
@@ -319,10 +373,16 @@ def run_probe_cli(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "endpoint", None):
         return run_endpoint_probe(args)
+    from dataclasses import replace
+
+    from audit.memory import note_chars
+    from audit.output import UsageError
+
     reference = getattr(args, "reference", None)
     try:
+        grounding = load_grounding(args)
         path = resolve_model(args.model, default_cache_dir())
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, UsageError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     import torch
@@ -334,9 +394,12 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=not args.quiet,
                         reference=reference)
-    summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts,
-                          context_length(path, model), args.max_new_tokens, args.limit,
-                          label=str(path), histories=HISTORY_CHOICES[args.history])
+    context = context_length(path, model)
+    # the note takes at most one character per token of the prompt budget (audit.memory)
+    grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
+    summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
+                          args.max_new_tokens, args.limit, label=str(path),
+                          histories=HISTORY_CHOICES[args.history], grounding=grounding)
     c = summary["counts"]
     if not args.quiet:
         rate = summary.get("divergence_rate")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from audit.memory import MemoryOptions
 from audit.probe import run_probe
 from envace.core.worldmodel import Unanswered
 from envace.model.endpoint import Answer, EndpointClient, request_for
@@ -69,14 +70,24 @@ def probe_endpoint(
     steps: Mapping[str, Iterable[int]] | None = None,
     progress: Callable[[int, int], None] | None = None,
     histories: Sequence[str] = ("real",),
+    grounding: MemoryOptions | None = None,
 ) -> dict[str, Any]:
     """The probe of a served model over trajectory files (histories as `audit.probe.run_probe`
-    takes them); the summary, with the `endpoint` block."""
+    takes them); the summary, with the `endpoint` block. `grounding`: the served model shown a
+    memory of real responses and/or in the hybrid with a lookup (`audit.memory`; the summary
+    names it and adds the `world_model` block)."""
     asker = _Asker(client, concurrency, progress)
-    return run_probe(inputs, out_dir, None, opts, limit, label=client.label, steps=steps,
-                     histories=histories, answer_batch=asker,
-                     extra=lambda: {"endpoint": endpoint_block(client, asker.answers,
-                                                               concurrency)})
+
+    def extra() -> dict[str, Any]:
+        return {"endpoint": endpoint_block(client, asker.answers, concurrency)}
+
+    if grounding is None or not grounding.active:
+        return run_probe(inputs, out_dir, None, opts, limit, label=client.label, steps=steps,
+                         histories=histories, answer_batch=asker, extra=extra)
+    answer, block = grounding.wrap(asker)
+    return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(client.label),
+                     steps=steps, histories=histories, answer_batch=answer,  # type: ignore[arg-type]
+                     task_ids=True, extra=lambda: {**extra(), **block()})
 
 
 def _progress(done: int, total: int) -> None:

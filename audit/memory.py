@@ -1,0 +1,329 @@
+"""A memory of real responses: similar training calls and what the real environment returned.
+
+    memory = ResponseMemory.from_file("train.jsonl")    # envace data export-real --split train
+    memory.similar("cd", {"folder": "docs"}, task_id="multi_turn_base_7", k=3)   # entries
+    note = render_note(memory.similar(...))             # the block the world model is shown
+    memory.exact("cd", {"folder": "docs"}, task_id)     # the lookup's exact answer, or None
+
+Two world models of issue #17 are built on it, both scored by the audit like any other:
+
+- **with a memory** (``envace probe --memory train.jsonl [--memory-k 3]``): before the open tool
+  header of every request, the model is shown a note, one system message appended to the
+  conversation (:func:`with_note`), listing the k most similar training calls of the same tool
+  and the real response each got (:func:`render_note`);
+- **the hybrid** (``envace probe --hybrid train.jsonl``): the lookup's exact answer where the
+  lookup has one for this (tool, arguments), the model elsewhere (:func:`hybrid_batch`).
+
+Where the memory comes from. Only from a file of real trajectories of the **train** split
+(``envace data export-real --split train``): :meth:`ResponseMemory.from_file` refuses a file
+holding any trajectory whose task is not a train-split task of its environment (BFCL,
+``data/splits/train.txt``; AgentDojo, ``data/splits/agentdojo/train.txt``), so dev and test
+responses can never be shown. The calls kept are those the audit's reference world models are
+built from (``audit.pipeline.reference_triples``: answered, well-formed, not rehearsed).
+
+Never from the task's own scenario. Every entry carries its task's scenario
+(:func:`scenario_key`): BFCL tasks ``multi_turn_<category>_<n>`` share scenario ``n`` across
+their four categories (a per-turn task ``<id>@t<k>`` is its base task's); an AgentDojo task
+``<suite>/user_task_<n>`` is its own scenario. Retrieval and the exact answer skip every entry
+of the asking task's scenario (on dev and test tasks there is none: splits are by scenario).
+
+Retrieval (:meth:`ResponseMemory.similar`): among distinct (arguments, response) pairs of the
+same tool, ranked by ``rapidfuzz.fuzz.ratio`` (normalised Indel similarity, 0-100) between the
+canonical JSON of the arguments (``audit.reference.canonical_arguments``), ties by first
+appearance in the file; an identical call scores 100 and so ranks first. rapidfuzz rather than a
+scikit-learn vectorizer: arguments are short JSON values (paths, names, ids) where near-identical
+calls differ by a few characters, which an edit similarity sees and a bag of tokens does not;
+it needs no fitting or vocabulary, so a query's ranking depends on nothing but the two strings,
+and it is deterministic. A tool never seen in training gets no note.
+
+The note (:func:`render_note`; deterministic: the same entries give the same text)::
+
+    Similar calls and what the real environment returned:
+    call: cd({"folder":"docs"})
+    returned: {"current_working_directory": "docs"}
+    call: ...
+
+Arguments are cut to ``ARG_CHARS`` and responses to ``RESPONSE_CHARS`` characters (``...``
+marks a cut); entries are added while the note stays within ``max_chars`` (``NOTE_CHARS`` by
+default; :func:`note_chars` gives the local probe's budget for a prompt budget in tokens, at
+most one character per token of it, so the note never takes more than about a third of the
+prompt at BFCL's three-plus characters per token). The prompt is then cut as usual, keeping the
+latest messages, so the note, last before the open header, is always kept.
+
+Torch-free; imports rapidfuzz.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapidfuzz import fuzz
+
+from audit.canonical import canonical_text
+from audit.output import UsageError
+from audit.reference import canonical_arguments, most_common_response
+from envace.core.schema import read_trajectories
+from envace.core.worldmodel import Unanswered
+
+DEFAULT_K = 3
+ARG_CHARS = 200
+RESPONSE_CHARS = 300
+NOTE_CHARS = 1200
+NOTE_TITLE = "Similar calls and what the real environment returned:"
+_BFCL_TASK = re.compile(r"^multi_turn_[a-z_]+_(\d+)$")
+
+#: (messages, tools, tool, arguments): one request of the probe (`audit.probe.Request`)
+Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]]
+#: a batch world model: requests -> answers in order (`audit.probe.BatchAnswer`)
+BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
+#: a batch world model that is also told each request's task id (`run_probe(task_ids=True)`)
+TaskBatchAnswer = Callable[[list[Request], list[str]], list["str | Unanswered"]]
+
+
+def scenario_key(task_id: str) -> str:
+    """The scenario a task belongs to: ``bfcl:<n>`` for BFCL ``multi_turn_<category>_<n>``
+    (its four categories share it; ``@t<k>`` per-turn suffixes are dropped), else the task id
+    itself (an AgentDojo ``<suite>/user_task_<n>`` is its own scenario)."""
+    base = str(task_id).split("@t", 1)[0]
+    m = _BFCL_TASK.match(base)
+    return f"bfcl:{int(m.group(1))}" if m else base
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One real call of the training file: the call, its real response, whose task it was."""
+
+    tool: str
+    arguments: dict[str, Any]
+    response: str
+    task_id: str
+
+    @property
+    def key(self) -> str:
+        """The canonical arguments (the lookup's key)."""
+        return canonical_arguments(self.arguments)
+
+
+def _train_ids(env: str) -> set[str] | None:
+    """The train split's task ids of environment `env`; None when it has no committed splits."""
+    if env == "bfcl":
+        from envace.core.envs.tasks import split_ids
+
+        return set(split_ids("train"))
+    if env == "agentdojo":
+        from envace.core.envs.agentdojo_tasks import split_ids as agentdojo_ids
+
+        return set(agentdojo_ids("train"))
+    return None
+
+
+def split_violations(tasks: Sequence[tuple[str, str]]) -> list[str]:
+    """Which of the `(environment, task id)` pairs are not train-split tasks, one line each."""
+    bad: list[str] = []
+    known: dict[str, set[str] | None] = {}
+    for env, task in tasks:
+        if env not in known:
+            known[env] = _train_ids(env)
+        ids = known[env]
+        base = str(task).split("@t", 1)[0]
+        if ids is None:
+            bad.append(f"{task} ({env} has no committed splits)")
+        elif base not in ids:
+            bad.append(f"{task} (not in the {env} train split)")
+    return bad
+
+
+class ResponseMemory:
+    """Real training calls, retrievable by similarity and by identity (see the module doc)."""
+
+    def __init__(self, entries: Sequence[Entry], source: str | None = None) -> None:
+        self.entries = list(entries)
+        self.source = source
+        # tool -> distinct (key, canonical response) pairs in first-seen order, each with the
+        # raw entry first seen and every scenario it occurs in
+        self._pairs: dict[str, dict[tuple[str, str], tuple[Entry, set[str]]]] = defaultdict(dict)
+        self._calls: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+        for e in self.entries:
+            scen = scenario_key(e.task_id)
+            pair = (e.key, canonical_text(e.response))
+            first, scenarios = self._pairs[e.tool].setdefault(pair, (e, set()))
+            scenarios.add(scen)
+            self._calls[(e.tool, e.key)].append((scen, e.response))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ResponseMemory:
+        """The memory of a train-split real trajectory file; `UsageError` (one line) when a
+        trajectory's task is not a train-split task, or when nothing in it is usable."""
+        entries: list[Entry] = []
+        tasks: list[tuple[str, str]] = []
+        try:
+            for item in read_trajectories(path):
+                traj = item.trajectory
+                if traj is None:
+                    continue
+                tasks.append((str(traj.env.get("name")), traj.task_id))
+                for st in traj.tool_steps():
+                    if (st.arguments is not None and st.response is not None
+                            and not st.response.rehearsed):
+                        entries.append(Entry(st.tool, dict(st.arguments),
+                                             st.response.content or "", traj.task_id))
+        except OSError as exc:
+            raise UsageError(f"cannot read memory file {path}: {exc.strerror or exc}") from None
+        bad = split_violations(tasks)
+        if bad:
+            raise UsageError(
+                f"memory file {path}: {len(bad)} of {len(tasks)} trajectories are not train-split "
+                f"tasks (first: {bad[0]}); a memory of real responses is built only from the "
+                "train split: envace data export-real --split train --out train.jsonl")
+        if not entries:
+            raise UsageError(f"memory file {path} holds no answered real call")
+        return cls(entries, str(path))
+
+    def similar(self, tool: str, arguments: Any, task_id: str | None = None,
+                k: int = DEFAULT_K) -> list[Entry]:
+        """At most `k` distinct (arguments, response) pairs of `tool` from other scenarios than
+        `task_id`'s, most similar arguments first (ties: first seen); an identical call first."""
+        if k <= 0:
+            return []
+        own = None if task_id is None else scenario_key(task_id)
+        query = canonical_arguments(arguments)
+        scored = []
+        for index, ((key, _), (entry, scenarios)) in enumerate(self._pairs.get(tool, {}).items()):
+            if own is not None and scenarios <= {own}:
+                continue
+            scored.append((-fuzz.ratio(query, key), index, entry))
+        scored.sort(key=lambda s: (s[0], s[1]))
+        return [entry for _, _, entry in scored[:k]]
+
+    def exact(self, tool: str, arguments: Any, task_id: str | None = None) -> str | None:
+        """The lookup's answer to the identical call (`audit.reference` ``lookup``: the most
+        common response, ties to the first seen), from other scenarios than `task_id`'s; None
+        when no other scenario made this call."""
+        own = None if task_id is None else scenario_key(task_id)
+        seen = [r for scen, r in self._calls.get((tool, canonical_arguments(arguments)), ())
+                if scen != own]
+        return most_common_response(seen) if seen else None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def render_note(entries: Sequence[Entry], max_chars: int = NOTE_CHARS) -> str:
+    """The note shown to the world model (module doc); "" when no entry fits or none is given."""
+    lines: list[str] = []
+    size = len(NOTE_TITLE)
+    for e in entries:
+        item = (f"call: {e.tool}({_cut(e.key, ARG_CHARS)})\n"
+                f"returned: {_cut(e.response, RESPONSE_CHARS)}")
+        if size + 1 + len(item) > max_chars:
+            break
+        lines.append(item)
+        size += 1 + len(item)
+    return "\n".join([NOTE_TITLE, *lines]) if lines else ""
+
+
+def note_chars(budget_tokens: int) -> int:
+    """The note's character budget for a prompt budget of `budget_tokens` tokens."""
+    return max(0, min(NOTE_CHARS, int(budget_tokens)))
+
+
+def with_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    """The conversation with the note as a last system message (unchanged when `note` is "")."""
+    return [*messages, {"role": "system", "content": note}] if note else list(messages)
+
+
+def memory_batch(inner: BatchAnswer, memory: ResponseMemory, k: int = DEFAULT_K,
+                 max_chars: int = NOTE_CHARS) -> TaskBatchAnswer:
+    """`inner` shown the memory: each request's conversation gains the note of its call's `k`
+    most similar training calls (never from the request's own scenario)."""
+
+    def answer(requests: list[Request], task_ids: list[str]) -> list[str | Unanswered]:
+        shown = []
+        for (messages, tools, tool, arguments), task in zip(requests, task_ids, strict=True):
+            note = render_note(memory.similar(tool, arguments, task, k), max_chars)
+            shown.append((with_note(messages, note), tools, tool, arguments))
+        return inner(shown)
+
+    return answer
+
+
+def task_blind(inner: BatchAnswer) -> TaskBatchAnswer:
+    """A batch world model that ignores the task ids it is given."""
+    return lambda requests, task_ids: inner(requests)
+
+
+def hybrid_batch(inner: TaskBatchAnswer, memory: ResponseMemory,
+                 tally: dict[str, int] | None = None) -> TaskBatchAnswer:
+    """The lookup's exact answer where it has one for the call (`ResponseMemory.exact`), else
+    `inner`'s (asked only for those requests). `tally` counts ``lookup`` and ``model``
+    answers."""
+
+    def answer(requests: list[Request], task_ids: list[str]) -> list[str | Unanswered]:
+        out: list[str | Unanswered | None] = [memory.exact(r[2], r[3], t)
+                                               for r, t in zip(requests, task_ids, strict=True)]
+        ask = [i for i, a in enumerate(out) if a is None]
+        if ask:
+            got = inner([requests[i] for i in ask], [task_ids[i] for i in ask])
+            if len(got) != len(ask):
+                raise ValueError(f"world model gave {len(got)} answers for {len(ask)} requests")
+            for i, a in zip(ask, got, strict=True):
+                out[i] = a
+        if tally is not None:
+            tally["lookup"] = tally.get("lookup", 0) + len(requests) - len(ask)
+            tally["model"] = tally.get("model", 0) + len(ask)
+        return out  # type: ignore[return-value]
+
+    return answer
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How a base world model is grounded: shown a `memory` (k entries per call, notes of at
+    most `max_chars`) and/or wrapped in the `hybrid` with a lookup of `hybrid`'s calls."""
+
+    memory: ResponseMemory | None = None
+    k: int = DEFAULT_K
+    hybrid: ResponseMemory | None = None
+    max_chars: int = NOTE_CHARS
+
+    @property
+    def active(self) -> bool:
+        """Whether anything wraps the base world model."""
+        return self.memory is not None or self.hybrid is not None
+
+    def label(self, base: str) -> str:
+        """The summary's `audited_model`: ``BASE+memory(k=K)``, ``hybrid(lookup,BASE)``, or
+        both as ``hybrid(lookup,BASE+memory(k=K))``."""
+        name = f"{base}+memory(k={self.k})" if self.memory is not None else base
+        return f"hybrid(lookup,{name})" if self.hybrid is not None else name
+
+    def wrap(self, base: BatchAnswer) -> tuple[TaskBatchAnswer, Callable[[], dict[str, Any]]]:
+        """The grounded batch world model (asked with task ids: `run_probe(task_ids=True)`) and
+        the summary's `world_model` block, asked once the probe is done."""
+        answer = (memory_batch(base, self.memory, self.k, self.max_chars)
+                  if self.memory is not None else task_blind(base))
+        tally: dict[str, int] = {"lookup": 0, "model": 0}
+        if self.hybrid is not None:
+            answer = hybrid_batch(answer, self.hybrid, tally)
+
+        def block() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            if self.memory is not None:
+                out["memory"] = {"file": self.memory.source, "k": self.k,
+                                 "calls": len(self.memory), "note_chars": self.max_chars}
+            if self.hybrid is not None:
+                out["hybrid"] = {"file": self.hybrid.source, "calls": len(self.hybrid),
+                                 "answered_by_lookup": tally["lookup"],
+                                 "answered_by_model": tally["model"]}
+            return {"world_model": out}
+
+        return answer, block

@@ -60,7 +60,7 @@ def _list(kind: str, items: list[dict], fmt: str) -> None:
     for item in items[:SHOWN]:
         print(f"  {kind} " + fmt.format(**item), file=sys.stderr)
     if len(items) > SHOWN:
-        print(f"  ... and {len(items) - SHOWN} more {kind} (see summary.json)", file=sys.stderr)
+        print(f"  ... and {len(items) - SHOWN} more {kind} (see {AUDIT.summary})", file=sys.stderr)
 
 
 def _finish(summary: dict, out: str) -> int:
@@ -71,7 +71,8 @@ def _finish(summary: dict, out: str) -> int:
             else f"rehearsed steps ({c.get('scored_steps', '?')})")
     print(f"audited {c['trajectories']} trajectories, {c['steps']} tool calls "
           f"({c['malformed_calls']} malformed, {c['unanswered_steps']} unanswered); "
-          f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> {out}/report.md")
+          f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> "
+          f"{Path(out) / AUDIT.report}")
     if summary.get("determinism_warning"):
         print(f"  warning: {summary['determinism_warning']}", file=sys.stderr)
     _list("skipped", summary["skipped_records"], "{file}:{line}: {reason}")

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, create_model
 
+from envace.core.layout import AUDIT
+
 SUMMARY_VERSION = "envace.audit/2"  # /2: statistics over rehearsed steps, trajectory bootstrap
 SCHEMA_PREFIX = "envace.audit/"
 
@@ -202,7 +204,7 @@ def summary_data(summary: dict[str, Any]) -> dict[str, Any]:
     return AuditSummary.model_validate(summary).dump()
 
 
-def read_summary_data(data: Any, where: str = "summary.json"
+def read_summary_data(data: Any, where: str = AUDIT.summary
                       ) -> tuple[AuditSummary | None, list[dict[str, Any]]]:
     """Lenient reading of a decoded ``summary.json``: a field of the wrong type is dropped and
     named in a skipped-record entry (file ``where``), never trusted. None when it is not a

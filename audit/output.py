@@ -93,7 +93,7 @@ def is_earlier_output(out: Path, kind: str) -> tuple[bool, str]:
         return True, ""
     if AUDIT.steps in names:  # an audit whose summary.json is missing or damaged
         return True, ""
-    return False, "it holds no envace-audit summary.json or steps.jsonl"
+    return False, f"it holds no envace-audit {AUDIT.summary} or {AUDIT.steps}"
 
 
 def check_inputs(out: Path, inputs: Iterable[str | os.PathLike[str]],

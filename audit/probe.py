@@ -37,6 +37,7 @@ from audit.pipeline import reference_triples
 from audit.population import assign_depths
 from audit.replay import (
     MAX_HISTORY_CHARS,
+    RealCalls,
     ReplayError,
     TrajectoryAudit,
     _message_text,
@@ -188,8 +189,7 @@ def probe_steps(
         return _real_tool_message(m, *real[step])
 
     records: list[dict[str, Any]] = []
-    unknown: list[str] = []
-    offered = env.tool_names() if hasattr(env, "tool_names") else None
+    calls = RealCalls(env)
     for index, m in enumerate(traj.messages):
         answered = answer_of.get(id(m))
         if answered is not None and answered.step in real:
@@ -211,14 +211,7 @@ def probe_steps(
                     rehearsed = reply
                 if rehearsed is not None:
                     own[st.step] = str(rehearsed)
-            if st.malformed is not None:
-                actual_text = f"Error during execution: malformed call: {st.malformed}"
-                actual_error = True
-            else:
-                if offered is not None and st.tool not in offered:
-                    unknown.append(st.tool)
-                res = env.execute(st.tool, st.arguments)
-                actual_text, actual_error = res.content, res.error
+            actual_text, actual_error = calls.execute(st)
             real[st.step] = (actual_text, actual_error)
             if asked:
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
@@ -228,10 +221,7 @@ def probe_steps(
                 if why is not None:
                     records[-1]["unanswered_reason"] = why
     assign_depths(records)
-    warnings = []
-    if unknown:
-        warnings.append(f"calls tools the task does not have: {', '.join(sorted(set(unknown)))}")
-    return TrajectoryAudit(records, warnings, trajectory_row(traj, records))
+    return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
 
 
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,

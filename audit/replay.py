@@ -70,6 +70,31 @@ def _message_text(m: Any) -> str:
     return "\n".join(parts)
 
 
+class RealCalls:
+    """The real environment's answers to one trajectory's calls, executed in order from its
+    reset state: a malformed call answers an error without running; a call of a tool the task
+    does not offer runs and is named in the trajectory's warnings."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.offered = env.tool_names() if hasattr(env, "tool_names") else None
+        self.unknown: list[str] = []
+
+    def execute(self, st: Any) -> tuple[str, bool]:
+        """(text, is an error) of the real response to tool step ``st``."""
+        if st.malformed is not None:
+            return f"Error during execution: malformed call: {st.malformed}", True
+        if self.offered is not None and st.tool not in self.offered:
+            self.unknown.append(st.tool)
+        res = self.env.execute(st.tool, st.arguments)
+        return res.content, res.error
+
+    def warnings(self) -> list[str]:
+        if not self.unknown:
+            return []
+        return [f"calls tools the task does not have: {', '.join(sorted(set(self.unknown)))}"]
+
+
 def replay_trajectory(
     traj: Trajectory,
     settings: AuditSettings,
@@ -81,20 +106,13 @@ def replay_trajectory(
     steps = traj.tool_steps()
     history: list[str] = []
     seen_upto = 0
-    records, unknown_tools = [], []
-    offered = env.tool_names() if hasattr(env, "tool_names") else None
+    records: list[dict[str, Any]] = []
+    calls = RealCalls(env)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
             history.append(_message_text(m))
         seen_upto = st.message_index + 1
-        if st.malformed is not None:
-            actual_text = f"Error during execution: malformed call: {st.malformed}"
-            actual_error = True
-        else:
-            if offered is not None and st.tool not in offered:
-                unknown_tools.append(st.tool)
-            res = env.execute(st.tool, st.arguments)
-            actual_text, actual_error = res.content, res.error
+        actual_text, actual_error = calls.execute(st)
         resp = st.response
         if override is not None:
             rehearsed = override(st.tool, st.arguments or {})
@@ -108,11 +126,7 @@ def replay_trajectory(
                           env, history_text, settings)
         records.append(rec)
     assign_depths(records)
-    warnings = []
-    if unknown_tools:
-        names = ", ".join(sorted(set(unknown_tools)))
-        warnings.append(f"calls tools the task does not have: {names}")
-    return TrajectoryAudit(records, warnings, trajectory_row(traj, records))
+    return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
 
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,

@@ -29,6 +29,16 @@ def _ci(ci: Any, pct: bool = True) -> str:
     return f" [{_fmt(ci[0], pct)}, {_fmt(ci[1], pct)}]"
 
 
+def _save(fig: Any, out: Path, name: str) -> str:
+    """Write a finished figure as ``out/name`` and close it; return ``name``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
     import matplotlib
 
@@ -47,10 +57,7 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.plot(d, rate, marker="o")
         ax.set(xlabel="depth (0 = first rehearsed step)", ylabel="divergence rate", ylim=(0, 1),
                title="Divergence by depth (95% trajectory-bootstrap CI)")
-        fig.tight_layout()
-        fig.savefig(out / AUDIT.depth_plot, dpi=110)
-        plt.close(fig)
-        made.append(AUDIT.depth_plot)
+        made.append(_save(fig, out, AUDIT.depth_plot))
     km = (s.get("first_divergence") or {}).get("rows") or []
     if km:
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -58,10 +65,7 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.set(xlabel="depth (0 = first rehearsed step)", ylabel="P(no divergence yet)",
                ylim=(0, 1.02),
                title="First-divergence survival (Kaplan–Meier)")
-        fig.tight_layout()
-        fig.savefig(out / AUDIT.survival_plot, dpi=110)
-        plt.close(fig)
-        made.append(AUDIT.survival_plot)
+        made.append(_save(fig, out, AUDIT.survival_plot))
     tools = s.get("by_tool") or {}
     if tools:
         items = sorted(tools.items(), key=lambda kv: -kv[1]["n"])[:20]
@@ -69,10 +73,7 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.barh([k for k, _ in items], [v["divergence_rate"] for _, v in items])
         ax.invert_yaxis()
         ax.set(xlabel="divergence rate", xlim=(0, 1), title="Divergence by tool (most used)")
-        fig.tight_layout()
-        fig.savefig(out / AUDIT.tools_plot, dpi=110)
-        plt.close(fig)
-        made.append(AUDIT.tools_plot)
+        made.append(_save(fig, out, AUDIT.tools_plot))
     hist = (s.get("history") or {}).get("by_depth") or []
     if hist:
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -87,10 +88,7 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
         ax.set(xlabel="depth (0 = first probed call)", ylabel="divergence rate", ylim=(0, 1),
                title="The same calls, real vs own history (95% CI)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / AUDIT.history_plot, dpi=110)
-        plt.close(fig)
-        made.append(AUDIT.history_plot)
+        made.append(_save(fig, out, AUDIT.history_plot))
     return made
 
 

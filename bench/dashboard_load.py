@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from envace.core.layout import AUDIT  # noqa: E402  (this checkout's, by the path above)
+
 OUT = ROOT / "bench" / "results" / "dashboard_load.json"
 
 
@@ -57,11 +60,11 @@ def make_source(work: Path) -> Path:
 
 def replicate(src: Path, dst: Path, n_steps: int) -> int:
     """Copy ``src``'s steps (and trajectory rows) until ``n_steps`` steps; returns the count."""
-    steps = (src / "steps.jsonl").read_text().splitlines()
-    trajs = (src / "trajectories.jsonl").read_text().splitlines()
+    steps = (src / AUDIT.steps).read_text().splitlines()
+    trajs = (src / AUDIT.trajectories).read_text().splitlines()
     dst.mkdir(parents=True, exist_ok=True)
     written, copy = 0, 0
-    with open(dst / "steps.jsonl", "w") as fs, open(dst / "trajectories.jsonl", "w") as ft:
+    with open(dst / AUDIT.steps, "w") as fs, open(dst / AUDIT.trajectories, "w") as ft:
         while written < n_steps:
             for line in steps:
                 if written >= n_steps:
@@ -75,9 +78,9 @@ def replicate(src: Path, dst: Path, n_steps: int) -> int:
                 rec["trajectory_id"] = f"{rec['trajectory_id']}#{copy}"
                 ft.write(json.dumps(rec) + "\n")
             copy += 1
-    summary = json.loads((src / "summary.json").read_text())
+    summary = json.loads((src / AUDIT.summary).read_text())
     summary["counts"]["steps"] = summary["counts"]["answered_steps"] = written
-    (dst / "summary.json").write_text(json.dumps(summary))
+    (dst / AUDIT.summary).write_text(json.dumps(summary))
     return written
 
 
@@ -139,7 +142,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     src = args.source or make_source(work)
     n = replicate(src, work / "root" / "big", args.steps)
-    size = (work / "root" / "big" / "steps.jsonl").stat().st_size
+    size = (work / "root" / "big" / AUDIT.steps).stat().st_size
     res = {"steps": n, "steps_jsonl_mb": round(size / 2**20, 1),
            **bench_readers(work / "root" / "big"), **bench_pages(work / "root")}
     res = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envace.core.layout import AUDIT, RUN
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SFT = ROOT / "data" / "models" / "tiny-sft"
 BUDGET_S = {"gpu": 450.0, "dry": 300.0}  # the whole check; each stage also has its own cap
@@ -150,8 +152,8 @@ def _train_cmd(ctx: Context) -> list[str]:
 def _train_collect(ctx: Context, res: dict[str, Any]) -> None:
     res.update(_read_json(ctx.scratch / "train.json"))
     run = ctx.scratch / "runs" / "gpu-check"
-    rows = _jsonl(run / "metrics.jsonl")
-    for name in ("metrics.jsonl", "report.md"):
+    rows = _jsonl(run / RUN.metrics)
+    for name in (RUN.metrics, RUN.report):
         if (run / name).exists():
             shutil.copy(run / name, ctx.out / f"train_{name}")
     res["steps_done"] = len(rows)
@@ -167,14 +169,14 @@ def _train_collect(ctx: Context, res: dict[str, Any]) -> None:
             "fidelity": [{k: v for k, v in r.items() if k.startswith("fidelity/")}
                          for r in rows]})
         res["fidelity_logged"] = all("fidelity/divergence_rate" in r for r in rows)
-    audits = sorted(p.parent.name for p in (run / "audit").glob("step_*/summary.json"))
+    audits = sorted(p.parent.name for p in (run / RUN.audit).glob(f"step_*/{AUDIT.summary}"))
     res["audited_steps"] = len(audits)
     for split in ("dev", "dev_rehearsed"):
-        summ = run / "eval" / split / "summary.json"
+        summ = RUN.eval_dir(run, split) / RUN.eval_summary
         if summ.exists():
             res[f"eval_{split}"] = _scalars(_read_json(summ))
-    res["checkpoints"] = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
-    if not rows or not res.get("fidelity_logged") or not (run / "report.md").exists():
+    res["checkpoints"] = sorted(p.name for p in (run / RUN.checkpoints).glob("step_*"))
+    if not rows or not res.get("fidelity_logged") or not (run / RUN.report).exists():
         res["status"] = "failed"
 
 

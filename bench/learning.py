@@ -25,18 +25,19 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import table, write_result
+from envace.core.layout import AUDIT, RUN
 
 
 def eval_split(run: Path) -> str:
     import yaml
 
-    return (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("eval_split", "dev")
+    return (yaml.safe_load((run / RUN.config).read_text()) or {}).get("eval_split", "dev")
 
 
 def per_task(run: Path) -> dict[str, tuple[float, float]]:
     """Mean reward and success per evaluated task (over its samples, ``eval_seeds``)."""
     acc: dict[str, list[tuple[float, bool]]] = {}
-    path = run / "eval" / eval_split(run) / "trajectories.jsonl"
+    path = RUN.eval_dir(run, eval_split(run)) / RUN.eval_trajectories
     for line in path.read_text().splitlines():
         r = json.loads(line)
         acc.setdefault(r["task_id"], []).append(
@@ -63,7 +64,7 @@ def boot_diff(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0)
 
 def step_rewards(run: Path) -> list[list[float]]:
     out = []
-    files = sorted((run / "rollouts").glob("step_*.jsonl"), key=lambda f: int(f.stem[5:]))
+    files = sorted((run / RUN.rollouts).glob("step_*.jsonl"), key=lambda f: int(f.stem[5:]))
     for f in files:
         out.append([float(json.loads(x).get("reward") or 0.0)
                     for x in f.read_text().splitlines() if x.strip()])
@@ -71,7 +72,7 @@ def step_rewards(run: Path) -> list[list[float]]:
 
 
 def fidelity(run: Path) -> dict:
-    path = run / "eval" / f"{eval_split(run)}_rehearsed" / "audit" / "summary.json"
+    path = RUN.eval_dir(run, f"{eval_split(run)}_rehearsed") / RUN.audit / AUDIT.summary
     if not path.exists():
         return {}
     s = json.loads(path.read_text())
@@ -105,16 +106,16 @@ def main() -> None:
         b = [cur[t][0] for t in tasks]
         sa = [base[t][1] for t in tasks]
         sb = [cur[t][1] for t in tasks]
-        metrics = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+        metrics = [json.loads(x) for x in (Path(run) / RUN.metrics).read_text().splitlines()]
         per_step = step_rewards(Path(run))
         k = max(1, len(per_step) // 3)
         first = [r for step in per_step[:k] for r in step]
         last = [r for step in per_step[-k:] for r in step]
         cfg = {}
-        if (Path(run) / "config.yaml").exists():
+        if (Path(run) / RUN.config).exists():
             import yaml
 
-            cfg = yaml.safe_load((Path(run) / "config.yaml").read_text())
+            cfg = yaml.safe_load((Path(run) / RUN.config).read_text())
         res["runs"][run] = {
             "mode": cfg.get("mode"), "reward": cfg.get("reward"), "lr": cfg.get("lr"),
             "eval_split": cfg.get("eval_split"), "train_tasks": cfg.get("train_tasks"),

@@ -28,6 +28,7 @@ import numpy as np
 
 from bench.learning import boot_diff, paired_ci, step_rewards
 from bench.machine import table, write_result
+from envace.core.layout import RUN
 from envace.evaluation.evaluate import EvalSettings, evaluate
 from envace.model.models import load_model
 from envace.training.config import TrainConfig, load_config
@@ -36,7 +37,7 @@ from envace.training.train_report import eval_tasks
 
 def per_task(out: Path) -> dict[str, tuple[float, float]]:
     acc: dict[str, list[tuple[float, bool]]] = {}
-    for line in (out / "trajectories.jsonl").read_text().splitlines():
+    for line in (out / RUN.eval_trajectories).read_text().splitlines():
         r = json.loads(line)
         acc.setdefault(r["task_id"], []).append(
             (float(r.get("reward") or 0.0), bool(r["meta"].get("success"))))
@@ -45,7 +46,7 @@ def per_task(out: Path) -> dict[str, tuple[float, float]]:
 
 
 def last_checkpoint(run: Path) -> Path:
-    steps = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    steps = sorted((run / RUN.checkpoints).glob("step_*"), key=lambda p: int(p.name[5:]))
     return steps[-1] / "policy"
 
 
@@ -61,7 +62,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="envace-reeval-"))
     res, rows = {"seeds": args.seeds, "conditions": args.conditions, "runs": {}}, []
     for run in map(Path, args.runs):
-        cfg = load_config(TrainConfig, run / "config.yaml", [], drop_removed=True)
+        cfg = load_config(TrainConfig, run / RUN.config, [], drop_removed=True)
         s = settings(cfg, args.seeds, args.conditions)
         found = {}
         for label, path in (("start", Path(cfg.model)), ("trained", last_checkpoint(run))):

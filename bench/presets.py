@@ -47,6 +47,7 @@ from audit.scorers import ScoreContext, score_step
 from bench.machine import RESULTS, table, write_result
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import export_real
+from envace.core.layout import AUDIT, RUN
 from envace.core.schema import TrajectoryWriter
 
 SCORERS = ["exact", "json_f1", "error_agreement"]
@@ -215,7 +216,7 @@ def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path
     probe_model(model, tok, [str(dev_file)], out_dir, opts, context, args.rehearse_tokens,
                 steps=steps, label=name, batch_size=args.batch)
     t_reh = time.perf_counter() - t0
-    rows = [json.loads(x) for x in (out_dir / "steps.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out_dir / AUDIT.steps).read_text().splitlines()]
     n = len(rows)
     groups = [r["trajectory_id"] for r in rows]
     act_groups = [a["trajectory_id"] for a in act]
@@ -278,13 +279,13 @@ def free_running(path: Path, tasks: int, train_file: Path, work: Path, ctx: int,
     if r.returncode != 0:
         return {"error": f"envace rollout failed: {r.stderr[-800:]}"}
     t_roll = time.perf_counter() - t0
-    audit_dir = work / "audit"
+    audit_dir = work / RUN.audit
     r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "replay", str(roll),
                         "--reference", str(train_file), "--scorers", *SCORERS,
                         "--out", str(audit_dir)], capture_output=True, text=True, env=env)
     if r.returncode not in (0, 3):
         return {"error": f"envace-audit replay failed: {r.stderr[-800:]}"}
-    s = json.loads((audit_dir / "summary.json").read_text())
+    s = json.loads((audit_dir / AUDIT.summary).read_text())
     c = s["counts"]
     sk = (s.get("skill") or {}).get("by_scorer") or {}
     return {

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from envace.core.layout import RUN
     from envace.training.config import TrainConfig, load_config, to_dict
     from envace.training.train import step_timer
     from envace.training.train_setup import build_policy, training_pool
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(TrainConfig, a.config,
                       [*a.overrides, f"output_dir={out.parent}", f"run_name={out.name}"])
     run_dir = cfg.run_dir
-    for sub in ("rollouts", "audit"):
+    for sub in (RUN.rollouts, RUN.audit):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     print(f"[profile] {a.config} -> {run_dir}; torch {torch.__version__}, "

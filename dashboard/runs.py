@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envace.core.layout import AUDIT
+from envace.core.layout import AUDIT, RUN
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "report.md", "rollouts", "audit", "eval",
-               "checkpoints", "RUNNING")
+RUN_MARKERS = RUN.markers
 AUDIT_MARKERS = AUDIT.markers
-HEARTBEATS = ("metrics.jsonl", "heartbeat", "HEARTBEAT", "heartbeat.json", "RUNNING")
+# files a live run keeps touching; "HEARTBEAT" and "heartbeat.json" are older trainers' names
+HEARTBEATS = (RUN.metrics, RUN.heartbeat, "HEARTBEAT", "heartbeat.json", RUN.running)
 RUNNING_WINDOW_S = 120.0
 MAX_DEPTH = 3
 _STEP = re.compile(r"step_(\d+)$")
@@ -62,7 +62,7 @@ class Run:
 
     @property
     def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / RUN.metrics
 
     @property
     def latest_audit(self) -> Audit | None:
@@ -75,9 +75,9 @@ def is_audit_dir(p: Path) -> bool:
 
 def is_eval_dir(p: Path) -> bool:
     """``envace eval``'s output: summary.json beside trajectories (plans, commits), no steps."""
-    return ((p / "summary.json").is_file() and not (p / "steps.jsonl").is_file()
-            and not (p / "metrics.jsonl").exists()
-            and any((p / f).is_file() for f in ("trajectories.jsonl", "plans.jsonl")))
+    return ((p / RUN.eval_summary).is_file() and not (p / AUDIT.steps).is_file()
+            and not (p / RUN.metrics).exists()
+            and any((p / f).is_file() for f in (RUN.eval_trajectories, RUN.plans)))
 
 
 def is_run_dir(p: Path) -> bool:
@@ -138,7 +138,7 @@ def _runner(p: Path) -> tuple[int, str] | None:
     """(pid, host) from the ``RUNNING`` marker the trainer writes (JSON); None for an older
     marker (a time stamp) or an unreadable one."""
     try:
-        data = json.loads((p / "RUNNING").read_text(encoding="utf-8"))
+        data = json.loads((p / RUN.running).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):
@@ -152,9 +152,9 @@ def _runner(p: Path) -> tuple[int, str] | None:
 def run_status(p: Path, now: float | None = None) -> str:
     """finished / running / died, read from the files (see the module docstring): the
     heartbeat and the PID are checked before the ``RUNNING`` marker is believed."""
-    if (p / "report.md").is_file():
+    if (p / RUN.report).is_file():
         return "finished"
-    runner = _runner(p) if (p / "RUNNING").exists() else None
+    runner = _runner(p) if (p / RUN.running).exists() else None
     if runner is not None and runner[1] == socket.gethostname() and not _pid_alive(runner[0]):
         return "died"  # its process is gone without a clean end
     now = time.time() if now is None else now
@@ -167,23 +167,23 @@ def describe(root: Path, p: Path) -> Run:
     """What a directory holds, as a :class:`Run`."""
     name = "." if p == root else str(p.relative_to(root))
     if is_eval_dir(p):
-        audits = [Audit("audit", p / "audit")] if is_audit_dir(p / "audit") else []
+        audits = [Audit("audit", p / RUN.audit)] if is_audit_dir(p / RUN.audit) else []
         return Run(name, p, "eval", "eval", audits, [p], modified=_mtime(p))
-    if is_audit_dir(p) and not (p / "audit").is_dir():
+    if is_audit_dir(p) and not (p / RUN.audit).is_dir():
         return Run(name, p, "audit", "audit", [Audit("audit", p)], modified=_mtime(p))
     if not is_run_dir(p):
         return Run(name, p, "empty", "empty", modified=_mtime(p))
-    audits = [Audit("audit", p / "audit")] if is_audit_dir(p / "audit") else []
-    for d in _subdirs(p / "audit"):
+    audits = [Audit("audit", p / RUN.audit)] if is_audit_dir(p / RUN.audit) else []
+    for d in _subdirs(p / RUN.audit):
         if is_audit_dir(d):
             audits.append(Audit(d.name, d, _step_of(d.name)))
     audits.sort(key=lambda a: (a.step is None, a.step if a.step is not None else 0, a.label))
     rollouts = {}
-    if (p / "rollouts").is_dir():
-        for f in sorted((p / "rollouts").glob("step_*.jsonl")):
+    if (p / RUN.rollouts).is_dir():
+        for f in sorted((p / RUN.rollouts).glob("step_*.jsonl")):
             if (s := _step_of(f.stem)) is not None:
                 rollouts[s] = f
-    evals = [d for d in _subdirs(p / "eval")]
+    evals = [d for d in _subdirs(p / RUN.eval)]
     mod = max([_mtime(p)] + [_mtime(p / h) for h in HEARTBEATS])
     return Run(name, p, "training", run_status(p), audits, evals, rollouts, mod)
 

@@ -19,6 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from envace.core.layout import AUDIT  # noqa: E402  (this checkout's, by the path above)
+
 BIN = Path(sys.executable).parent
 
 
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for cmd in commands:
             run(cmd, tmp)
-        load = lambda d: json.loads((Path(tmp) / d / "summary.json").read_text())  # noqa: E731
+        load = lambda d: json.loads((Path(tmp) / d / AUDIT.summary).read_text())  # noqa: E731
         replay = load("replay_all")
         refs = {m: figures(load(f"baseline_{m}")) for m in ("lookup", "majority")}
     from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -161,6 +162,34 @@ def test_resume_without_a_checkpoint_refuses_unless_restart_is_asked(tmp_path, c
     (run / "checkpoints" / "step_0" / "trainer_state.json").write_text('{"step": 0}')
     with pytest.raises(RunDirError, match="has checkpoint step_0"):
         plan_resume(run, restart=True)
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_simulator_endpoint_that_is_down_is_refused_before_anything_is_written(
+        tmp_path, capsys, tripwire):
+    down = f"simulator_model=http://127.0.0.1:{_closed_port()}/v1#world"
+    rc, err = _run(capsys, f"output_dir={tmp_path}", "run_name=sim", "mode=simulator", down)
+    assert rc == 2 and not tripwire, err
+    assert "simulator_model=" in err and "no usable OpenAI-compatible server" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # no run directory, no config.yaml, no RUNNING
+    # resuming (here: --restart of a run without a checkpoint) leaves the run as it was
+    run = tmp_path / "nock"
+    _finished_run(run, checkpoints=())
+    (run / "report.md").unlink()
+    cfg = load_config(TrainConfig, ROOT / "configs" / "tiny.yaml",
+                      [f"output_dir={tmp_path}", "run_name=nock", "mode=simulator", down])
+    dump_yaml(cfg, run / "config.yaml")
+    before = _snapshot(run)
+    rc, err = _run(capsys, "--resume", str(run), "--restart")
+    assert rc == 2 and not tripwire and "no usable OpenAI-compatible server" in err
+    assert _snapshot(run) == before
 
 
 # ---------------------------------------------------------------- config values

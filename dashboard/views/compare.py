@@ -16,6 +16,7 @@ from dashboard import charts, data, ui
 from dashboard.readers import read_text
 from dashboard.runs import Audit, Run
 from dashboard.safe import md
+from envace.core.layout import RUN
 
 
 def all_audits(runs: list[Run]) -> dict[str, Audit]:
@@ -119,7 +120,7 @@ def _side_by_side(a: str, audit_a: Audit, b: str, audit_b: Audit) -> None:
 
 def _config(run: Run) -> dict[str, str]:
     out = {}
-    for line in (read_text(run.path / "config.yaml") or "").splitlines():
+    for line in (read_text(run.path / RUN.config) or "").splitlines():
         if ":" in line and not line.lstrip().startswith("#"):
             k, v = line.split(":", 1)
             out[k.rstrip()] = v.strip()

@@ -33,7 +33,7 @@ def plans_of(eval_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Trajectory records with ``meta.plan`` from the JSONL files of an eval directory
     (``trajectories.jsonl`` first; a record repeated in ``plans.jsonl`` is kept once)."""
     records, notes, seen = [], [], set()
-    files = sorted(eval_dir.glob("*.jsonl"), key=lambda f: (f.name != "trajectories.jsonl",
+    files = sorted(eval_dir.glob("*.jsonl"), key=lambda f: (f.name != RUN.eval_trajectories,
                                                             f.name))
     for f in files:
         got = data.jsonl(f)
@@ -78,7 +78,7 @@ def _float(v: Any) -> float | None:
 
 
 def eval_audit(eval_dir: Path) -> Path | None:
-    for d in (eval_dir / "audit", eval_dir):
+    for d in (eval_dir / RUN.audit, eval_dir):
         if (d / AUDIT.steps).is_file() and is_audit_dir(d):
             return d
     return None
@@ -190,7 +190,7 @@ def page(run: Run) -> None:
     summ, err = data.json_file(d / RUN.eval_summary)
     if summ:
         headline(summ)
-        with st.expander("summary.json"):
+        with st.expander(RUN.eval_summary):
             st.json(summ)
     else:
         st.warning(md(err))

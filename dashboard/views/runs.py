@@ -21,6 +21,7 @@ from dashboard import data, ui
 from dashboard.readers import read_text
 from dashboard.runs import Run, describe, is_inside
 from dashboard.safe import code, md
+from envace.core.layout import AUDIT, RUN
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
@@ -102,9 +103,9 @@ def details(run: Run) -> None:
     if run.metrics.is_file():
         ui.notes(data.metrics(run.metrics).notes)
     elif run.kind == "training":
-        st.info("No metrics.jsonl yet: the run has not finished its first step.")
+        st.info(f"No {RUN.metrics} yet: the run has not finished its first step.")
     if run.kind == "eval":
-        s, err = data.json_file(run.path / "summary.json")
+        s, err = data.json_file(run.path / RUN.eval_summary)
         if s:
             st.write(f"Evaluation: success {ui.pct(_finite(s.get('success_rate')))} "
                      f"{ui.ci(s.get('success_ci'))} over {md(s.get('attempts', '–'))} attempts, "
@@ -122,28 +123,28 @@ def details(run: Run) -> None:
             st.write(f"Audit of {md(', '.join(map(str, inputs)))} · verdict "
                      f"{code(verdict.get('scorer'))} · audited model "
                      f"{md(s.get('audited_model') or 'the trajectories’ own rehearsals')}")
-    cfg = read_text(run.path / "config.yaml")
+    cfg = read_text(run.path / RUN.config)
     if run.kind == "training" and (line := ui.mode_line(cfg)):
         st.caption(line)
     left, right = st.columns(2)
-    with left, st.expander("config.yaml", expanded=cfg is not None):
-        st.code(cfg or "(no config.yaml)", language="yaml")
+    with left, st.expander(RUN.config, expanded=cfg is not None):
+        st.code(cfg or f"(no {RUN.config})", language="yaml")
     with right, st.expander("Contents", expanded=True):
         st.markdown("\n".join([
             f"- rollouts: {', '.join(f'step {s}' for s in sorted(run.rollouts)) or 'none'}",
             f"- audits: {md(', '.join(a.label for a in run.audits)) or 'none yet'}",
             f"- evaluations: {md(', '.join(e.name for e in run.evals)) or 'none'}",
             f"- checkpoints: {md(_checkpoints(run)) or 'none'}"]))
-    report = read_text(run.path / "report.md")
+    report = read_text(run.path / RUN.report)
     if report:
-        with st.expander("report.md"):
+        with st.expander(RUN.report):
             st.code(report, language="markdown", wrap_lines=True)  # text: nothing it links loads
             for png in report_images(run.path, report):
                 st.image(png.read_bytes(), caption=png.name)
 
 
 def _checkpoints(run: Run) -> str:
-    d = run.path / "checkpoints"
+    d = run.path / RUN.checkpoints
     if not d.is_dir():
         return ""
     return ", ".join(sorted(p.name for p in d.iterdir() if p.is_dir()))
@@ -156,8 +157,8 @@ if ctx.problem:
 if not ctx.runs:
     if not ctx.problem:
         st.info(f"No runs found under `{ctx.root}`: it is empty or holds no run directory "
-                "(config.yaml, metrics.jsonl, audit/) and no audit directory (summary.json, "
-                "steps.jsonl).")
+                f"({RUN.config}, {RUN.metrics}, {RUN.audit}/) and no audit directory "
+                f"({AUDIT.summary}, {AUDIT.steps}).")
     st.stop()
 
 with ui.guard("the list of runs"):

@@ -21,6 +21,7 @@ import random
 import sys
 from pathlib import Path
 
+from envace.core.layout import RUN
 from envace.core.rewards import REWARDS
 
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     ci = s["success_ci"]
     print(f"{args.split}: success {s['success_rate']:.1%} [{ci[0]:.1%}, {ci[1]:.1%}] over "
           f"{s['attempts']} attempts; rehearsal tokens/task {s['budget']['rehearsal_tokens']:.0f}"
-          f" -> {out}/summary.json")
+          f" -> {out / RUN.eval_summary}")
     return 0
 
 

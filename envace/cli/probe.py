@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envace.core.layout import AUDIT
 from envace.model.chat import IM_END, parse_assistant
 
 DEFAULT_CONTEXT = 2048
@@ -343,7 +344,7 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
               f"divergence {shown}; wrote {args.out}")
     if block["unanswered"]:
         print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
-              f"({block['unanswered_reasons']}); see unanswered_reason in steps.jsonl",
+              f"({block['unanswered_reasons']}); see unanswered_reason in {AUDIT.steps}",
               file=sys.stderr)
     return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
 

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envace.core.layout import RUN
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
@@ -48,11 +50,11 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         return 2
     if args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
-            print(f"envace train: {run_dir} is not a run directory (no config.yaml)",
+        if not (run_dir / RUN.config).exists():
+            print(f"envace train: {run_dir} is not a run directory (no {RUN.config})",
                   file=sys.stderr)
             return 2
-        config = config or str(run_dir / "config.yaml")
+        config = config or str(run_dir / RUN.config)
         overrides += [f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"]
     elif config is None:
         config = str(DEFAULT_CONFIG)

@@ -11,7 +11,7 @@ this module. Torch-free and imports nothing from envace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 
@@ -53,22 +53,43 @@ class AuditLayout:
 class RunLayout:
     """The files and folders of a training run directory (docs/spec/run_dir.md)."""
 
-    config: str = "config.yaml"
-    metrics: str = "metrics.jsonl"
-    report: str = "report.md"
-    rollouts: str = "rollouts"
-    audit: str = "audit"
-    eval: str = "eval"
-    checkpoints: str = "checkpoints"
-    running: str = "RUNNING"
-    heartbeat: str = "heartbeat"
+    config: str = "config.yaml"  #: the resolved configuration (every default filled in)
+    metrics: str = "metrics.jsonl"  #: one row per optimizer step
+    metrics_torn: str = "metrics.jsonl.truncated"  #: unparseable metrics lines (--resume)
+    metrics_before_restart: str = "metrics.jsonl.before_restart"  #: rows kept by --restart
+    report: str = "report.md"  #: the run's summary for a person; a finished run has it
+    rollouts: str = "rollouts"  #: rollouts/step_<N>.jsonl
+    audit: str = "audit"  #: audit/step_<N>/ (an audit directory); also eval/<name>/audit/
+    eval: str = "eval"  #: eval/<name>/
+    checkpoints: str = "checkpoints"  #: checkpoints/step_<N>/
+    trainer_state: str = "trainer_state.json"  #: a checkpoint's step and info (its marker)
+    trainer_tensors: str = "trainer_state.pt"  #: a checkpoint's optimizer, scheduler, RNG
+    initial_model: str = "initial_model"  #: the policy's KL anchor (kl_coef > 0)
+    initial_world_model: str = "initial_world_model"  #: a separate world model's KL anchor
+    running: str = "RUNNING"  #: JSON {"pid", "host", "started"} while the run goes
+    heartbeat: str = "heartbeat"  #: rewritten every 20 s by the live run
     eval_trajectories: str = "trajectories.jsonl"  #: eval/<name>/ (envace eval, rehearse)
-    eval_summary: str = "summary.json"
-    plans: str = "plans.jsonl"
+    eval_summary: str = "summary.json"  #: eval/<name>/: the evaluation's figures
+    plans: str = "plans.jsonl"  #: eval/<name>/ of test-time rehearsal: the rehearsed plans
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Files and folders whose presence makes a directory a training run (the dashboard)."""
+        return (self.config, self.metrics, self.report, self.rollouts, self.audit, self.eval,
+                self.checkpoints, self.running)
+
+    @property
+    def files(self) -> frozenset[str]:
+        """Every name this layout defines (docs/spec/run_dir.md lists each)."""
+        return frozenset(getattr(self, f.name) for f in fields(self))
 
     def rollout_file(self, run_dir: Path, step: int) -> Path:
         """``rollouts/step_<N>.jsonl``: the trajectories of step N."""
         return Path(run_dir) / self.rollouts / f"step_{step}.jsonl"
+
+    def checkpoint_dir(self, run_dir: Path, step: int) -> Path:
+        """``checkpoints/step_<N>/``: the checkpoint written after step N."""
+        return Path(run_dir) / self.checkpoints / f"step_{step}"
 
     def step_audit(self, run_dir: Path, step: int) -> Path:
         """``audit/step_<N>/``: the audit directory of step N's rollouts."""

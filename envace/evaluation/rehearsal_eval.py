@@ -75,7 +75,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
     plan_ids: list[list[str]] = []
     successes: list[bool] = []
     per_attempt: list[dict[str, Any]] = []
-    plans_file = out / "plans.jsonl"
+    plans_file = out / RUN.plans
     with TrajectoryWriter(out / RUN.eval_trajectories, mode="w") as w, \
             TrajectoryWriter(plans_file, mode="w") as wp:
         for seed in range(seeds):
@@ -111,9 +111,9 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
     audit = None
     fidelity: list[float] = [float("nan")] * len(successes)
     if any(plan_ids):
-        audit = run_audit([str(plans_file)], out / "audit",
+        audit = run_audit([str(plans_file)], out / RUN.audit,
                           AuditOptions(progress=False, plots=True))
-        fid = _fidelity_by_plan(out / "audit")
+        fid = _fidelity_by_plan(out / RUN.audit)
         for i, ids in enumerate(plan_ids):
             vals = [fid[x] for x in ids if x in fid]
             fidelity[i] = sum(vals) / len(vals) if vals else float("nan")
@@ -131,7 +131,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
                        for b, v in sorted(by_backend.items())},
         "budget": {key: sum(b[key] for b in budgets) / len(budgets) for key in budgets[0]}
         if budgets else {},
-        "rehearsal_audit": None if audit is None else _audit_figures(audit, out / "audit"),
+        "rehearsal_audit": None if audit is None else _audit_figures(audit, out / RUN.audit),
         "fidelity_vs_success": _relation(fidelity, successes),
         "settings": s.__dict__,
     }

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from envace.core.layout import RUN
+
 
 def rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(),
@@ -37,9 +39,8 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer:
                     extra: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint ``step`` atomically; ``optimizer_states``: each optimizer's state dict
     (``opt.state_dict()``, or the gathered whole state under FSDP)."""
-    root = run_dir / "checkpoints"
-    final = root / f"step_{step}"
-    tmp = root / f".step_{step}.tmp"
+    final = RUN.checkpoint_dir(run_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, model in models.items():
@@ -47,22 +48,22 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer:
         tokenizer.save_pretrained(tmp / name)
     torch.save({"optimizers": optimizer_states,
                 "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-                "rng": rng_state()}, tmp / "trainer_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **extra}, indent=1))
+                "rng": rng_state()}, tmp / RUN.trainer_tensors)
+    (tmp / RUN.trainer_state).write_text(json.dumps({"step": step, **extra}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     done = sorted(list_checkpoints(run_dir))
     for old in done[:-keep]:
-        shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+        shutil.rmtree(RUN.checkpoint_dir(run_dir, old), ignore_errors=True)
     return final
 
 
 def list_checkpoints(run_dir: Path) -> list[int]:
-    root = run_dir / "checkpoints"
+    root = Path(run_dir) / RUN.checkpoints
     if not root.exists():
         return []
     return sorted(int(p.name.split("_", 1)[1]) for p in root.glob("step_*")
-                  if p.name.split("_", 1)[1].isdigit() and (p / "trainer_state.json").exists())
+                  if p.name.split("_", 1)[1].isdigit() and (p / RUN.trainer_state).exists())
 
 
 def load_latest(run_dir: Path) -> dict[str, Any] | None:
@@ -76,7 +77,7 @@ def load_latest(run_dir: Path) -> dict[str, Any] | None:
 def load_checkpoint(run_dir: Path, step: int) -> dict[str, Any]:
     """Checkpoint ``step`` (an older one when the newest cannot be resumed exactly:
     ``envace.training.resume.plan_resume``): its folder, step, extra info and torch state."""
-    folder = run_dir / "checkpoints" / f"step_{step}"
-    info = json.loads((folder / "trainer_state.json").read_text())
-    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    folder = RUN.checkpoint_dir(run_dir, step)
+    info = json.loads((folder / RUN.trainer_state).read_text())
+    state = torch.load(folder / RUN.trainer_tensors, weights_only=False)
     return {"folder": folder, "step": info["step"], "info": info, **state}

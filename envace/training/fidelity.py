@@ -2,7 +2,7 @@
 
     audits = replay_rollouts(trajs, settings)             # one replay per trajectory
     rows, per_traj = rehearsed_fidelity(audits, "exact")  # metrics, grounded_lambda's reward
-    write_step_audit(run_dir / "audit" / "step_3", trajs, audits, settings, rollout_file)
+    write_step_audit(RUN.step_audit(run_dir, 3), trajs, audits, settings, rollout_file)
 
 The verifier already executes the committed calls in the real environment, so pairing each
 rehearsed response with the real one costs one replay per trajectory, and a step replays its

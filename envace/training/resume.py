@@ -3,7 +3,7 @@ continues exactly or is refused.
 
     check_new_run_dir(run_dir)                 # before anything is loaded or written
     plan = plan_resume(run_dir, restart=False) # which checkpoint to continue from, or ResumeError
-    keep_metrics(run_dir / "metrics.jsonl", plan.step)  # drop rows after it, keep bad lines aside
+    keep_metrics(run_dir / RUN.metrics, plan.step)  # drop rows after it, keep bad lines aside
 
 Exact resumption needs every step's ``metrics.jsonl`` row up to the checkpoint resumed from. A
 row that does not parse (a line torn by a kill, a hand edit) is moved to
@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envace.core.layout import RUN
 from envace.training.checkpoint import list_checkpoints
 from envace.training.config import ConfigError
 
-TORN = ".truncated"  # suffix of the file that keeps unreadable metrics lines
-BEFORE_RESTART = ".before_restart"
 HEARTBEAT_S = 20.0  # how often a live run touches <run>/heartbeat (the dashboard allows 120 s)
 
 
@@ -72,8 +71,7 @@ def _rows(path: Path) -> tuple[dict[int, str], list[str]]:
 
 def _checkpoint_info(run_dir: Path, step: int) -> dict[str, Any]:
     try:
-        info = json.loads((run_dir / "checkpoints" / f"step_{step}" / "trainer_state.json")
-                          .read_text())
+        info = json.loads((RUN.checkpoint_dir(run_dir, step) / RUN.trainer_state).read_text())
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -90,7 +88,7 @@ class ResumePlan:
 
 def plan_resume(run_dir: Path, restart: bool = False) -> ResumePlan:
     """The checkpoint an exact resumption continues from; RunDirError when there is none."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / RUN.metrics
     rows, bad = _rows(metrics)
     ckpts = list_checkpoints(run_dir)
     if restart:
@@ -126,10 +124,10 @@ def keep_metrics(path: Path, upto: int | None) -> None:
         return
     rows, bad = _rows(path)
     if bad:
-        with open(path.with_name(path.name + TORN), "a", encoding="utf-8") as fh:
+        with open(path.with_name(RUN.metrics_torn), "a", encoding="utf-8") as fh:
             fh.write("".join(f"{x}\n" for x in bad))
     if upto is None:
-        os.replace(path, path.with_name(path.name + BEFORE_RESTART))
+        os.replace(path, path.with_name(RUN.metrics_before_restart))
         return
     keep = [rows[s] for s in sorted(rows) if s <= upto]
     tmp = path.with_name(f".{path.name}.tmp")
@@ -147,7 +145,7 @@ class Heartbeat:
     dashboard tells a live run (even one inside a long step) from a dead one."""
 
     def __init__(self, run_dir: Path, every: float = HEARTBEAT_S, active: bool = True) -> None:
-        self.path = run_dir / "heartbeat"
+        self.path = run_dir / RUN.heartbeat
         self.every = every
         self.active = active  # False on ranks other than 0: nothing is written
         self._stop = threading.Event()

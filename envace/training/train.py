@@ -54,7 +54,13 @@ from envace.training.resume import (
     plan_resume,
     running_marker,
 )
-from envace.training.train_setup import Policy, build_policy, check_anchors, training_pool
+from envace.training.train_setup import (
+    Policy,
+    build_policy,
+    check_anchors,
+    served_simulator,
+    training_pool,
+)
 
 
 def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -209,7 +215,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
         episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg,
                                        policy.simulator, policy.world_model, timer=timer)
     t_roll = time.perf_counter()
-    rollout_file = run_dir / "rollouts" / f"step_{step}.jsonl"
+    rollout_file = RUN.rollout_file(run_dir, step)
     with timer.section("fidelity"):
         audit_settings = AuditSettings(list(cfg.audit_scorers), cfg.verdict_scorer)
         audits = replay_rollouts([e.trajectory for e in episodes], audit_settings)
@@ -285,7 +291,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
 
     Before anything is loaded or written (``envace.training.resume``): a new run refuses an existing
     directory; a resumed one continues exactly from a checkpoint or is refused; ``restart``
-    (with ``resume``) starts a run that has no checkpoint over from step 0."""
+    (with ``resume``) starts a run that has no checkpoint over from step 0. A served simulator
+    (``simulator_model=http://...``) is checked before anything is written too."""
     from envace.training.train_report import finish_run
 
     dist = init(cfg.sharding)
@@ -302,26 +309,28 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     else:
         check_new_run_dir(run_dir)
         state = None
-    if resume and (run_dir / "config.yaml").exists():
+    if resume and (run_dir / RUN.config).exists():
         from envace.training.train_setup import check_same_config
 
         check_same_config(run_dir, cfg)
     if state is not None:  # before anything is written: a run without its KL anchor is refused
         check_anchors(cfg, run_dir)
+    simulator = served_simulator(cfg)  # before anything is written too: a server that is down
     dist.barrier()  # every rank has read the old config before rank 0 rewrites it
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        dump_yaml(cfg, run_dir / "config.yaml")
-        (run_dir / "RUNNING").write_text(running_marker())  # removed by a clean end only
+        dump_yaml(cfg, run_dir / RUN.config)
+        (run_dir / RUN.running).write_text(running_marker())  # removed by a clean end only
     beat = Heartbeat(run_dir, active=dist.is_main).start()
     policy = None
     try:
-        policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist)
+        policy = build_policy(cfg, run_dir, state, progress=progress, dist=dist,
+                              simulator=simulator)
         if rollout is not None:
             policy.rollout = rollout
         tasks = training_pool(cfg, policy.tokenizer)
         start = 0
-        metrics = run_dir / "metrics.jsonl"
+        metrics = run_dir / RUN.metrics
         if state is not None:
             start = state["step"] + 1
             set_rng_state(state["rng"])

@@ -46,10 +46,10 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
         print(f"[train] evaluating on {len(tasks)} {cfg.eval_split} tasks (real environment, "
               "then rehearsed)", flush=True)
     t0 = time.perf_counter()
-    real = evaluate(policy.model, policy.tokenizer, tasks, run_dir / "eval" / cfg.eval_split,
+    real = evaluate(policy.model, policy.tokenizer, tasks, RUN.eval_dir(run_dir, cfg.eval_split),
                     EvalSettings(mode="real", **base), label=cfg.eval_split,
                     rollout=policy.rollout)
-    reh_dir = run_dir / "eval" / f"{cfg.eval_split}_rehearsed"
+    reh_dir = RUN.eval_dir(run_dir, f"{cfg.eval_split}_rehearsed")
     reh = evaluate(policy.model, policy.tokenizer, tasks, reh_dir,
                    EvalSettings(mode="rehearse", **base), label=f"{cfg.eval_split}_rehearsed",
                    rollout=policy.rollout)
@@ -57,9 +57,9 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
                       AuditOptions(scorers=list(cfg.audit_scorers),
                                    verdict_scorer=cfg.verdict_scorer, progress=False))
     write_report(cfg, run_dir, real, reh, audit, eval_seconds=time.perf_counter() - t0)
-    (run_dir / "RUNNING").unlink(missing_ok=True)
+    (run_dir / RUN.running).unlink(missing_ok=True)
     if progress:
-        print(f"[train] done: {run_dir}\n[train] report: {run_dir / 'report.md'}\n"
+        print(f"[train] done: {run_dir}\n[train] report: {run_dir / RUN.report}\n"
               f"[train] dashboard: envace-dashboard {run_dir.parent}", flush=True)
 
 
@@ -70,9 +70,9 @@ def _unit(cfg: TrainConfig) -> str:
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    if not (run_dir / "metrics.jsonl").exists():  # steps=0: the starting point evaluated alone
+    if not (run_dir / RUN.metrics).exists():  # steps=0: the starting point evaluated alone
         return out
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in (run_dir / RUN.metrics).read_text().splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -127,6 +127,6 @@ def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: 
               f"of per-turn tasks replays with {_f(hist.get('divergence_rate'), True)} divergence)",
               f"- end reasons (real): {real['end_reasons']}", "",
               "Per-step audits: `audit/step_<N>/`; rollouts: `rollouts/step_<N>.jsonl`."]
-    tmp = run_dir / "report.md.tmp"
+    tmp = run_dir / f"{RUN.report}.tmp"
     tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(run_dir / "report.md")
+    tmp.replace(run_dir / RUN.report)

@@ -21,6 +21,7 @@ import yaml
 
 from envace.core.envs.task_envs import env_tasks
 from envace.core.envs.tasks import Task
+from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.model.models import default_cache_dir, load_model, resolve_model
 from envace.training.checkpoint import save_checkpoint
@@ -29,7 +30,7 @@ from envace.training.distributed import Dist
 from envace.training.grpo import ROLE_NAMES
 
 # the folders in the run directory that hold each trainee's initial weights (the KL anchors)
-INITIAL_FOLDERS = {"policy": "initial_model", "world_model": "initial_world_model"}
+INITIAL_FOLDERS = {"policy": RUN.initial_model, "world_model": RUN.initial_world_model}
 
 # keys that may differ between a run and its resumption (removed keys: an older run's
 # config.yaml may still hold them)
@@ -217,10 +218,13 @@ def write_initial(run_dir: Path, name: str, model: Any, tokenizer: Any) -> Path:
 
 
 def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
-                 progress: bool = True, dist: Dist = Dist()) -> Policy:
+                 progress: bool = True, dist: Dist = Dist(),
+                 simulator: Any | None = None) -> Policy:
     """The models, optimizers and schedulers of a run: fresh, or from ``state``
     (``load_latest``). With ``kl_coef > 0`` a fresh run writes each anchored trainee's initial
-    weights into ``run_dir`` (rank 0) and a resumed one requires them (``check_anchors``)."""
+    weights into ``run_dir`` (rank 0) and a resumed one requires them (``check_anchors``).
+    ``simulator``: mode ``simulator``'s simulator when the caller made it (``served_simulator``);
+    else it is made here."""
     torch.manual_seed(cfg.seed)
     if state is not None:  # resume: weights from the checkpoint
         check_anchors(cfg, run_dir)
@@ -262,7 +266,7 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
             and "world_model" not in policy.references:
         policy.references["world_model"] = policy.references["policy"]  # it started as a copy
     if training_mode(cfg.mode).rollout == "simulator":
-        policy.simulator = make_simulator(cfg)
+        policy.simulator = simulator if simulator is not None else make_simulator(cfg)
     if dist.fsdp and dist.active:
         from envace.training.fsdp import shard
 
@@ -287,22 +291,35 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
     return policy
 
 
-def make_simulator(cfg: TrainConfig) -> Any:
-    """The simulator of mode ``simulator``: a frozen local model (preset or path), or a served
-    one, ``simulator_model=http://HOST:PORT/v1#MODEL`` (an OpenAI-compatible server, checked
-    before the run goes on: ConfigError when it is down or does not serve MODEL; without
-    ``#MODEL`` the server's only model)."""
-    from envace.model.endpoint import EndpointError
-    from envace.model.simulators import ModelSimulator, connect_endpoint, split_endpoint_spec
-
+def served_simulator(cfg: TrainConfig) -> Any | None:
+    """Mode ``simulator`` with ``simulator_model=http://HOST:PORT/v1#MODEL``: the checked
+    endpoint simulator (an OpenAI-compatible server; without ``#MODEL`` its only model), or
+    ConfigError when the server is down or does not serve MODEL. None for every other config.
+    Cheap (one request), so the trainer asks before it writes anything into the run directory."""
     spec = cfg.simulator_model or ""
-    if spec.startswith(("http://", "https://")):
-        url, model = split_endpoint_spec(spec)
-        try:
-            return connect_endpoint(url, model, max_tokens=cfg.max_new_tokens,
-                                    desc_chars=cfg.desc_chars)
-        except (EndpointError, ValueError) as exc:
-            raise ConfigError(f"simulator_model={spec}: {exc}") from None
+    if training_mode(cfg.mode).rollout != "simulator" or \
+            not spec.startswith(("http://", "https://")):
+        return None
+    from envace.model.endpoint import EndpointError
+    from envace.model.simulators import connect_endpoint, split_endpoint_spec
+
+    url, model = split_endpoint_spec(spec)
+    try:
+        return connect_endpoint(url, model, max_tokens=cfg.max_new_tokens,
+                                desc_chars=cfg.desc_chars)
+    except (EndpointError, ValueError) as exc:
+        raise ConfigError(f"simulator_model={spec}: {exc}") from None
+
+
+def make_simulator(cfg: TrainConfig) -> Any:
+    """The simulator of mode ``simulator``: a served one (``served_simulator``), or a frozen
+    local model (preset or path)."""
+    from envace.model.simulators import ModelSimulator
+
+    served = served_simulator(cfg)
+    if served is not None:
+        return served
+    spec = cfg.simulator_model or ""
     texts = _train_texts() if spec == "tiny" else None
     model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
     return ModelSimulator(model, tok, cfg.max_new_tokens, cfg.desc_chars)
@@ -312,7 +329,7 @@ def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run directory made by a different configuration."""
     new = to_dict(cfg)
     # a key the old config lacks (added to the trainer since) had its default value then
-    old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / "config.yaml").read_text())
+    old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / RUN.config).read_text())
                                         or {})}
     diff = sorted(k for k in set(old) | set(new)
                   if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))

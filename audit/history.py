@@ -15,7 +15,8 @@ Per group (overall, each depth, read/write, novelty bin, and depth >= ``DEEP``):
 
 - ``real``, ``own``: divergence rates with trajectory-bootstrap intervals (``audit.intervals``);
 - ``diff``: own - real, paired (both probes hold the same steps; whole trajectories are
-  resampled together), with interval and two-sided bootstrap p-value;
+  resampled together), with interval and two-sided bootstrap p-value; the percentile interval
+  is never narrower than a score interval of the discordant calls (`discordant_interval`);
 - ``induced``: the share of the self-conditioned divergences that fall on steps the model got
   right with the real history (errors its own history caused); ``recovered``: the share of the
   real-history divergences that its own history got right;
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from audit.intervals import (
+    BOOTSTRAP,
     IntervalSpec,
     TrajectoryResamples,
     _column_percentiles,
@@ -41,9 +43,12 @@ from audit.intervals import (
     cluster_sums,
     ratio_difference,
     ratio_intervals,
+    wilson_ci,
 )
 
 HISTORIES = ("real", "own")
+#: the paired difference's interval when the bootstrap replicates have no spread
+DISCORDANT = "newcombe_discordant_effective"
 DEEP = 3  # "deep" steps: depth >= DEEP
 NOVELTY_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -131,6 +136,7 @@ class _Data:
         n_real, n_own = float(sums[:, 0].sum()), float(sums[:, 1].sum())
         diff = ratio_difference((sums[:, [0]], counts[:, [0]]), (sums[:, [1]], counts[:, [1]]),
                                 spec, paired=True)[0]
+        diff = _with_discordant_floor(diff, sums[:, 2], sums[:, 3], counts[:, 0], spec.z)
         # induced = own&!real / own ; recovered = real&!own / real (per-trajectory ratios)
         induced = ratio_intervals(sums[:, [2]], sums[:, [1]], spec, self.shared, members,
                                   binary=[True])[0]
@@ -169,6 +175,51 @@ class _Data:
                 ci, method = [min(bounds[0], point), max(bounds[1], point)], \
                     "trajectory_bootstrap"
         return {"point": point, "ci": ci, "method": method}
+
+
+def discordant_interval(induced: np.ndarray, recovered: np.ndarray, counts: np.ndarray,
+                        z: float) -> list[float] | None:
+    """A score interval of the paired difference own − real = (induced − recovered) / n.
+
+    Per trajectory ``i``: ``induced[i]`` calls wrong only with its own history,
+    ``recovered[i]`` wrong only with the real one, ``counts[i]`` paired calls. Newcombe's
+    hybrid of the two discordant rates' Wilson intervals, each with the effective sample size
+    of the difference (Kish: n / design effect, the cluster-robust over the iid variance of the
+    per-call difference; the number of trajectories when there is no discordance or no
+    spread). A percentile bootstrap of a rare-event difference undercovers when few
+    trajectories hold the discordant calls (0.82 for 95 % with 25 trajectories in
+    tests/test_history_coverage.py); widened to contain this interval, it covers."""
+    n = float(counts.sum())
+    if n <= 0:
+        return None
+    k1, k2 = float(induced.sum()), float(recovered.sum())
+    p1, p2 = k1 / n, k2 / n
+    d = p1 - p2
+    iid = ((k1 + k2) / n - d * d) / n
+    robust = float(((induced - recovered - d * counts) ** 2).sum()) / (n * n)
+    n_eff = n * iid / robust if iid > 0 and robust > 0 else float((counts > 0).sum())
+    l1, u1 = wilson_ci(p1 * n_eff, n_eff, z)
+    l2, u2 = wilson_ci(p2 * n_eff, n_eff, z)
+    if l1 is None or l2 is None:
+        return None
+    return [d - float(np.hypot(p1 - l1, u2 - p2)), d + float(np.hypot(u1 - p1, p2 - l2))]
+
+
+def _with_discordant_floor(diff: dict[str, Any], induced: np.ndarray, recovered: np.ndarray,
+                           counts: np.ndarray, z: float) -> dict[str, Any]:
+    """The paired difference's interval: the percentile bootstrap widened to contain
+    `discordant_interval`; with no bootstrap spread, that interval alone (not the unpaired
+    Newcombe of `ratio_difference`, which ignores the pairing)."""
+    if diff.get("diff") is None or diff.get("ci") is None:
+        return diff
+    floor = discordant_interval(induced, recovered, counts, z)
+    if floor is None:
+        return diff
+    d = diff["diff"]
+    if diff["method"] == BOOTSTRAP:
+        ci = [min(diff["ci"][0], floor[0], d), max(diff["ci"][1], floor[1], d)]
+        return {**diff, "ci": ci}
+    return {**diff, "ci": [min(floor[0], d), max(floor[1], d)], "method": DISCORDANT}
 
 
 def split_histories(rows: list[dict[str, Any]], spec: IntervalSpec = IntervalSpec()

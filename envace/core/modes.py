@@ -7,6 +7,7 @@ dashboard all read it; nothing else spells a mode out.
     m.rollout                  # 'rehearse': the rollout engine's mode (who answers tool calls)
     m.trains                   # (('act', 'policy'), ('rehearse', 'world_model'))
     m.models()                 # {'policy': ('act',), 'world_model': ('rehearse',)}
+    m.world_learner            # 'world_model': the model real_obs_coef trains
 
 A training mode (``mode`` in a TrainConfig and a run's config.yaml) is one of ``TRAINING_MODES``;
 a rollout mode (``RolloutConfig.mode``, ``envace rollout --mode``, a trajectory's ``meta.mode``)
@@ -56,6 +57,12 @@ class TrainingMode:
     def trains_rehearsals(self) -> bool:
         """Whether the loss trains rehearsed tool responses (then a fidelity bonus applies)."""
         return "rehearse" in self.roles()
+
+    @property
+    def world_learner(self) -> str:
+        """The model that learns the world: the one training the rehearse role, else the policy
+        (``real_obs_coef``'s supervised loss on real tool responses trains it)."""
+        return dict((role, model) for role, model in self.trains).get("rehearse", "policy")
 
     @property
     def separate_world_model(self) -> bool:

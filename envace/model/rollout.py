@@ -9,7 +9,8 @@ answered by
 
 - ``rehearse``: the same policy, after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
 - ``real``: the real environment of the task (``task.env_name``, built by ``make_env``; its text
-  is forced in as CONTEXT and never trained);
+  is forced in as CONTEXT, kept out of the policy loss, and flagged in ``Episode.real_obs``: the
+  tokens ``real_obs_coef``'s supervised loss trains);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 
 and acting resumes on what came back. An assistant message without calls ends the user turn;
@@ -73,6 +74,9 @@ class Episode:
     prompt_len: int
     end_reason: str
     calls_per_turn: list[list[tuple[str, dict[str, Any]]]]
+    # True on the tokens the real environment wrote (each real tool response's text and its
+    # <|im_end|>: what the rehearse role would write), all CONTEXT in ``roles``; empty: none
+    real_obs: list[bool] = field(default_factory=list)
 
     def tokens(self, role: int) -> int:
         return sum(r == role for r in self.roles)
@@ -105,6 +109,7 @@ class _Row:
     steps: int = 0
     assistant_messages: int = 0
     done: str | None = None
+    real_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of real text
 
     def push(self, tok: int, role: int, logprob: float, step: int) -> None:
         """Record one token of the episode (forced or sampled)."""
@@ -135,9 +140,13 @@ class Engine:
     def _force(self, row: _Row, ids: Sequence[int], role: int = CONTEXT, step: int = -1) -> None:
         row.queue.extend((t, role, step) for t in ids)
 
-    def _force_turn(self, row: _Row, role: str, text: str) -> None:
-        self._force(row, [*self._header(role), *chat.encode_text(self.tok, text), self.im_end,
-                          *self.nl])
+    def _force_turn(self, row: _Row, role: str, text: str) -> tuple[int, int]:
+        """Queue a whole turn; returns where its text and ``<|im_end|>`` will land in the
+        episode, ``[start, end)`` (the queue is pushed in order)."""
+        header, body = self._header(role), chat.encode_text(self.tok, text)
+        start = len(row.ids) + len(row.queue) + len(header)
+        self._force(row, [*header, *body, self.im_end, *self.nl])
+        return start, start + len(body) + 1
 
     # -- episode logic ----------------------------------------------------------------------
     def start(self, task: Task) -> _Row:
@@ -224,7 +233,9 @@ class Engine:
         row.pending.pop(0)
         row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
                              "content": content, "rehearsed": rehearsed, **extra})
-        self._force_turn(row, "tool", content)
+        span = self._force_turn(row, "tool", content)
+        if not rehearsed:
+            row.real_spans.append(span)
         self._next_response(row)
 
     def _next_user_turn(self, row: _Row) -> None:
@@ -257,8 +268,11 @@ class Engine:
             meta={"mode": self.cfg.mode, "end_reason": row.done, "base_task": row.task.base_id,
                   "temperature": self.cfg.temperature, "top_p": self.cfg.top_p},
         )
+        real_obs = [False] * len(row.ids) if row.real_spans else []
+        for start, end in row.real_spans:  # an episode cut short keeps what it pushed
+            real_obs[start:min(end, len(row.ids))] = [True] * (min(end, len(row.ids)) - start)
         return Episode(row.task, traj, row.ids, row.roles, row.logprobs, row.step_of_token,
-                       prompt_len, row.done or "unknown", row.calls_per_turn)
+                       prompt_len, row.done or "unknown", row.calls_per_turn, real_obs)
 
 
 def push_token(eng: Engine, r: _Row, tok: int, lp: float, cfg: RolloutConfig,

@@ -423,6 +423,18 @@ class TrainConfig:
     grounded_lambda: float = opt(
         0.0, "rehearse reward = (1 - lambda) * task reward + lambda * measured fidelity; 0: paper"
     )
+    real_obs_coef: float = opt(
+        0.0, "weight of a supervised loss on the step's real tool responses: the token-mean "
+        "cross-entropy (temperature 1) of the tokens the real environment wrote (each response's "
+        "text and its <|im_end|>), added to the loss of the model that learns the rehearse role "
+        "(grpo, envace: the policy; split: the world model) and logged apart (loss/real_obs). "
+        "Needs real responses: mode=grpo, or anchor_fraction > 0; 0: off")
+    anchor_fraction: float = opt(
+        0.0, "mode=envace/split: the share of each step's prompt groups rolled out with the real "
+        "environment answering instead of rehearsing (whole groups, drawn with the step's seed; "
+        "anchor_fraction * prompts_per_step of them in expectation). An anchored group is a "
+        "group of its own: its act tokens get the policy loss against its own baseline, its "
+        "real responses feed real_obs_coef, it has no rehearse role to train. 0: off")
 
     # rollouts
     prompts_per_step: int = opt(16, "tasks sampled per training step")
@@ -518,6 +530,7 @@ class TrainConfig:
             f"mode={self.mode} does not train: set grounded_lambda=0 or mode="
             + "/".join(rehearsing),
         )
+        self._check_real_obs()
         require(
             self.grounded_lambda == 0 or bool(self.audit_scorers),
             "grounded_lambda > 0 needs measured fidelity: list scorers in audit_scorers",
@@ -554,6 +567,26 @@ class TrainConfig:
             f"verdict_scorer={self.verdict_scorer!r} is not among audit_scorers="
             f"{self.audit_scorers}: add it there or pick one of them",
         )
+
+    def _check_real_obs(self) -> None:
+        """real_obs_coef and anchor_fraction: in range, and real responses to learn from."""
+        require(self.real_obs_coef >= 0,
+                f"real_obs_coef={self.real_obs_coef}: set real_obs_coef >= 0 (0: off)")
+        require(0 <= self.anchor_fraction <= 1,
+                f"anchor_fraction={self.anchor_fraction}: set it in [0, 1]")
+        mode = training_mode(self.mode)
+        rehearsing = "/".join(m.name for m in TRAINING_MODES.values() if m.rollout == "rehearse")
+        real = "/".join(m.name for m in TRAINING_MODES.values() if m.rollout == "real")
+        require(self.anchor_fraction == 0 or mode.rollout == "rehearse",
+                f"anchor_fraction={self.anchor_fraction} anchors rehearsed rollouts in reality, "
+                f"but mode={self.mode} does not rehearse (its tool responses come from the "
+                f"{mode.rollout} rollout): set anchor_fraction=0 or mode={rehearsing}")
+        require(self.real_obs_coef == 0 or mode.rollout == "real" or self.anchor_fraction > 0,
+                f"real_obs_coef={self.real_obs_coef} trains on the real environment's tool "
+                f"responses, but mode={self.mode} with anchor_fraction=0 has none (its responses "
+                f"are {'rehearsed' if mode.rollout == 'rehearse' else 'simulated'}): set "
+                + ("anchor_fraction > 0, " if mode.rollout == "rehearse" else "")
+                + f"mode={real} or real_obs_coef=0")
 
     def _check_env(self) -> None:
         """The environment is installed and has task splits with a verifier."""

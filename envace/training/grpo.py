@@ -16,6 +16,10 @@ The update, as in the EnvACE paper's reference (verl):
      advantages), aggregated by token mean, plus an optional k3 KL to a reference policy.
   4. `merge_stats`: the statistics of the micro-batches (and ranks) of one step, as one batch's.
 
+Besides the policy loss, `real_obs_loss` is a supervised next-token loss on the tokens the real
+environment wrote (CONTEXT tokens flagged by the rollout, `Episode.real_obs`): the world learns
+what reality says (`real_obs_coef`).
+
 Run the tests: `.venv/bin/pytest tests/test_grpo.py`.
 """
 
@@ -298,6 +302,21 @@ def merge_stats(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     elif any("ratio_max" in p for p in parts) and not sums.get("tokens"):
         out["ratio_max"] = 1.0  # no token anywhere
     return out
+
+
+# -----------------------------------------------------------------------------
+# Supervised loss on real observations
+
+
+def real_obs_loss(logits: Tensor, targets: Tensor, normalizer: float | None = None) -> Tensor:
+    """Summed next-token cross-entropy of `targets [N]` under `logits [N, V]` (fp32, the
+    model's own distribution: no temperature), divided by `normalizer` (default N: the token
+    mean; pass the global count of real-response tokens when micro-batches and ranks share one
+    step). Gather the rows first: `logits[mask]`, `tokens[mask]`. 0 (with a gradient path) for
+    no token."""
+    total = torch.nn.functional.cross_entropy(logits.float(), targets.long(), reduction="sum")
+    denom = max(int(targets.numel()), 1) if normalizer is None else normalizer
+    return total / denom
 
 
 # -----------------------------------------------------------------------------

@@ -6,11 +6,14 @@
 
 One step: sample tasks (seeded by step), run ``group_size`` episodes each (mode ``envace``: the
 policy acts and rehearses; ``split``: a second model rehearses; ``simulator``: a frozen model
-answers; ``grpo``: the real environment answers), score them with the verifier (never seen by
-the policy), audit the rehearsed responses against reality, compute role-wise advantages and
-take one optimizer step on the clipped loss. Everything lands in the run directory
-(docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/, report.md, and
-with ``kl_coef > 0`` the KL anchors (initial_model/: the trainees' weights at the start).
+answers; ``grpo``: the real environment answers; with ``anchor_fraction`` a share of the
+groups is rolled out with the real environment answering), score them with the verifier (never
+seen by the policy), audit the rehearsed responses against reality, compute role-wise advantages
+and take one optimizer step on the clipped loss (plus, with ``real_obs_coef``, a supervised loss
+on the real tool responses for the model that learns the world). Everything lands in the run
+directory (docs/spec/run_dir.md): metrics.jsonl, rollouts/, audit/, checkpoints/, eval/,
+report.md, and with ``kl_coef > 0`` the KL anchors (initial_model/: the trainees' weights at the
+start).
 
 Launched on several processes (``accelerate launch``), each rank takes a share of the step's
 groups and the gradients are summed: see ``envace.training.distributed``. Rank 0 writes the run
@@ -85,20 +88,35 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
     count over all ranks and the gradients are summed across ranks before the step. ``timer``
     sections: ``update/forward`` (forwards, log-probabilities, loss, entropy),
     ``update/backward``, ``update/optimizer`` (gradient reduction, clipping, the optimizer and
-    scheduler steps); batching and statistics stay in ``update`` itself."""
+    scheduler steps); batching and statistics stay in ``update`` itself.
+
+    With ``real_obs_coef > 0`` the model that learns the world (``world_learner`` of the mode
+    table) also takes ``real_obs_coef`` times the token-mean cross-entropy of the real tool
+    responses (``Episode.real_obs``), reported apart: ``loss/real_obs``, ``real_obs/tokens``."""
     stats: dict[str, float] = {}
+    learner = training_mode(cfg.mode).world_learner
     for name, model, roles_trained in policy.trainees(cfg.mode):
         def trained(e: Episode, roles_trained: tuple[int, ...] = roles_trained) -> int:
             return sum(r in roles_trained for r in e.roles[1:])
 
+        learns = cfg.real_obs_coef > 0 and name == learner
+
+        def observed(e: Episode, learns: bool = learns) -> int:  # targets only: ids[1:]
+            return sum(e.real_obs[1:]) if learns else 0
+
         # only episodes with trained tokens; similar lengths together (less padding)
-        order = sorted((i for i, e in enumerate(episodes) if trained(e)),
+        order = sorted((i for i, e in enumerate(episodes) if trained(e) or observed(e)),
                        key=lambda i: len(episodes[i].ids))
         total = dist.sum(sum(trained(episodes[i]) for i in order))
-        if total == 0:
+        n_obs = dist.sum(sum(observed(episodes[i]) for i in order)) if learns else 0.0
+        if learns:
+            stats["loss/real_obs"], stats["real_obs/tokens"] = 0.0, n_obs
+        if total == 0 and n_obs == 0:
             continue
         # the loss is a sum over micro-batches (and ranks): divide by the global count
-        norm = total if cfg.aggregation == "token_mean" else dist.sum(len(order))
+        norm = (total if cfg.aggregation == "token_mean"
+                else dist.sum(sum(1 for i in order if trained(episodes[i])))) or 1.0
+        obs_sum = 0.0
         opt, sched = policy.optimizers[name], policy.schedulers[name]
         opt.zero_grad(set_to_none=True)
         parts: list[dict[str, float]] = []  # each micro-batch's statistics
@@ -122,10 +140,15 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             mask = torch.zeros_like(roles, dtype=torch.bool)
             for r in roles_trained:
                 mask |= roles == r
+            if learns:
+                obs = _pad([e.real_obs or [False] * len(e.ids) for e in mb], False,
+                           torch.bool)[:, 1:].to(dev)
             with timer.section("update/forward"):
                 tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
-                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                logits = logits.float() / cfg.temperature
+                out = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                logits = out.float() / cfg.temperature
+                obs_logits = out[obs] if learns else None  # [N, V]: the real tokens' rows
+                del out
                 lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
                 ref_lp = None
                 if reference is not None:  # this trainee's own anchor: its initial weights
@@ -138,6 +161,10 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
                     cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
                     normalizer=norm,
                     named_masks=grpo.role_masks(roles, mask))
+                if learns:  # apart from the policy loss: its own coefficient and figure
+                    obs_loss = grpo.real_obs_loss(obs_logits, ids[:, 1:][obs], n_obs)
+                    loss = loss + cfg.real_obs_coef * obs_loss
+                    obs_sum += float(obs_loss.detach())
             with timer.section("update/backward"):
                 (loss * scale).backward()
             with timer.section("update/forward"), torch.no_grad():
@@ -155,6 +182,8 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         if dist.active:  # statistics of the whole batch
             parts = [p for rank_parts in dist.gather(parts) for p in rank_parts]
             ent_sum = dist.sum(ent_sum)
+        if learns:
+            stats["loss/real_obs"] = dist.sum(obs_sum)
         acc = {k: v for k, v in grpo.merge_stats(parts).items() if not k.endswith("tokens")}
         with timer.section("update/optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -164,10 +193,46 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             policy.after_step(name)
         prefix = "" if name == "policy" else f"{name}/"
         stats.update({f"{prefix}{k}": v for k, v in acc.items()})
-        stats[f"{prefix}entropy"] = ent_sum / total
+        stats[f"{prefix}entropy"] = ent_sum / total if total else 0.0
         stats[f"{prefix}grad_norm"] = grad_norm_value(grad_norm)
         stats[f"{prefix}lr"] = sched.get_last_lr()[0]
     return stats
+
+
+ANCHOR_SEED = 10**12  # added to the step's rollout seed for its anchored groups
+
+
+def anchored_groups(rng: random.Random, n: int, fraction: float) -> list[bool]:
+    """Which of a step's ``n`` prompt groups are anchored in reality (``anchor_fraction``):
+    ``floor(fraction * n + u)`` of them (``u`` uniform in [0, 1)), drawn from ``rng`` — exactly
+    ``fraction * n`` when that is a whole number, that many in expectation otherwise. ``rng``
+    is not touched when ``fraction`` is 0."""
+    if fraction <= 0:
+        return [False] * n
+    chosen = set(rng.sample(range(n), min(n, int(fraction * n + rng.random()))))
+    return [i in chosen for i in range(n)]
+
+
+def rollout_groups(policy: Policy, groups: list[tuple[Any, bool]], group_size: int,
+                   rcfg: RolloutConfig, timer: Timer = NULL_TIMER) -> list[Episode]:
+    """``group_size`` episodes of each (task, anchored) group, in the groups' order. Groups
+    rolled out as the mode says in one batch; anchored groups in another, in rollout mode
+    ``real`` (the real environment answers; no world model, no simulator) with a seed of its
+    own. A group is never mixed: its baseline compares rollouts answered alike."""
+    batches: dict[bool, Any] = {}
+    for anchored in (False, True):
+        batch = [t for t, a in groups if a == anchored for _ in range(group_size)]
+        if not batch:
+            continue
+        if anchored:
+            real = dataclasses.replace(rcfg, mode="real", seed=rcfg.seed + ANCHOR_SEED)
+            eps = policy.run_episodes(policy.model, policy.tokenizer, batch, real, None, None,
+                                      timer=timer)
+        else:
+            eps = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg,
+                                      policy.simulator, policy.world_model, timer=timer)
+        batches[anchored] = iter(eps)
+    return [next(batches[a]) for _, a in groups for _ in range(group_size)]
 
 
 def rewards_for(episodes: list[Episode], cfg: TrainConfig, fidelity: list[float]
@@ -204,16 +269,16 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     timer = step_timer(cfg, policy) if timer is None else timer
     t0 = time.perf_counter()
     rng = random.Random(cfg.seed * 1_000_003 + step)
-    chosen = dist.shard(rng.sample(tasks, min(cfg.prompts_per_step, len(tasks))))
-    batch = [t for t in chosen for _ in range(cfg.group_size)]
+    sampled = rng.sample(tasks, min(cfg.prompts_per_step, len(tasks)))
+    groups = dist.shard(list(zip(sampled, anchored_groups(rng, len(sampled),
+                                                          cfg.anchor_fraction), strict=True)))
     rcfg = RolloutConfig(mode=training_mode(cfg.mode).rollout, temperature=cfg.temperature,
                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars,
                          seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank)
     with timer.section("rollout"):
-        episodes = policy.run_episodes(policy.model, policy.tokenizer, batch, rcfg,
-                                       policy.simulator, policy.world_model, timer=timer)
+        episodes = rollout_groups(policy, groups, cfg.group_size, rcfg, timer)
     t_roll = time.perf_counter()
     rollout_file = RUN.rollout_file(run_dir, step)
     with timer.section("fidelity"):
@@ -278,6 +343,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
             len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
         **ends, **fidelity_metrics(rows, cfg.audit_scorers),
     }
+    if cfg.anchor_fraction > 0:  # episodes of groups anchored in reality
+        record["episodes/anchored"] = sum(e.trajectory.meta["mode"] == "real" for e in episodes)
     if own:
         timer.stop()
         record.update(timer.metrics())

@@ -295,8 +295,10 @@ def run_probe(
 def _readable(inputs: list[str], limit: int, steps: Mapping[str, Iterable[int]] | None,
               skipped: list[dict[str, Any]]) -> Iterator[Any]:
     """The records to probe, in file order (unreadable ones go to `skipped`); `limit` counts
-    the records handed out."""
+    the trajectories handed out. A trajectory whose id was handed out already is handed out
+    unreadable, with the reason (steps, and both histories' verdicts, are keyed by id)."""
     given = 0
+    first: dict[str, tuple[str, int]] = {}
     for path in inputs:
         if not Path(path).exists():
             skipped.append({"file": path, "line": None, "reason": "file not found"})
@@ -304,9 +306,16 @@ def _readable(inputs: list[str], limit: int, steps: Mapping[str, Iterable[int]] 
         for item in read_trajectories(path):
             if limit and given >= limit:
                 return
-            if item.trajectory is not None and steps is not None \
-                    and item.trajectory.id not in steps:
+            traj = item.trajectory
+            if traj is not None and steps is not None and traj.id not in steps:
                 continue
+            if traj is not None and traj.id in first:
+                f, ln = first[traj.id]
+                item = replace(item, trajectory=None,
+                               error=f"duplicate trajectory id {traj.id!r:.80} (first at "
+                                     f"{f}:{ln}, which is probed); skipped")
+            elif traj is not None:
+                first[traj.id] = (item.path, item.line)
             given += item.trajectory is not None
             yield item
 

@@ -213,6 +213,34 @@ def test_a_world_model_that_raises_costs_its_trajectory_only(trajectories, tmp_p
     assert s["probe"] == "self_conditioned"
 
 
+def test_duplicate_trajectory_ids_are_skipped_not_paired_together(trajectories, tmp_path):
+    """Pairing is by (trajectory id, step): a second trajectory with an id already probed is
+    skipped with the reason (as `envace-audit` does), never merged into the first's pairs."""
+    from audit.pipeline import AuditOptions
+    from audit.probe import run_probe
+    from envace.core.schema import TrajectoryWriter
+
+    first, other = trajectories[0], trajectories[1]
+    src = tmp_path / "dev.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in (first, first, other.model_copy(update={"id": first.id}), other):
+            w.write(t)
+    s = run_probe([str(src)], tmp_path / "o", lambda *a: "{}",
+                  AuditOptions(progress=False, plots=False), histories=("real", "own"))
+    c = s["counts"]
+    assert c["records_read"] == 4 and c["trajectories"] == 2 and c["skipped"] == 2 \
+        and s["reconciles"]
+    assert all("duplicate trajectory id" in r["reason"] for r in s["skipped_records"])
+    n = len(first.tool_steps()) + len(other.tool_steps())
+    assert c["steps"] == c["own_history_steps"] == s["history"]["pairs"] == n
+    assert s["history"]["overall"]["trajectories"] == 2
+    limited = run_probe([str(src)], tmp_path / "l", lambda *a: "{}",
+                        AuditOptions(progress=False, plots=False), limit=2,
+                        histories=("real", "own"))
+    # --limit counts trajectories probed: the skipped duplicates are not among them
+    assert limited["counts"]["trajectories"] == 2 and limited["counts"]["skipped"] == 2
+
+
 def test_envace_probe_history_both_with_a_local_model(trajectories, tmp_path):
     """`envace probe --history both` on a real (tiny, untrained) model: batched rounds."""
     import json

@@ -268,6 +268,28 @@ def test_envace_probe_history_both_with_a_local_model(trajectories, tmp_path):
     assert "history: divergence real" in r.stdout
 
 
+def test_envace_probe_refuses_hostile_usage_with_exit_2(tmp_path):
+    """A refused --out (a file, a foreign directory) and a negative --limit: one line, exit 2,
+    nothing written (README "exit codes"), not a traceback and 1 / a silent empty audit."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "dev.jsonl"
+    src.write_text("")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x.txt").write_text("mine")
+    base = [sys.executable, "-m", "envace.cli", "probe", "--model", "data/models/tiny-sft",
+            str(src), "--max-new-tokens", "4", "--history", "both", "--quiet"]
+    for extra, says in ((["--out", str(src)], "not a directory"),
+                        (["--out", str(foreign)], "refusing to write into"),
+                        (["--out", str(tmp_path / "o"), "--limit", "-1"], "--limit")):
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        assert r.returncode == 2, (extra, r.stderr[-2000:])
+        assert says in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists() and sorted(p.name for p in foreign.iterdir()) == ["x.txt"]
+
+
 def test_fidelity_page_shows_real_vs_own_history(trajectories, tmp_path, monkeypatch):
     """The dashboard's Fidelity page on a --history both audit: the tab's figures and chart
     are the summary's history block (a real Streamlit AppTest)."""

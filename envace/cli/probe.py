@@ -272,6 +272,8 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     missing = [p for p in args.inputs if not Path(p).is_file()]
     if missing:
         return f"no such file: {', '.join(missing)}"
+    if (getattr(args, "limit", 0) or 0) < 0:
+        return "--limit must be >= 0 (0: every trajectory)"
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
         return f"no such reference file: {reference}"
@@ -331,10 +333,14 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
     opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=False,
                         reference=getattr(args, "reference", None))
-    summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
-                             args.limit, progress=None if args.quiet else _progress,
-                             histories=HISTORY_CHOICES[getattr(args, "history", "real")],
-                             grounding=grounding)
+    try:
+        summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
+                                 args.limit, progress=None if args.quiet else _progress,
+                                 histories=HISTORY_CHOICES[getattr(args, "history", "real")],
+                                 grounding=grounding)
+    except UsageError as exc:  # a refused --out: one line and 2, as documented
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
     c, block = summary["counts"], summary["endpoint"]
     if not args.quiet:
         rate = summary.get("divergence_rate")
@@ -398,9 +404,13 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     context = context_length(path, model)
     # the note takes at most one character per token of the prompt budget (audit.memory)
     grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
-    summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
-                          args.max_new_tokens, args.limit, label=str(path),
-                          histories=HISTORY_CHOICES[args.history], grounding=grounding)
+    try:
+        summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
+                              args.max_new_tokens, args.limit, label=str(path),
+                              histories=HISTORY_CHOICES[args.history], grounding=grounding)
+    except UsageError as exc:  # a refused --out: one line and 2, as documented
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
     c = summary["counts"]
     if not args.quiet:
         rate = summary.get("divergence_rate")

@@ -219,7 +219,9 @@ def _with_discordant_floor(diff: dict[str, Any], induced: np.ndarray, recovered:
     if diff["method"] == BOOTSTRAP:
         ci = [min(diff["ci"][0], floor[0], d), max(diff["ci"][1], floor[1], d)]
         return {**diff, "ci": ci}
-    return {**diff, "ci": [min(floor[0], d), max(floor[1], d)], "method": DISCORDANT}
+    # no spread: the replicates test nothing (one trajectory would read p = 2 / (B + 1))
+    return {**diff, "ci": [min(floor[0], d), max(floor[1], d)], "method": DISCORDANT,
+            "p_value": None}
 
 
 def split_histories(rows: list[dict[str, Any]], spec: IntervalSpec = IntervalSpec()

@@ -88,3 +88,12 @@ def test_discordant_interval_edges():
     lo, hi = discordant_interval(np.array([3.0, 0.0, 1.0]), np.array([0.0, 1.0, 0.0]),
                                  np.array([5.0, 5.0, 5.0]), z)
     assert lo < 3 / 15 < hi and lo >= -1.0 and hi <= 1.0
+
+
+def test_one_trajectory_claims_no_bootstrap_p_value():
+    """One trajectory: every resample is that trajectory, the replicates have no spread; the
+    interval is the discordant score interval (wide) and there is no p-value to claim."""
+    pairs = [Pair("a", s, s, s == 1, s >= 1) for s in range(5)]
+    d = decompose(pairs, IntervalSpec(resamples=100, seed=0))["overall"]["diff"]
+    assert d["diff"] == pytest.approx(0.6) and d["method"] == "newcombe_discordant_effective"
+    assert d["p_value"] is None and d["ci"][0] < 0.0 < 0.6 < d["ci"][1]

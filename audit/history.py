@@ -174,7 +174,14 @@ class _Data:
             if bounds is not None:
                 ci, method = [min(bounds[0], point), max(bounds[1], point)], \
                     "trajectory_bootstrap"
-        return {"point": point, "ci": ci, "method": method}
+        out = {"point": point, "ci": ci, "method": method}
+        if ci is None:
+            out["note"] = "no interval: the resamples have no spread (too few trajectories)"
+        if own < 10:
+            out["note"] = (out.get("note", "") + "; " if "note" in out else "") + (
+                f"only {int(own)} own-history divergences: the share is unreliable (biased "
+                "upward in small samples)")
+        return out
 
 
 def discordant_interval(induced: np.ndarray, recovered: np.ndarray, counts: np.ndarray,

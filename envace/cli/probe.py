@@ -348,6 +348,7 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
         print(f"probed {c['steps']} calls of {c['trajectories']} trajectories on "
               f"{client.label} (unanswered {block['unanswered']}, skipped {c['skipped']}): "
               f"divergence {shown}; wrote {args.out}")
+        _print_history(summary)
     if block["unanswered"]:
         print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
               f"({block['unanswered_reasons']}); see unanswered_reason in {AUDIT.steps}",

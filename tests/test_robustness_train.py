@@ -288,7 +288,8 @@ def test_the_vllm_trainer_entry_keeps_the_same_rules(tmp_path, capsys, monkeypat
 
 
 TIMING = ("time", "tokens_per_s", "seconds/")
-ARGS = [f"model={ROOT / 'data' / 'models' / 'tiny-sft'}", "steps=3", "prompts_per_step=2",
+# 6 steps: the interrupt lands after step 1 with several steps of margin even on a loaded machine
+ARGS = [f"model={ROOT / 'data' / 'models' / 'tiny-sft'}", "steps=6", "prompts_per_step=2",
         "group_size=2", "max_new_tokens=24", "max_turns=2", "checkpoint_every=1",
         "eval_tasks=1", "lr=1e-3"]
 
@@ -345,7 +346,7 @@ def test_sigint_then_a_torn_tail_then_resume(tmp_path):
     r = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     after = _rows(run)
-    assert sorted(after) == [0, 1, 2]
+    assert sorted(after) == list(range(6))
     assert all(after[s] == before[s] for s in before if s in after), "a step changed"
     assert (run / "metrics.jsonl.truncated").read_text() == last[:30] + "\n"
     assert (run / "report.md").exists() and run_status(run) == "finished"

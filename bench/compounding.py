@@ -12,20 +12,25 @@ responses of the earlier calls and given the model's own earlier answers. The ta
 model, divergence with each history, their difference (own - real) with a trajectory-bootstrap
 interval, the induced errors, and the compounding share (own - real) / own overall and at
 depth >= 3 (`audit.history`). Writes bench/results/<name>.json (machine, load before and after,
-seconds per model, each model's whole `history` block) and keeps each audit under --keep.
+seconds per model, each model's whole `history` block) after every model, and keeps each audit
+under --keep; `--collect` rebuilds the table from the audits kept there (a stopped run keeps the
+models it finished) without probing again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.machine import table, write_result
+from envace.core.layout import AUDIT
 
 
 def _sample(n: int, min_calls: int, seed: int) -> list[Any]:
@@ -47,52 +52,13 @@ def _ci(block: dict[str, Any] | None) -> str:
     return "n/a" if not ci or ci[0] is None else f"[{ci[0]:+.1%}, {ci[1]:+.1%}]"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", required=True, metavar="LABEL=MODEL",
-                    help="a label and a model folder (or smollm2)")
-    ap.add_argument("--trajectories", type=int, default=24)
-    ap.add_argument("--min-calls", type=int, default=4)
-    ap.add_argument("--max-calls", type=int, default=8, help="probe each trajectory's first K")
-    ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--name", default="compounding_bfcl_dev")
-    ap.add_argument("--keep", default=None, help="keep each model's audit directory here")
-    args = ap.parse_args(argv)
+def _dirname(label: str) -> str:
+    return label.replace(" ", "_").replace("+", "plus").replace("/", "_")
 
-    import torch
 
-    from audit.pipeline import AuditOptions
-    from envace.cli.probe import context_length, probe_model
-    from envace.core.schema import TrajectoryWriter
-    from envace.model.models import default_cache_dir, load_model, resolve_model
-
-    torch.set_num_threads(1)
-    trajs = _sample(args.trajectories, args.min_calls, args.seed)
-    steps = {t.id: range(min(args.max_calls, len(t.tool_steps()))) for t in trajs}
-    keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-comp-"))
-    keep.mkdir(parents=True, exist_ok=True)
-    src = keep / "dev_sample.jsonl"
-    with TrajectoryWriter(src, mode="w") as w:
-        for t in trajs:
-            w.write(t)
-    results: dict[str, Any] = {}
-    load_start = os.getloadavg()
-    for spec in args.models:
-        label, _, model_spec = spec.partition("=")
-        path = resolve_model(model_spec or label, default_cache_dir())
-        model, tok = load_model(path)
-        out = keep / label.replace(" ", "_").replace("+", "plus").replace("/", "_")
-        t0 = time.perf_counter()
-        summary = probe_model(model, tok, [str(src)], out, AuditOptions(progress=False),
-                              context_length(path, model), args.max_new_tokens, steps=steps,
-                              label=str(path), batch_size=args.batch_size,
-                              histories=("real", "own"))
-        results[label] = {"model": str(path), "seconds": round(time.perf_counter() - t0, 1),
-                          "load_average_after": os.getloadavg(), "audit": str(out),
-                          "history": summary.get("history")}
-        print(f"{label}: {results[label]['seconds']} s", flush=True)
+def _report(name: str, info: dict[str, Any], results: dict[str, Any],
+            load_start: tuple[float, float, float]) -> None:
+    """Print the table and write bench/results/<name>.json for the models done so far."""
     rows = []
     for label, r in results.items():
         h = r["history"] or {}
@@ -108,15 +74,79 @@ def main(argv: list[str] | None = None) -> int:
     header = ["model", "calls", "real", "own", "own-real", "95% CI", "induced", "calls d>=3",
               "real d>=3", "own d>=3", "compounding share d>=3", "95% CI"]
     print(table(rows, header))
-    path = write_result(args.name, {
-        "split": "dev", "trajectories": [t.id for t in trajs], "max_calls": args.max_calls,
-        "min_calls": args.min_calls, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
-        "decoding": "greedy", "threads": 1, "load_average": {"start": load_start,
-                                                             "end": os.getloadavg()},
-        "models": results, "table": {"header": header, "rows": rows},
-        "command": "python -m bench.compounding " + " ".join(
-            f'"{a}"' if " " in a else a for a in (argv or __import__("sys").argv[1:]))})
-    print(f"wrote {path}")
+    path = write_result(name, {**info, "load_average": {"start": load_start,
+                                                        "end": os.getloadavg()},
+                               "models": results, "table": {"header": header, "rows": rows}})
+    print(f"wrote {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", required=True, metavar="LABEL=MODEL",
+                    help="a label and a model folder (or smollm2)")
+    ap.add_argument("--trajectories", type=int, default=24)
+    ap.add_argument("--min-calls", type=int, default=4)
+    ap.add_argument("--max-calls", type=int, default=8, help="probe each trajectory's first K")
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="compounding_bfcl_dev")
+    ap.add_argument("--keep", default=None, help="keep each model's audit directory here")
+    ap.add_argument("--collect", action="store_true",
+                    help="no probing: read the audits already kept under --keep")
+    args = ap.parse_args(argv)
+    if args.collect and not args.keep:
+        ap.error("--collect needs --keep DIR")
+    trajs = _sample(args.trajectories, args.min_calls, args.seed)
+    keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-comp-"))
+    keep.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    load_start = os.getloadavg()
+    command = "python -m bench.compounding " + " ".join(
+        f'"{a}"' if " " in a else a for a in (argv if argv is not None else sys.argv[1:]))
+    info = {"split": "dev", "trajectories": [t.id for t in trajs], "max_calls": args.max_calls,
+            "min_calls": args.min_calls, "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens, "decoding": "greedy", "threads": 1,
+            "command": command}
+    if args.collect:
+        for spec in args.models:
+            label = spec.partition("=")[0]
+            out = keep / _dirname(label)
+            if (out / AUDIT.summary).is_file():
+                s = json.loads((out / AUDIT.summary).read_text())
+                results[label] = {"model": s.get("audited_model"), "seconds": s.get("seconds"),
+                                  "audit": str(out), "history": s.get("history")}
+        _report(args.name, info, results, load_start)
+        return 0
+
+    import torch
+
+    from audit.pipeline import AuditOptions
+    from envace.cli.probe import context_length, probe_model
+    from envace.core.schema import TrajectoryWriter
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+
+    torch.set_num_threads(1)
+    steps = {t.id: range(min(args.max_calls, len(t.tool_steps()))) for t in trajs}
+    src = keep / "dev_sample.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in trajs:
+            w.write(t)
+    for spec in args.models:
+        label, _, model_spec = spec.partition("=")
+        path = resolve_model(model_spec or label, default_cache_dir())
+        model, tok = load_model(path)
+        out = keep / _dirname(label)
+        t0 = time.perf_counter()
+        summary = probe_model(model, tok, [str(src)], out, AuditOptions(progress=False),
+                              context_length(path, model), args.max_new_tokens, steps=steps,
+                              label=str(path), batch_size=args.batch_size,
+                              histories=("real", "own"))
+        results[label] = {"model": str(path), "seconds": round(time.perf_counter() - t0, 1),
+                          "load_average_after": os.getloadavg(), "audit": str(out),
+                          "history": summary.get("history")}
+        print(f"{label}: {results[label]['seconds']} s", flush=True)
+        _report(args.name, info, results, load_start)  # after every model: nothing lost
     return 0
 
 

@@ -383,7 +383,7 @@ def long_input(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("long") / "long.jsonl"
     trajs = list(export_real(split_tasks("dev")[:10]))
     with TrajectoryWriter(p, mode="w") as w:
-        for i in range(1200):  # long enough to be interrupted mid-way on a loaded machine
+        for i in range(300):
             for t in trajs:
                 w.write(t.model_copy(update={"id": f"{t.id}-{i}"}))
     return p
@@ -405,12 +405,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT as a terminal delivers it (a suite started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_exits_130_with_one_line(long_input, tmp_path, audited, workers):
     before = tree(audited)
     p = subprocess.Popen([*AUDIT, "replay", str(long_input), "--out", str(audited),
                           "--workers", str(workers)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=default_sigint)
     started = _wait_for(lambda: any(".partial-" in q.name for q in tmp_path.iterdir())
                         and len(psutil.Process(p.pid).children()) >= (workers if workers > 1
                                                                        else 0))

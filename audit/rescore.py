@@ -56,6 +56,11 @@ def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, An
     return out
 
 
+#: summary fields describing what was audited (a probe's model, its histories, a served
+#: model's endpoint block, a grounded world model): a rescore keeps them as they were
+KEPT = ("audited_model", "probe", "histories", "endpoint", "world_model", "reference_counts")
+
+
 def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
     """Rescore ``src/steps.jsonl`` into ``out`` (may be ``src``); return the new summary."""
     settings = opts
@@ -109,6 +114,9 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
             seconds=0.0)
         if old.get("reference_skipped_records"):
             summary["reference_skipped_records"] = old["reference_skipped_records"]
+        for key in KEPT:  # what was audited and how: rescoring changes neither
+            if old.get(key) is not None:
+                summary[key] = old[key]
         summary["rescored_from"] = str(src)
         return w.finish(summary, plots=opts.plots)
 

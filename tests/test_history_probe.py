@@ -182,6 +182,8 @@ def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypat
     assert "Real vs own history" in report and (tmp_path / "both" / "history.png").is_file()
     again = rescore(tmp_path / "both", tmp_path / "rescored", opts)
     assert again["history"]["overall"] == both["history"]["overall"]
+    # what was audited survives a rescore (it used to drop the probe's description)
+    assert again["probe"] == both["probe"] and again["histories"] == ["real", "own"]
     c = compare_audits(tmp_path / "real", tmp_path / "both")
     assert c["divergence_rate"]["diff"] == 0.0
     assert c["history"]["a"] is None and c["history"]["b"]["own"] > c["history"]["b"]["real"]

@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             out = keep / _dirname(label)
             if (out / AUDIT.summary).is_file():
                 s = json.loads((out / AUDIT.summary).read_text())
-                results[label] = {"model": s.get("audited_model"), "seconds": s.get("seconds"),
+                results[label] = {"model": s.get("audited_model") or spec.partition("=")[2],
+                                  "seconds": s.get("seconds"),
                                   "audit": str(out), "history": s.get("history")}
         _report(args.name, info, results, load_start)
         return 0

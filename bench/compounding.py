@@ -5,7 +5,8 @@ with the world model's own (issue #20).
         "smollm2 zero-shot=smollm2" "smollm2 + SFT=.cache/envace/bench-sft-smollm2" \
         --trajectories 24 --max-calls 8 --name compounding_bfcl_dev
 
-For each model, `envace probe --history both` (`envace.cli.probe.probe_model`) on the first
+For each model, `envace probe --history both` (`envace.evaluation.model_probe.probe_model`) on the
+first
 `--max-calls` ground-truth calls of `--trajectories` BFCL dev trajectories (a seeded sample of
 those with at least 4 calls; the same for every model): every call is rehearsed given the real
 responses of the earlier calls and given the model's own earlier answers. The table gives, per
@@ -123,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from audit.pipeline import AuditOptions
-    from envace.cli.probe import context_length, probe_model
     from envace.core.schema import TrajectoryWriter
+    from envace.evaluation.model_probe import context_length, probe_model
     from envace.model.models import default_cache_dir, load_model, resolve_model
 
     torch.set_num_threads(1)

@@ -203,7 +203,7 @@ def per_step(act: list[dict], rows: list[dict]) -> dict[str, list]:
 def evaluate(name: str, path: Path, context: int, dev: list[Any], dev_file: Path,
              steps: dict[str, list[int]], refs: dict[str, Any], args: argparse.Namespace,
              keep: Path | None) -> dict[str, Any]:
-    from envace.cli.probe import act_probe, act_requests, probe_model
+    from envace.evaluation.model_probe import act_probe, act_requests, probe_model
     from envace.model.models import load_model
 
     model, tok = load_model(path)

@@ -17,7 +17,7 @@ import dataclasses
 import time
 
 from bench.machine import table, write_result
-from envace.cli.evaluate import select_tasks
+from envace.evaluation.evaluate import select_tasks
 from envace.model.models import load_model
 from envace.model.rollout import RolloutConfig, run_episodes
 

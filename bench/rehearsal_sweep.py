@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench.machine import RESULTS, table, write_result
-from envace.cli.evaluate import select_tasks
+from envace.evaluation.evaluate import select_tasks
 from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
 from envace.model.models import load_model
 from envace.model.rehearsal import RehearsalSettings

@@ -117,7 +117,7 @@ def test_audit_probe_does_not_import_torch():
 
 
 def test_same_call():
-    from envace.cli.probe import same_call
+    from envace.evaluation.model_probe import same_call
 
     assert same_call("cd", {"folder": "a"}, "cd", {"folder": "a"})
     assert same_call("f", {"x": 5.0, "y": [1, 2]}, "f", {"y": (1, 2), "x": 5})
@@ -126,7 +126,7 @@ def test_same_call():
 
 
 def test_probe_cli_end_to_end(files, tmp_path):
-    from envace.cli.probe import act_probe, act_requests
+    from envace.evaluation.model_probe import act_probe, act_requests
     from envace.model.models import build_tiny
     from envace.training.sft import training_texts
 

@@ -17,7 +17,6 @@ rehearsed responses replayed against the real environment).
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
@@ -49,23 +48,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(func=run)
 
 
-def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
-                 max_new_tokens: int, seed: int, env: str = "bfcl") -> list:
-    """The tasks of ``env``'s split that fit the context, at most ``limit`` (seeded sample)."""
-    from envace.core.envs.task_envs import env_tasks
-    from envace.training.config import TrainConfig
-    from envace.training.train_setup import fitting_tasks
-
-    tasks = env_tasks(env, split, unit)
-    cfg = TrainConfig(max_context_tokens=max_context, max_new_tokens=max_new_tokens)
-    tasks = fitting_tasks(tasks, tokenizer, cfg)
-    if limit and len(tasks) > limit:
-        tasks = random.Random(seed).sample(tasks, limit)
-    return tasks
-
-
 def run(args: argparse.Namespace) -> int:
     from envace.core.envs.task_envs import check_task_env
+    from envace.evaluation.evaluate import select_tasks  # imports torch: only when run
     from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
     from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rehearsal import RehearsalSettings

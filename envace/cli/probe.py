@@ -6,12 +6,8 @@
     envace probe --model PATH dev.jsonl --out DIR --hybrid train.jsonl --reference train.jsonl
 
 `run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved); with
-`--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch).
-Locally: the model rehearses every tool call of the input trajectories given the *real* history
-(`audit.probe`), greedily, until `<|im_end|>` or `--max-new-tokens`. Generation is batched: a first
-pass over the trajectories collects every prompt (the rehearser records and answers nothing), the
-prompts are generated in length-sorted batches, and a second pass audits with the answers in the
-order they were asked.
+`--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch);
+locally through `envace.evaluation.model_probe` (batched rounds, greedy).
 
 `--memory` shows the world model, before each tool turn, a note of the k most similar training
 calls and their real responses; `--hybrid` answers with the lookup's exact answer where there is
@@ -19,204 +15,21 @@ one and asks the model elsewhere (`audit.memory`; both from a train-split file o
 the asking task's own scenario). The summary's `audited_model` names the composite
 (`PATH+memory(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block records the files and k.
 
-Prompts are cut as the SFT windows are (`envace.training.sft.prompt_ids`) to the model's context
-length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else `DEFAULT_CONTEXT` tokens.
-
-`act_probe` is the actor's counterpart, used by `bench/presets.py`: given the real history up to
-a ground-truth call, the model writes the assistant turn; the probe says whether a call parsed
-and whether it is the ground-truth call (same name, same arguments up to int/float spelling).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from envace.core.layout import AUDIT
-from envace.model.chat import IM_END, parse_assistant
+from envace.evaluation.model_probe import context_length, probe_model
 
-DEFAULT_CONTEXT = 2048
 MEMORY_K = 3
 HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
-
-
-def context_length(model_dir: str | Path, model: Any = None) -> int:
-    """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
-    from envace.training.sft import read_sft_meta
-
-    seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
-    if seq:
-        return int(seq)
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT
-
-
-def generate_greedy(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    batch_size: int = 8,
-) -> list[str]:
-    """Greedy continuations of token-id prompts, each cut at its first `<|im_end|>`.
-
-    Prompts are left-padded and batched in order of length; outputs come back in input order.
-    """
-    import torch
-
-    stop = tokenizer.convert_tokens_to_ids(IM_END)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
-    device = next(model.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[str] = [""] * len(prompts)
-    model.eval()
-    for a in range(0, len(order), batch_size):
-        idx = order[a:a + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            p = list(prompts[i])
-            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[row, width - len(p):] = 1
-        with torch.no_grad():
-            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                 max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=stop, pad_token_id=pad)
-        for row, i in enumerate(idx):
-            new = gen[row, width:].tolist()
-            if stop in new:
-                new = new[: new.index(stop)]
-            out[i] = tokenizer.decode(new, skip_special_tokens=False)
-    return out
-
-
-# ---------------------------------------------------------------- rehearsal (the world model)
-
-
-def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
-                  batch_size: int = 8) -> Callable[[list[Any]], list[str]]:
-    """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
-    is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
-    together, in length-sorted batches of `batch_size`."""
-    from envace.training.sft import prompt_ids
-
-    budget = max(64, context - max_new_tokens)
-
-    def answer(requests: list[Any]) -> list[str]:
-        prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
-                   for messages, tools, _tool, _args in requests]
-        return generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
-
-    return answer
-
-
-def probe_model(
-    model: Any,
-    tokenizer: Any,
-    inputs: Sequence[str],
-    out_dir: str | Path,
-    opts: Any,
-    context: int,
-    max_new_tokens: int = 256,
-    limit: int = 0,
-    steps: Mapping[str, Iterable[int]] | None = None,
-    label: str | None = None,
-    batch_size: int = 8,
-    histories: Sequence[str] = ("real",),
-    grounding: Any = None,
-) -> dict[str, Any]:
-    """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
-    self-conditioned with ``("own",)``, both decomposed with both), generation batched over
-    the trajectories' requests round by round; the summary. `grounding` (an
-    `audit.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
-    hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
-    from audit.probe import run_probe
-
-    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
-    if grounding is None or not grounding.active:
-        return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
-                         histories=histories, answer_batch=base)
-    answer, block = grounding.wrap(base)
-    return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(str(label)),
-                     steps=steps, histories=histories, answer_batch=answer, task_ids=True,
-                     extra=block)
-
-
-# ---------------------------------------------------------------- acting
-
-
-def _norm(value: Any) -> Any:
-    """Arguments compared up to key order, int/float spelling (5 == 5.0) and tuple/list."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {str(k): _norm(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_norm(v) for v in value]
-    return value
-
-
-def same_call(name: str, arguments: Any, gt_name: str, gt_arguments: Any) -> bool:
-    """Whether a parsed call is the ground-truth call."""
-    return name == gt_name and _norm(arguments) == _norm(gt_arguments or {})
-
-
-def act_requests(trajectories: Sequence[Any], steps: Mapping[str, Iterable[int]]
-                 ) -> list[dict[str, Any]]:
-    """For each chosen step of real trajectories: the history before its call and the call."""
-    out = []
-    for traj in trajectories:
-        wanted = set(steps.get(traj.id, ()))
-        if not wanted:
-            continue
-        for st in traj.tool_steps():
-            if st.step not in wanted:
-                continue
-            history = [m.dump() for m in traj.messages[: st.message_index]]
-            out.append({"trajectory_id": traj.id, "step": st.step, "messages": history,
-                        "tools": traj.tools, "tool": st.tool, "arguments": st.arguments})
-    return out
-
-
-def act_probe(
-    model: Any,
-    tokenizer: Any,
-    requests: Sequence[Mapping[str, Any]],
-    context: int,
-    max_new_tokens: int = 128,
-    batch_size: int = 8,
-) -> list[dict[str, Any]]:
-    """Generate each request's assistant turn; report the parse and the agreement per step."""
-    from envace.training.sft import prompt_ids
-
-    budget = max(64, context - max_new_tokens)
-    prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)
-               for r in requests]
-    texts = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
-    rows = []
-    for r, text in zip(requests, texts, strict=True):
-        turn = parse_assistant(text)
-        first = turn.calls[0] if turn.calls else None
-        rows.append({
-            "trajectory_id": r["trajectory_id"], "step": r["step"],
-            "generated": text,
-            "parsed_call": first is not None,
-            "malformed": len(turn.malformed),
-            "name_match": first is not None and first.name == r["tool"],
-            "exact_call": first is not None and same_call(first.name, first.arguments,
-                                                          r["tool"], r["arguments"]),
-        })
-    return rows
-
-
-# ---------------------------------------------------------------- the CLI entry
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:

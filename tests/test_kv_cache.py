@@ -1,0 +1,79 @@
+"""The block-grown KV cache gives the logits of transformers' concatenating cache, whatever the
+sequence of prefills, uneven chunks, waits and dropped rows (a property test on a tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import DynamicCache
+
+import envace.model.backends.kv_cache as kv
+from envace.model.backends.hf import HFStepper
+from envace.model.models import build_tiny, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    texts = ["<tool_call>{\"name\": \"ls\", \"arguments\": {}}</tool_call> ok " * 8] * 4
+    model, _ = load_model(build_tiny(texts, tmp_path_factory.mktemp("t") / "m", seed=0))
+    return model.eval()
+
+
+
+
+def _run(model, ops, prompts, reference: bool, monkeypatch) -> list[torch.Tensor]:
+    with monkeypatch.context() as m:
+        if reference:
+            m.setattr(kv, "block_cache", DynamicCache)
+        s = HFStepper(model, 0)
+        out = [s.prefill(prompts)]
+        rows = len(prompts)
+        for op in ops:
+            if op[0] == "extend":
+                chunks = [c for c in op[1]][:rows] + [[]] * max(0, rows - len(op[1]))
+                if not any(chunks):
+                    continue
+                out.append(s.extend(chunks))
+            elif rows > 1:
+                keep = sorted({i % rows for i in op[1]})
+                s.select(keep)
+                rows = len(keep)
+    return out
+
+
+tokens = st.lists(st.integers(5, 60), min_size=0, max_size=40)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("extend"), st.lists(tokens, min_size=1, max_size=4)),
+    st.tuples(st.just("select"), st.lists(st.integers(0, 3), min_size=1, max_size=3))),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=st.lists(st.lists(st.integers(5, 60), min_size=1, max_size=300), min_size=1,
+                        max_size=4), ops=ops)
+def test_block_cache_equals_the_concatenating_cache(tiny, monkeypatch, prompts, ops):
+    got = _run(tiny, ops, prompts, False, monkeypatch)
+    want = _run(tiny, ops, prompts, True, monkeypatch)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+def test_block_layer_grows_past_its_block_and_keeps_every_position(tiny):
+    """A sequence longer than several blocks: the cache holds every position, in order, and
+    the one-token logits equal a fresh forward of the whole sequence."""
+    s = HFStepper(tiny, 0)
+    seq = [(7 * i) % 50 + 5 for i in range(kv.BLOCK * 2 + 17)]
+    s.prefill([seq[:10]])
+    for t in seq[10:-1]:
+        s.step([t], [True])
+    last = s.step([seq[-1]], [True])
+    layer = s.cache.layers[0]
+    assert isinstance(layer, kv.BlockLayer)
+    assert layer.get_seq_length() == len(seq) and layer.keys.shape[-2] == len(seq)
+    with torch.no_grad():
+        full = tiny(input_ids=torch.tensor([seq])).logits[0, -1].float()
+    assert torch.allclose(last[0], full, atol=1e-4)

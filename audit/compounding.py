@@ -168,7 +168,8 @@ def by_depth(steps: Iterable[Step], scorers: Sequence[str] | None = None,
     return _by_depth(_Table(steps, _scorer_names(steps, scorers), spec))
 
 
-def _stratum_label(step: Step, key: str, bins: Sequence[float]) -> str:
+def stratum_label(step: Step, key: str, bins: Sequence[float] = NOVELTY_BINS) -> str:
+    """A step's stratum: read / write / unknown, a novelty bin `lo-hi`, or the field's value."""
     if key == "mutates_state":
         value = step.get("mutates_state")
         return "unknown" if value is None else ("write" if value else "read")
@@ -202,7 +203,7 @@ def strata(
 
 def _strata(table: _Table, key: str | Callable[[Step], str], bins: Sequence[float]
             ) -> dict[str, dict]:
-    label = key if callable(key) else (lambda s: _stratum_label(s, key, bins))
+    label = key if callable(key) else (lambda s: stratum_label(s, key, bins))
     return clean(table.grouped(label))
 
 

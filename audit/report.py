@@ -201,6 +201,20 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
             lines.append(f"| {name} | {_fmt(v['f_model'])} | {v['best_reference']} | "
                          f"{_fmt(v['f_ref'])} | {_fmt(v['point'])} | "
                          f"{_ci([v['lo'], v['hi']], False)} |")
+        verdict = (s.get("verdict") or {}).get("scorer")
+        verdict = verdict if verdict in sk else next(iter(sk))
+        strata = [(title, b) for key, title in (("by_mutates_state", "tool"),
+                                                ("by_novelty", "novelty"))
+                  for b in ((s["skill"].get(key) or {}).get(verdict) or {}).items()]
+        if strata:
+            lines += ["", f"Skill ({verdict}) by read/write tool and by novelty (does it only "
+                      "win where it can copy?):", "",
+                      "| stratum | steps | model | reference | skill | 95% CI |",
+                      "|---|---|---|---|---|---|"]
+            for title, (k, v) in strata:
+                lines.append(f"| {title} {k} | {v['n']} | {_fmt(v['f_model'])} | "
+                             f"{_fmt(v['f_ref'])} | {_fmt(v['point'])} | "
+                             f"{_ci([v['lo'], v['hi']], False)} |")
     src = s.get("by_source") or {}
     if src:
         lines += ["", "## By who wrote the response", "",

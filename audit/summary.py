@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from audit.compounding import clean, group_stats, summarize
+from audit.compounding import clean, group_stats, stratum_label, summarize
 from audit.history import split_histories
 from audit.intervals import IntervalSpec
 from audit.models import SUMMARY_VERSION
@@ -51,11 +51,14 @@ def _bucket_order(kv: tuple[Any, list]) -> tuple[bool, Any]:
 
 
 def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
-    """Per scorer: each reference's mean, the best reference and the model's skill against it."""
+    """Per scorer: each reference's mean, the best reference and the model's skill against it;
+    by depth and tool (points), by read/write tool and by novelty (points and trajectory-bootstrap
+    intervals: does a world model only win where it can copy?)."""
     refs = sorted({n for r in rows for n in r.get("ref_scores", {})})
     if not refs:
         return {}
-    out: dict[str, Any] = {"references": refs, "by_scorer": {}, "by_depth": {}, "by_tool": {}}
+    out: dict[str, Any] = {"references": refs, "by_scorer": {}, "by_depth": {}, "by_tool": {},
+                           "by_mutates_state": {}, "by_novelty": {}}
     groups = [r["trajectory_id"] for r in rows]
     for s in scorers:
         model = [r["scores"][s] for r in rows]
@@ -75,6 +78,15 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
                 table[str(k)] = {"n": len(members), "f_model": fm, "f_ref": fr,
                                  "skill": skill(fm, fr)}
             out[label][s] = table
+        for key in ("mutates_state", "novelty"):
+            strata: dict[str, list[dict]] = defaultdict(list)
+            for r in rows:
+                strata[stratum_label(r, key)].append(r)
+            out[f"by_{key}"][s] = {
+                k: skill_with_ci([r["scores"][s] for r in m],
+                                 [r["ref_scores"][best][s] for r in m],
+                                 groups=[r["trajectory_id"] for r in m], n_boot=N_BOOT, seed=SEED)
+                for k, m in sorted(strata.items())}
     return out
 
 

@@ -86,3 +86,25 @@ def test_skill_with_ci_bounds(pairs):
     assert out["point"] is not None and out["point"] <= 1.0 + 1e-12
     assert out["lo"] <= out["hi"] <= 1.0 + 1e-12
     json.dumps(out, allow_nan=False)
+
+
+def test_skill_block_by_read_write_and_novelty_known_answer():
+    """The summary's skill strata: a model that matches the lookup on reads and beats it on
+    every novel write has skill 0 on reads, 1 on the novel writes, with intervals."""
+    from audit.summary import _skill_block
+
+    rows = []
+    for t in range(10):
+        for i, (mut, nov, model, ref) in enumerate([(False, 0.1, 1.0, 1.0), (False, 0.1, 0.0, 0.0),
+                                                    (True, 0.9, 1.0, 0.0)]):
+            rows.append({"trajectory_id": f"t{t}", "depth": i, "tool": "x", "mutates_state": mut,
+                         "novelty": nov, "scores": {"exact": model},
+                         "ref_scores": {"lookup": {"exact": ref}, "empty": {"exact": 0.0}}})
+    block = _skill_block(rows, ["exact"])
+    assert block["by_scorer"]["exact"]["best_reference"] == "lookup"
+    assert block["by_scorer"]["exact"]["point"] == pytest.approx(1 - (1 / 3) / (2 / 3))
+    read, write = (block["by_mutates_state"]["exact"][k] for k in ("read", "write"))
+    assert read["point"] == pytest.approx(0.0) and read["n"] == 20
+    assert write["point"] == pytest.approx(1.0) and write["lo"] == pytest.approx(1.0)
+    assert set(block["by_novelty"]["exact"]) == {"0.00-0.25", "0.75-1.00"}
+    assert block["by_novelty"]["exact"]["0.75-1.00"]["f_ref"] == 0.0

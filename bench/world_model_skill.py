@@ -1,0 +1,196 @@
+"""Benchmark: world-model skill on held-out BFCL scenarios, per world model (issue #17).
+
+    .venv/bin/python -m bench.world_model_skill \
+        --cell "tiny cold start=--model data/models/tiny-sft" \
+        --cell "tiny + memory=--model data/models/tiny-sft --memory train.jsonl" \
+        --cell "tiny + hybrid=--model data/models/tiny-sft --hybrid train.jsonl" \
+        --cell "tiny+both=--model data/models/tiny-sft --memory train.jsonl --hybrid train.jsonl" \
+        --keep runs/world_model_skill
+
+Each cell is a label and the arguments `envace probe` takes before its input file: a model
+folder, and the memory / hybrid options. ``train.jsonl`` in a cell means the train split's real
+trajectories (`envace data export-real --split train --out train.jsonl`; the bench writes it under
+``--keep``). Every cell is probed teacher-forced and greedy on every ground-truth call of the dev
+split (``envace probe --model ... dev.jsonl --reference train.jsonl --out DIR``, one thread),
+and its skill read from the audit: against the best reference world model (the lookup of
+training responses, in practice), with the trajectory-bootstrap interval, overall, by read/write
+tool and by novelty (``skill.by_scorer.exact`` and ``skill.by_mutates_state`` /
+``skill.by_novelty`` of ``summary.json``).
+
+A label ending in ``#sN`` is seed N of a trained cell (``tiny envace 30 steps#s1=--model
+runs/...``): the table adds one row per label with the seeds' mean and range. The test split is
+never read. Writes ``bench/results/<name>.json`` after every cell (machine, load, seconds, each
+cell's skill block) with, under ``best``, the cell with the highest skill point as ``probe_args``
+(with the file it needs); ``--collect`` rebuilds from the audits kept under ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.machine import table, write_result
+from envace.core.layout import AUDIT
+
+TRAIN = "train.jsonl"
+EXPORT = {TRAIN: "envace data export-real --split train --out train.jsonl",
+          "dev.jsonl": "envace data export-real --split dev --out dev.jsonl"}
+
+
+def parse_cell(spec: str) -> tuple[str, list[str]]:
+    """``LABEL=ARGS`` -> (label, argument list); the label may not be empty."""
+    label, sep, rest = spec.partition("=")
+    if not sep or not label.strip() or not rest.strip():
+        raise ValueError(f"a cell is LABEL=PROBE-ARGS, got {spec!r}")
+    return label.strip(), shlex.split(rest)
+
+
+def base_label(label: str) -> str:
+    """The cell a seed belongs to: ``name#s2`` -> ``name``."""
+    head, sep, tail = label.rpartition("#s")
+    return head if sep and tail.isdigit() else label
+
+
+def dirname(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any]:
+    """The figures of one probed cell, from its ``summary.json``."""
+    sk = summary.get("skill") or {}
+    overall = (sk.get("by_scorer") or {}).get(scorer) or {}
+    return {"skill": {k: overall.get(k) for k in ("point", "lo", "hi", "f_model", "f_ref", "n",
+                                                   "best_reference")},
+            "by_mutates_state": (sk.get("by_mutates_state") or {}).get(scorer),
+            "by_novelty": (sk.get("by_novelty") or {}).get(scorer),
+            "divergence_rate": summary.get("divergence_rate"),
+            "divergence_ci": summary.get("divergence_ci"),
+            "audited_model": summary.get("audited_model"),
+            "world_model": summary.get("world_model"),
+            "seconds": summary.get("seconds")}
+
+
+def best_cell(cells: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The cell with the highest skill point (ties: the first), as ``probe_args``."""
+    scored = [(c["skill"]["point"], label) for label, c in cells.items()
+              if c.get("skill", {}).get("point") is not None]
+    if not scored:
+        return None
+    point, label = max(scored, key=lambda x: x[0])
+    args = cells[label]["probe_args"]
+    return {"label": label, "probe_args": args, "skill": cells[label]["skill"],
+            "files": {f: EXPORT[f] for f in EXPORT if f in args}}
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{v:+.3f}"
+
+
+def rows_for(cells: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    groups: dict[str, list[str]] = {}
+    for label in cells:
+        groups.setdefault(base_label(label), []).append(label)
+    for label, c in cells.items():
+        s, rw = c["skill"], c.get("by_mutates_state") or {}
+        rows.append([label, s.get("n"), _pct(s.get("f_model")), _pct(s.get("f_ref")),
+                     _pct(s.get("point")), f"[{_pct(s.get('lo'))}, {_pct(s.get('hi'))}]",
+                     _pct((rw.get("read") or {}).get("point")),
+                     _pct((rw.get("write") or {}).get("point"))])
+    for base, members in groups.items():
+        pts = [cells[m]["skill"]["point"] for m in members
+               if cells[m]["skill"].get("point") is not None]
+        if len(members) > 1 and pts:
+            rows.append([f"{base} (mean of {len(pts)} seeds)", "", "", "",
+                         _pct(sum(pts) / len(pts)), f"range {_pct(min(pts))}..{_pct(max(pts))}",
+                         "", ""])
+    return rows
+
+
+HEADER = ["world model", "steps", "exact", "reference", "skill", "95% CI (trajectories)",
+          "skill read", "skill write"]
+
+
+def _report(name: str, info: dict[str, Any], cells: dict[str, Any],
+            load_start: tuple[float, float, float]) -> None:
+    rows = rows_for(cells)
+    print(table(rows, HEADER))
+    path = write_result(name, {**info, "load_average": {"start": load_start,
+                                                        "end": os.getloadavg()},
+                               "cells": cells, "best": best_cell(cells),
+                               "table": {"header": HEADER, "rows": rows}})
+    print(f"wrote {path}", flush=True)
+
+
+def _export(data: Path) -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    for f, cmd in EXPORT.items():
+        if not (data / f).is_file():
+            argv = shlex.split(cmd)
+            subprocess.run([sys.executable, "-m", "envace.cli", *argv[1:-1], str(data / f)],
+                           check=True, capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cell", action="append", required=True, metavar="LABEL=PROBE-ARGS",
+                    help="a label and the `envace probe` arguments of one world model")
+    ap.add_argument("--limit", type=int, default=0, help="at most this many dev trajectories")
+    ap.add_argument("--name", default="world_model_skill")
+    ap.add_argument("--keep", required=True, help="audits and the exported splits go here")
+    ap.add_argument("--collect", action="store_true",
+                    help="no probing: read the audits already kept under --keep")
+    args = ap.parse_args(argv)
+    try:
+        cells_in = [parse_cell(c) for c in args.cell]
+    except ValueError as e:
+        ap.error(str(e))
+    keep = Path(args.keep)
+    data = keep / "data"
+    command = "python -m bench.world_model_skill " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    info = {"split": "dev", "reference": "train", "decoding": "greedy, teacher-forced",
+            "threads": 1, "limit": args.limit or None, "command": command,
+            "scorer": "exact", "files": EXPORT}
+    load_start = os.getloadavg()
+    cells: dict[str, Any] = {}
+    if not args.collect:
+        _export(data)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for label, probe_args in cells_in:
+        out = keep / dirname(label)
+        if not args.collect:
+            real_args = [str(data / a) if a in EXPORT else a for a in probe_args]
+            cmd = [sys.executable, "-m", "envace.cli", "probe", *real_args,
+                   str(data / "dev.jsonl"), "--reference", str(data / TRAIN),
+                   "--out", str(out), "--quiet"]
+            if args.limit:
+                cmd += ["--limit", str(args.limit)]
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{label}: probe failed ({r.returncode}): {r.stderr.strip()[-500:]}",
+                      file=sys.stderr)
+                continue
+            print(f"{label}: {time.perf_counter() - t0:.0f} s", flush=True)
+        if not (out / AUDIT.summary).is_file():
+            continue
+        summary = json.loads((out / AUDIT.summary).read_text())
+        cells[label] = {**cell_result(summary), "probe_args": probe_args, "audit": str(out),
+                        "load_average_after": os.getloadavg()}
+        _report(args.name, info, cells, load_start)  # after every cell: nothing lost
+    if not cells:
+        print("no cell was probed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -64,6 +64,7 @@ from envace.training.train_setup import (
     served_simulator,
     training_pool,
 )
+from envace.training.trained_logits import scatter_rows, selected_logits
 
 
 def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -143,19 +144,22 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             if learns:
                 obs = _pad([e.real_obs or [False] * len(e.ids) for e in mb], False,
                            torch.bool)[:, 1:].to(dev)
+            # logits only where they are read: trained tokens, and real ones the model learns
+            sel = (mask | obs) if learns else mask
+            targets = ids[:, 1:][sel]
             with timer.section("update/forward"):
                 tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
-                out = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                out = selected_logits(model, ids, attn, sel, whole=sharded)  # [N, V]
                 logits = out.float() / cfg.temperature
-                obs_logits = out[obs] if learns else None  # [N, V]: the real tokens' rows
+                obs_logits = out[obs[sel]] if learns else None  # the real tokens' rows
                 del out
-                lp = grpo.logprobs_from_logits(logits, ids[:, 1:])
+                lp = scatter_rows(grpo.logprobs_from_logits(logits, targets), sel)
                 ref_lp = None
                 if reference is not None:  # this trainee's own anchor: its initial weights
                     with torch.no_grad():
-                        ref_logits = reference(input_ids=ids, attention_mask=attn)
-                        ref_lp = grpo.logprobs_from_logits(
-                            ref_logits.logits[:, :-1].float() / cfg.temperature, ids[:, 1:])
+                        ref_logits = selected_logits(reference, ids, attn, sel)
+                        ref_lp = scatter_rows(grpo.logprobs_from_logits(
+                            ref_logits.float() / cfg.temperature, targets), sel)
                 loss, st = grpo.policy_loss(
                     lp, old, tok_adv, mask, cfg.clip_low, cfg.clip_high,
                     cfg.dual_clip, cfg.aggregation, ref_lp, cfg.kl_coef,
@@ -168,7 +172,7 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
             with timer.section("update/backward"):
                 (loss * scale).backward()
             with timer.section("update/forward"), torch.no_grad():
-                ent_sum += float((grpo.entropy_from_logits(logits) * mask).sum())
+                ent_sum += float(grpo.entropy_from_logits(logits)[mask[sel]].sum())
             parts.append(st)
         if sharded:  # FSDP reduced the gradients in each backward
             from envace.training.fsdp import idle_backward

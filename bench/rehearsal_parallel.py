@@ -6,14 +6,21 @@ Parallel rehearsal runs the N plans of a task as N rows of one lockstep batch ov
 the shared prompt (system, tool listing, request) is encoded once and its cache copied to the N
 rows, and a plan that ends leaves the batch. The reference runs each plan on its own (N prefills
 of the same prompt). Per task, same model, sampling and token budget; wall time for N = 1..4,
-the ratio batched / (N independent), and the same ratio per generated token (sampled plans differ
-in length). Writes bench/results/rehearsal_parallel.json.
+the ratio batched / (N independent), and the same ratio per generated token.
+
+Equal work by default (``--temperature 0``): greedy plans of one prompt are identical, so both
+sides generate exactly the same tokens and the ratio measures batching alone (checked: the
+token counts are recorded and must agree). With ``--temperature 0.8`` the plans are sampled, as
+test-time rehearsal samples them; sampled plans differ in length between the two sides, so only
+the per-token ratio compares like with like. Decoding runs on one thread (the rollout engine's
+``decode_threads``). Writes bench/results/<--name>.json with the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 
 from bench.machine import table, write_result
@@ -29,13 +36,20 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy, equal work on both sides (default); > 0: sampled plans")
+    ap.add_argument("--name", default="rehearsal_parallel")
     args = ap.parse_args()
+    load_start = os.getloadavg()
     model, tok = load_model(args.model)
     tasks = select_tasks("dev", "turn", args.tasks, tok, 4096, args.max_new_tokens, 0)
-    cfg = RolloutConfig(mode="rehearse", temperature=0.8, max_new_tokens=args.max_new_tokens,
-                        max_turns=4, max_context=4096, seed=0)
+    cfg = RolloutConfig(mode="rehearse", temperature=args.temperature,
+                        max_new_tokens=args.max_new_tokens, max_turns=4, max_context=4096,
+                        seed=0)
     run_episodes(model, tok, tasks[:1], cfg)  # warm up
-    rows, res = [], {"model": args.model, "tasks": len(tasks), "runs": {}}
+    rows, res = [], {"model": args.model, "tasks": len(tasks), "temperature": args.temperature,
+                     "max_new_tokens": args.max_new_tokens, "decode_threads": 1,
+                     "equal_work": args.temperature == 0, "runs": {}}
     for n in range(1, 5):
         t_batched = t_single = 0.0
         batched, single = [], []
@@ -56,7 +70,9 @@ def main() -> None:
         rows.append([n, t_batched, t_single, t_batched / t_single, per_tok, toks[0], toks[1]])
     print(table(rows, ["N plans", "batched s", "N independent s", "ratio", "ratio per token",
                        "tokens (batched)", "tokens (indep.)"]))
-    print("->", write_result("rehearsal_parallel", res))
+    res["load_average"] = {"start": load_start, "end": os.getloadavg()}
+    res["quiet_machine"] = max(load_start[0], os.getloadavg()[0]) < 1.5
+    print("->", write_result(args.name, res))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ interval, the induced errors, and the compounding share (own - real) / own overa
 depth >= 3 (`audit.history`). Writes bench/results/<name>.json (machine, load before and after,
 seconds per model, each model's whole `history` block) after every model, and keeps each audit
 under --keep; `--collect` rebuilds the table from the audits kept there (a stopped run keeps the
-models it finished) without probing again.
+models it finished) without probing again; a model whose audit is already kept there is not
+probed again either (`--redo` probes it anew). `--hybrid LABEL ...` probes those models as the
+hybrid world model of issue #17 (the lookup's exact answer where the train split made the identical
+call, the model elsewhere: `envace probe --hybrid train.jsonl`), the train split exported under
+--keep.
 """
 
 from __future__ import annotations
@@ -93,11 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="compounding_bfcl_dev")
     ap.add_argument("--keep", default=None, help="keep each model's audit directory here")
+    ap.add_argument("--redo", action="store_true",
+                    help="probe models whose audit is already kept under --keep again")
+    ap.add_argument("--hybrid", nargs="+", default=[], metavar="LABEL",
+                    help="probe these models as the hybrid with a lookup of the train split")
     ap.add_argument("--collect", action="store_true",
                     help="no probing: read the audits already kept under --keep")
     args = ap.parse_args(argv)
     if args.collect and not args.keep:
         ap.error("--collect needs --keep DIR")
+    labels = [m.partition("=")[0] for m in args.models]
+    if set(args.hybrid) - set(labels):
+        ap.error(f"--hybrid names no --models label: {sorted(set(args.hybrid) - set(labels))}")
     trajs = _sample(args.trajectories, args.min_calls, args.seed)
     keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-comp-"))
     keep.mkdir(parents=True, exist_ok=True)
@@ -134,17 +145,37 @@ def main(argv: list[str] | None = None) -> int:
     with TrajectoryWriter(src, mode="w") as w:
         for t in trajs:
             w.write(t)
+    grounding = None
+    if args.hybrid:
+        from audit.memory import MemoryOptions, ResponseMemory
+        from envace.core.envs.tasks import split_tasks
+        from envace.core.export import export_real
+
+        train = keep / "train.jsonl"
+        with TrajectoryWriter(train, mode="w") as w:
+            for t in export_real(split_tasks("train")):
+                w.write(t)
+        grounding = MemoryOptions(hybrid=ResponseMemory.from_file(train))
     for spec in args.models:
         label, _, model_spec = spec.partition("=")
+        out = keep / _dirname(label)
+        if (out / AUDIT.summary).is_file() and not args.redo:
+            s = json.loads((out / AUDIT.summary).read_text())
+            results[label] = {"model": s.get("audited_model") or model_spec,
+                              "seconds": s.get("seconds"), "audit": str(out),
+                              "history": s.get("history"), "kept": True}
+            print(f"{label}: kept from {out}", flush=True)
+            continue
         path = resolve_model(model_spec or label, default_cache_dir())
         model, tok = load_model(path)
-        out = keep / _dirname(label)
         t0 = time.perf_counter()
         summary = probe_model(model, tok, [str(src)], out, AuditOptions(progress=False),
                               context_length(path, model), args.max_new_tokens, steps=steps,
                               label=str(path), batch_size=args.batch_size,
-                              histories=("real", "own"))
-        results[label] = {"model": str(path), "seconds": round(time.perf_counter() - t0, 1),
+                              histories=("real", "own"),
+                              grounding=grounding if label in args.hybrid else None)
+        results[label] = {"model": summary.get("audited_model") or str(path),
+                          "seconds": round(time.perf_counter() - t0, 1),
                           "load_average_after": os.getloadavg(), "audit": str(out),
                           "history": summary.get("history")}
         print(f"{label}: {results[label]['seconds']} s", flush=True)

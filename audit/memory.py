@@ -58,7 +58,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +138,14 @@ def split_violations(tasks: Sequence[tuple[str, str]]) -> list[str]:
     return bad
 
 
+def _entries(traj: Any) -> list[Entry]:
+    """The answered, well-formed, real calls of one trajectory."""
+    return [Entry(st.tool, dict(st.arguments), st.response.content or "", traj.task_id)
+            for st in traj.tool_steps()
+            if st.arguments is not None and st.response is not None
+            and not st.response.rehearsed]
+
+
 class ResponseMemory:
     """Real training calls, retrievable by similarity and by identity (see the module doc)."""
 
@@ -159,6 +167,23 @@ class ResponseMemory:
         return len(self.entries)
 
     @classmethod
+    def from_trajectories(cls, trajectories: Iterable[Any], source: str) -> ResponseMemory:
+        """The memory of real trajectories (`envace.core.export.export_real` of the train split:
+        what `from_file` reads); the same split check, `UsageError` when one is refused."""
+        entries: list[Entry] = []
+        tasks: list[tuple[str, str]] = []
+        for traj in trajectories:
+            tasks.append((str(traj.env.get("name")), traj.task_id))
+            entries += _entries(traj)
+        bad = split_violations(tasks)
+        if bad:
+            raise UsageError(f"{source}: {len(bad)} of {len(tasks)} trajectories are not "
+                             f"train-split tasks (first: {bad[0]})")
+        if not entries:
+            raise UsageError(f"{source} holds no answered real call")
+        return cls(entries, source)
+
+    @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ResponseMemory:
         """The memory of a train-split real trajectory file; `UsageError` (one line) when a
         trajectory's task is not a train-split task, or when nothing in it is usable."""
@@ -170,11 +195,7 @@ class ResponseMemory:
                 if traj is None:
                     continue
                 tasks.append((str(traj.env.get("name")), traj.task_id))
-                for st in traj.tool_steps():
-                    if (st.arguments is not None and st.response is not None
-                            and not st.response.rehearsed):
-                        entries.append(Entry(st.tool, dict(st.arguments),
-                                             st.response.content or "", traj.task_id))
+                entries += _entries(traj)
         except OSError as exc:
             raise UsageError(f"cannot read memory file {path}: {exc.strerror or exc}") from None
         bad = split_violations(tasks)

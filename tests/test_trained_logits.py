@@ -58,7 +58,8 @@ def test_the_loss_and_gradients_match_the_full_forward(tiny):
 
     (l1, g1), (l2, g2) = loss_grads(True), loss_grads(False)
     assert torch.allclose(l1, l2, atol=1e-6)
-    assert len(g1) == len(g2) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g1, g2))
+    assert len(g1) == len(g2)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g1, g2, strict=True))
 
 
 def test_a_model_without_the_causal_lm_layout_takes_the_full_forward():

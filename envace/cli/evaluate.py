@@ -42,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-memory-tokens", type=int, default=768)
+    p.add_argument("--memory-k", type=int, default=0, metavar="K",
+                   help="rehearse with a memory: before each rehearsed response, a note of "
+                        "the K most similar calls of the environment's train split and their "
+                        "real responses (never the task's own scenario; 0: off)")
     p.add_argument("--out", help="output folder (default "
                    "runs/eval-[<env>-]<split>-<rehearsal>-n<N>)")
     p.add_argument("--seed", type=int, default=0)
@@ -63,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
                                      else 0, max_new_tokens=args.max_new_tokens,
                                      max_context=args.max_context,
                                      max_memory_tokens=args.max_memory_tokens, seed=args.seed)
+        if args.memory_k < 0 or (args.memory_k and args.rehearsal == "none"):
+            raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
+                             "parallel or sequential")
+        if args.memory_k:
+            from envace.training.train_setup import train_memory
+
+            settings.memory, settings.memory_k = train_memory(args.env), args.memory_k
     except ValueError as exc:
         print(f"envace eval: {exc}", file=sys.stderr)
         return 2

@@ -55,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-k", type=int, default=0, metavar="K",
+                   help="rehearse with a memory: before each rehearsed response, a note of "
+                        "the K most similar calls of the environment's train split and their "
+                        "real responses (never the task's own scenario; 0: off)")
     p.set_defaults(func=run)
 
 
@@ -65,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_task_env(args.env)
+        if args.memory_k < 0 or (args.memory_k and args.mode != "rehearse"):
+            raise ValueError("--memory-k K (K >= 1) is shown when the policy rehearses: "
+                             "--mode rehearse")
     except ValueError as exc:
         print(f"envace rollout: {exc}", file=sys.stderr)
         return 2
@@ -110,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
     rcfg = RolloutConfig(mode=args.mode, temperature=args.temperature, top_p=args.top_p,
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                          max_context=args.max_context, seed=args.seed)
+    if args.memory_k:
+        from envace.training.train_setup import train_memory
+
+        rcfg.memory, rcfg.memory_k = train_memory(args.env), args.memory_k
     n = 0
     with TrajectoryWriter(Path(args.out), mode="w") as w:
         for i in range(0, len(tasks), args.batch_size):

@@ -41,6 +41,8 @@ class EvalSettings:
     reward: str = "state"
     mode: str = "real"
     desc_chars: int = 60
+    memory: Any = None  # rehearse with a memory of real responses (RolloutConfig.memory)
+    memory_k: int = 3
 
 
 def pass_at_k(successes: list[list[bool]], k: int) -> float:
@@ -79,7 +81,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
             cfg = RolloutConfig(mode=s.mode, temperature=s.temperature, top_p=s.top_p,
                                 max_new_tokens=s.max_new_tokens, max_turns=s.max_turns,
                                 max_context=s.max_context, desc_chars=s.desc_chars,
-                                seed=10_000 + seed)
+                                seed=10_000 + seed, memory=s.memory, memory_k=s.memory_k)
             for i in range(0, len(tasks), s.batch_size):
                 for ep in rollout(model, tokenizer, tasks[i:i + s.batch_size], cfg):
                     r = task_reward(s.reward, ep.task, ep.calls_per_turn, ep.final_text)
@@ -109,7 +111,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
                        for b, v in sorted(by_backend.items())},
         "end_reasons": dict(ends), "tokens": dict(tokens),
         "seconds": time.perf_counter() - t0,
-        "settings": s.__dict__,
+        "settings": {**s.__dict__, "memory": getattr(s.memory, "source", None)},
     }
     write_json_atomic(out_dir / RUN.eval_summary, summary)
     return summary

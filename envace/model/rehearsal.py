@@ -57,6 +57,9 @@ class RehearsalSettings:
     response_chars: int = 160  # each imagined response is cut to this in the memory
     desc_chars: int = 60
     seed: int = 0
+    # plans rehearsed with a memory of real responses (RolloutConfig.memory; train split only)
+    memory: Any = None
+    memory_k: int = 3
 
     def __post_init__(self) -> None:
         if self.strategy not in ("none", "parallel", "sequential"):
@@ -184,7 +187,8 @@ def _cfg(s: RehearsalSettings, mode: str, temperature: float, seed: int, **kw: A
     return RolloutConfig(mode=mode, temperature=temperature, top_p=s.top_p,
                          max_new_tokens=kw.get("max_new_tokens", s.max_new_tokens),
                          max_turns=kw.get("max_turns", s.max_turns), max_context=s.max_context,
-                         desc_chars=s.desc_chars, seed=seed)
+                         desc_chars=s.desc_chars, seed=seed,
+                         memory=s.memory if mode == "rehearse" else None, memory_k=s.memory_k)
 
 
 def _critiques(model: Any, tok: Any, tasks: list[Task], plans: list[str],

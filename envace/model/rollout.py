@@ -56,6 +56,10 @@ class RolloutConfig:
     max_context: int = 4096  # tokens per episode
     desc_chars: int = 60  # tool descriptions in the listing are cut to this
     seed: int = 0
+    # rehearse with a memory of real responses (`audit.memory.ResponseMemory`, train split
+    # only): before each rehearsed response, a system note of the memory_k most similar calls
+    memory: Any = None
+    memory_k: int = 3
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
@@ -219,6 +223,7 @@ class Engine:
         call_id, name, args = row.pending[0]
         step = int(call_id[1:])
         if self.cfg.mode == "rehearse":
+            self._memory_note(row, name, args)
             self._force(row, self._header("tool"))
             row.gen = "rehearse"
             row.current_step = step  # type: ignore[attr-defined]
@@ -237,6 +242,19 @@ class Engine:
         if not rehearsed:
             row.real_spans.append(span)
         self._next_response(row)
+
+    def _memory_note(self, row: _Row, name: str, args: dict[str, Any]) -> None:
+        """With a memory: the note of similar training calls (never the task's own scenario) as
+        a system turn before the rehearsed response, as `envace probe --memory` shows it; it
+        stays in the episode (CONTEXT, recorded as a system message with ``memory: true``)."""
+        if self.cfg.memory is None or self.cfg.memory_k <= 0:
+            return
+        from audit.memory import render_note
+
+        note = render_note(self.cfg.memory.similar(name, args, row.task.id, self.cfg.memory_k))
+        if note:
+            row.messages.append({"role": "system", "content": note, "memory": True})
+            self._force_turn(row, "system", note)
 
     def _next_user_turn(self, row: _Row) -> None:
         row.turn += 1

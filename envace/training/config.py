@@ -110,6 +110,11 @@ class TrainConfig:
         "anchor_fraction * prompts_per_step of them in expectation). An anchored group is a "
         "group of its own: its act tokens get the policy loss against its own baseline, its "
         "real responses feed real_obs_coef, it has no rehearse role to train. 0: off")
+    memory_k: int = opt(
+        0, "rehearse with a memory of real responses: before each rehearsed response (rollouts "
+        "and evaluation), a system note of the memory_k most similar calls of that tool in the "
+        "environment's train split and what the real environment returned (audit.memory; never "
+        "the task's own scenario; the note stays in the episode as context). 0: off")
 
     # rollouts
     prompts_per_step: int = opt(16, "tasks sampled per training step")
@@ -206,6 +211,12 @@ class TrainConfig:
             + "/".join(rehearsing),
         )
         self._check_real_obs()
+        require(self.memory_k >= 0, f"memory_k={self.memory_k}: 0 (off) or more entries")
+        require(
+            self.memory_k == 0 or mode.trains_rehearsals,
+            f"memory_k={self.memory_k} is shown when the policy rehearses, which mode="
+            f"{self.mode} does not: set memory_k=0 or mode=" + "/".join(rehearsing),
+        )
         require(
             self.grounded_lambda == 0 or bool(self.audit_scorers),
             "grounded_lambda > 0 needs measured fidelity: list scorers in audit_scorers",

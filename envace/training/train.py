@@ -280,7 +280,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars,
-                         seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank)
+                         seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank,
+                         memory=policy.memory, memory_k=cfg.memory_k)
     with timer.section("rollout"):
         episodes = rollout_groups(policy, groups, cfg.group_size, rcfg, timer)
     t_roll = time.perf_counter()

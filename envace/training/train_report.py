@@ -51,7 +51,8 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
                     rollout=policy.rollout)
     reh_dir = RUN.eval_dir(run_dir, f"{cfg.eval_split}_rehearsed")
     reh = evaluate(policy.model, policy.tokenizer, tasks, reh_dir,
-                   EvalSettings(mode="rehearse", **base), label=f"{cfg.eval_split}_rehearsed",
+                   EvalSettings(mode="rehearse", **base, memory=policy.memory,
+                                memory_k=cfg.memory_k), label=f"{cfg.eval_split}_rehearsed",
                    rollout=policy.rollout)
     audit = run_audit([str(reh_dir / RUN.eval_trajectories)], reh_dir / RUN.audit,
                       AuditOptions(scorers=list(cfg.audit_scorers),

@@ -55,6 +55,7 @@ class Policy:
     # these;
     # `model` / `world_model` stay whole, for generation, refreshed after every step
     sharded: dict[str, Any] = field(default_factory=dict)
+    memory: Any | None = None  # memory_k > 0: the train split's real responses (audit.memory)
 
     def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
         from envace.model.rollout import run_episodes
@@ -154,6 +155,17 @@ def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
     from envace.core.export import export_env
 
     return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
+
+
+def train_memory(env: str) -> Any:
+    """The memory of real responses of ``env``'s train split (``memory_k``; audit.memory)."""
+    from audit.memory import ResponseMemory
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_env, export_real
+
+    trajs = (export_real(split_tasks("train")) if env == "bfcl"
+             else export_env(env, [t.id for t in env_tasks(env, "train")]))
+    return ResponseMemory.from_trajectories(trajs, f"the {env} train split")
 
 
 def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
@@ -261,6 +273,8 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         model = model.to(device)
         wm = wm.to(device) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
+    if cfg.memory_k > 0:
+        policy.memory = train_memory(cfg.env)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout
         from envace.model.backends.vllm_backend import VLLMRollouts
 

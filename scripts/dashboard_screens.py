@@ -122,6 +122,7 @@ def browser() -> Iterator[object]:
 def open_page(driver, url: str, wait_for: str, timeout: float = 90) -> str:
     """Load a page and wait until ``wait_for`` is visible and the app has stopped running;
     returns the visible text."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -133,9 +134,12 @@ def open_page(driver, url: str, wait_for: str, timeout: float = 90) -> str:
         return wait_for in body and not any(e.is_displayed() and "Running" in e.text
                                             for e in running)
 
-    WebDriverWait(driver, timeout, poll_frequency=0.5).until(ready)
+    # Streamlit re-renders while it runs: an element found one moment may be gone the next
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.5,
+                         ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(ready)
     time.sleep(1.5)  # let the charts draw
-    return driver.find_element(By.TAG_NAME, "body").text
+    return wait.until(lambda d: d.find_element(By.TAG_NAME, "body").text)
 
 
 def capture(root: Path, out: Path, run: str = "demo") -> list[Path]:

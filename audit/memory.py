@@ -184,6 +184,18 @@ class ResponseMemory:
         return cls(entries, source)
 
     @classmethod
+    def from_train_split(cls, env: str) -> ResponseMemory:
+        """The memory of environment `env`'s train split, exported from its tasks (what
+        `memory_k` of `envace train` and `--memory-k` of `envace rollout/eval` show)."""
+        from envace.core.envs.task_envs import env_tasks
+        from envace.core.envs.tasks import split_tasks
+        from envace.core.export import export_env, export_real
+
+        trajs = (export_real(split_tasks("train")) if env == "bfcl"
+                 else export_env(env, [t.id for t in env_tasks(env, "train")]))
+        return cls.from_trajectories(trajs, f"the {env} train split")
+
+    @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ResponseMemory:
         """The memory of a train-split real trajectory file; `UsageError` (one line) when a
         trajectory's task is not a train-split task, or when nothing in it is usable."""

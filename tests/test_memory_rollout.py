@@ -137,3 +137,16 @@ def test_a_training_step_rehearses_with_the_memory(tmp_path):
                          .read_text())
     assert summary["settings"]["memory"] == "the bfcl train split"
     assert summary["settings"]["memory_k"] == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["rollout", "--model", "tiny", "--mode", "real", "--memory-k", "2", "--out", "x.jsonl"],
+    ["eval", "--model", "tiny", "--rehearsal", "none", "--memory-k", "2"]])
+def test_memory_k_where_nothing_is_rehearsed_is_a_usage_error(argv, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "envace.cli", *argv], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "--memory-k" in r.stderr, r.stderr[-500:]
+    assert not (tmp_path / "x.jsonl").exists()

@@ -71,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")
         if args.memory_k:
-            from envace.training.train_setup import train_memory
+            from audit.memory import ResponseMemory
 
-            settings.memory, settings.memory_k = train_memory(args.env), args.memory_k
+            settings.memory = ResponseMemory.from_train_split(args.env)
+            settings.memory_k = args.memory_k
     except ValueError as exc:
         print(f"envace eval: {exc}", file=sys.stderr)
         return 2

@@ -118,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                          max_context=args.max_context, seed=args.seed)
     if args.memory_k:
-        from envace.training.train_setup import train_memory
+        from audit.memory import ResponseMemory
 
-        rcfg.memory, rcfg.memory_k = train_memory(args.env), args.memory_k
+        rcfg.memory, rcfg.memory_k = ResponseMemory.from_train_split(args.env), args.memory_k
     n = 0
     with TrajectoryWriter(Path(args.out), mode="w") as w:
         for i in range(0, len(tasks), args.batch_size):

@@ -157,17 +157,6 @@ def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
     return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
 
 
-def train_memory(env: str) -> Any:
-    """The memory of real responses of ``env``'s train split (``memory_k``; audit.memory)."""
-    from audit.memory import ResponseMemory
-    from envace.core.envs.tasks import split_tasks
-    from envace.core.export import export_env, export_real
-
-    trajs = (export_real(split_tasks("train")) if env == "bfcl"
-             else export_env(env, [t.id for t in env_tasks(env, "train")]))
-    return ResponseMemory.from_trajectories(trajs, f"the {env} train split")
-
-
 def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
     """The policy to start from: the preset (or path), after the cold start if asked (on the
     real trajectories of the run environment's train split)."""
@@ -271,7 +260,9 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         wm = wm.to(device) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
     if cfg.memory_k > 0:
-        policy.memory = train_memory(cfg.env)
+        from audit.memory import ResponseMemory
+
+        policy.memory = ResponseMemory.from_train_split(cfg.env)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout
         from envace.model.backends.vllm_backend import VLLMRollouts
 

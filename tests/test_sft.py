@@ -16,6 +16,7 @@ from envace.core.export import export_real
 from envace.model.chat import Role, encode_with_roles
 from envace.model.models import build_tiny, load_model
 from envace.training.sft import (
+    ROLE_SETS,
     SFT_LOG,
     SFT_META,
     SFTSettings,
@@ -83,7 +84,7 @@ def test_prompt_keeps_system_last_user_and_latest(trajs, tok):
     assert cut[-len(tail):] == tail and full[-len(tail):] == tail
 
 
-@pytest.mark.parametrize("roles", ["both", "act"])
+@pytest.mark.parametrize("roles", ["both", "act", "rehearse"])
 def test_labels_follow_roles(trajs, tok, base, tmp_path, roles):
     examples, stats = build_examples(tok, trajs[:3], 1024, roles)
     model = load_model(base)[0]
@@ -94,19 +95,28 @@ def test_labels_follow_roles(trajs, tok, base, tmp_path, roles):
     expected = []
     for traj in trajs[:3]:
         blocks, kinds = message_blocks(tok, sft_messages(traj, roles), traj.tools)
-        expected += [r for _, r in make_windows(blocks, kinds, 1024)]
+        expected += [r for _, r in make_windows(blocks, kinds, 1024)
+                     if any(x in ROLE_SETS[roles] for x in r)]
     assert len(ds) == len(expected)
-    want = {Role.ACT, Role.REHEARSE} if roles == "both" else {Role.ACT}
+    want = {"both": {Role.ACT, Role.REHEARSE}, "act": {Role.ACT},
+            "rehearse": {Role.REHEARSE}}[roles]
+    n_act = 0
     n_rehearse = 0
     for row, rls in zip(ds, expected, strict=True):
         assert len(row["labels"]) == len(rls) == len(row["input_ids"])
         for tid, lab, r in zip(row["input_ids"], row["labels"], rls, strict=True):
             assert lab == (tid if r in want else -100)
             n_rehearse += r == Role.REHEARSE
+            n_act += r == Role.ACT
+        assert any(lab != -100 for lab in row["labels"])  # no window without a trained token
     if roles == "act":
         assert n_rehearse == 0 and stats["rehearse_tokens"] == 0
     else:
         assert n_rehearse > 0 and stats["rehearse_tokens"] == n_rehearse
+    if roles == "rehearse":  # act turns stay context: their tokens are not trained
+        assert n_act > 0 and stats["act_tokens"] == 0
+    else:
+        assert stats["act_tokens"] == n_act > 0
 
 
 def test_sft_lowers_loss_and_saves(trajs, base, tmp_path):

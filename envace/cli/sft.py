@@ -29,7 +29,8 @@ def add_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
                               description=__doc__.split("\n")[0])
     p.add_argument("--preset", help="tiny, smollm2 or a model folder (default tiny)")
     p.add_argument("--out", help="output folder (default under the cache dir)")
-    p.add_argument("--roles", choices=["both", "act"], help="trained roles (default both)")
+    p.add_argument("--roles", choices=["both", "act", "rehearse"],
+                   help="trained roles: both, act only, or rehearse only (default both)")
     p.add_argument("--max-minutes", type=float, help="time budget of the whole command (9)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (0 = until budget / epochs)")
     p.add_argument("--lr", type=float, help="peak learning rate (preset default)")

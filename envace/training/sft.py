@@ -7,7 +7,9 @@
 The data are the train split's real trajectories (`envace.core.export`: ground-truth calls executed,
 one call per assistant message). Every token is trained as its role says (`envace.model.chat`): with
 `roles="both"` (default) the assistant turns (ACT) and the tool responses (REHEARSE: the policy
-learns to write what the environment answers); with `roles="act"` the tool responses stay context.
+learns to write what the environment answers); with `roles="act"` the tool responses stay context;
+with `roles="rehearse"` only the tool responses are trained (a world-model fine-tune, e.g. from an
+SFT folder: `envace sft --preset data/models/tiny-sft --roles rehearse`).
 
 Trajectories longer than `seq_len` are cut into windows of whole messages. Every window opens
 with the system turn (the tool listing) and, when it starts mid-conversation, the last user message
@@ -45,6 +47,12 @@ from envace.training.config import opt, require
 SFT_META = "envace_sft.json"
 SFT_LOG = "sft_log.jsonl"
 SFT_VERSION = 1  # bump when the data or the training recipe changes meaning
+# which chat roles each `roles` setting trains (the rest of the window is context)
+ROLE_SETS: dict[str, frozenset[int]] = {
+    "both": frozenset({int(Role.ACT), int(Role.REHEARSE)}),
+    "act": frozenset({int(Role.ACT)}),
+    "rehearse": frozenset({int(Role.REHEARSE)}),
+}
 
 # Per-preset defaults for the fields left at None (a path gets the smollm2 column).
 PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -59,7 +67,8 @@ class SFTSettings:
 
     preset: str = opt("tiny", "tiny, smollm2, or the path of a local Hugging Face model folder")
     out: str | None = opt(None, "output folder; default <cache>/sft-<preset>-<roles>-<hash>")
-    roles: Literal["both", "act"] = opt("both", "train act and rehearse tokens, or act only")
+    roles: Literal["both", "act", "rehearse"] = opt(
+        "both", "train act and rehearse tokens, act only, or rehearse only (the world model)")
     max_minutes: float = opt(9.0, "wall-clock budget of the whole command; 0 = none")
     max_steps: int = opt(0, "stop after this many optimizer steps; 0 = no limit")
     epochs: float = opt(3.0, "passes over the data (the time budget usually ends training first)")
@@ -76,7 +85,8 @@ class SFTSettings:
     force: bool = opt(False, "train again even when the output folder is already up to date")
 
     def __post_init__(self) -> None:
-        require(self.roles in ("both", "act"), f"roles must be 'both' or 'act', not {self.roles!r}")
+        require(self.roles in ROLE_SETS,
+                f"roles must be one of {', '.join(ROLE_SETS)}, not {self.roles!r}")
         require(self.max_minutes >= 0, "max_minutes must be >= 0 (0 means no time budget)")
         require(self.max_steps >= 0, "max_steps must be >= 0 (0 means no step limit)")
         require(self.epochs > 0, "epochs must be positive")
@@ -131,12 +141,13 @@ def auto_threads(requested: int = 0) -> int:
 
 
 def sft_messages(traj: Trajectory, roles: str = "both") -> list[dict[str, Any]]:
-    """The trajectory's messages as dicts; tool responses marked `rehearsed` iff roles == both."""
+    """The trajectory's messages as dicts; tool responses marked `rehearsed` iff the rehearse
+    role is trained (roles `both` or `rehearse`)."""
     out = []
     for m in traj.messages:
         d = m.dump()
         if d.get("role") == "tool":
-            d["rehearsed"] = roles == "both"
+            d["rehearsed"] = int(Role.REHEARSE) in ROLE_SETS[roles]
         out.append(d)
     return out
 
@@ -216,20 +227,23 @@ def build_examples(
 ) -> tuple[list[dict[str, list[int]]], dict[str, int]]:
     """Pre-tokenized SFT examples `{input_ids, assistant_masks}` (1 = trained) and counts.
 
-    `assistant_masks` is trl's name for the loss mask; here it marks act tokens, and rehearse
-    tokens too when roles == "both".
+    `assistant_masks` is trl's name for the loss mask; here it marks the tokens of the trained
+    roles (`ROLE_SETS[roles]`).
     """
-    trained = {int(Role.ACT), int(Role.REHEARSE)} if roles == "both" else {int(Role.ACT)}
+    trained = ROLE_SETS[roles]
     examples: list[dict[str, list[int]]] = []
     stats = {"trajectories": 0, "windows": 0, "tokens": 0, "act_tokens": 0, "rehearse_tokens": 0}
     for traj in trajectories:
         blocks, kinds = message_blocks(tokenizer, sft_messages(traj, roles), traj.tools)
         stats["trajectories"] += 1
         for ids, rls in make_windows(blocks, kinds, seq_len):
-            examples.append({"input_ids": ids, "assistant_masks": [int(r in trained) for r in rls]})
+            mask = [int(r in trained) for r in rls]
+            if not any(mask):  # e.g. a window of act turns only, with roles="rehearse"
+                continue
+            examples.append({"input_ids": ids, "assistant_masks": mask})
             stats["windows"] += 1
             stats["tokens"] += len(ids)
-            stats["act_tokens"] += sum(r == Role.ACT for r in rls)
+            stats["act_tokens"] += sum(r == Role.ACT and r in trained for r in rls)
             stats["rehearse_tokens"] += sum(r == Role.REHEARSE and r in trained for r in rls)
     return examples, stats
 

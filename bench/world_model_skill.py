@@ -21,7 +21,8 @@ A label ending in ``#sN`` is seed N of a trained cell (``tiny envace 30 steps#s1
 runs/...``): the table adds one row per label with the seeds' mean and range. The test split is
 never read. Writes ``bench/results/<name>.json`` after every cell (machine, load, seconds, each
 cell's skill block) with, under ``best``, the cell with the highest skill point as ``probe_args``
-(with the file it needs); ``--collect`` rebuilds from the audits kept under ``--keep``.
+(with the files it needs and, for a model folder given with ``--built PATH=COMMAND``, the
+command that made it); ``--collect`` rebuilds from the audits kept under ``--keep``.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
             "seconds": summary.get("seconds")}
 
 
-def best_cell(cells: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The cell with the highest skill point (ties: the first), as ``probe_args``."""
+def best_cell(cells: dict[str, dict[str, Any]],
+              built: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The cell with the highest skill point (ties: the first), as ``probe_args``, with the
+    commands that make the files and model folders it names (`EXPORT`, `built`)."""
     scored = [(c["skill"]["point"], label) for label, c in cells.items()
               if c.get("skill", {}).get("point") is not None]
     if not scored:
@@ -86,7 +89,7 @@ def best_cell(cells: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     point, label = max(scored, key=lambda x: x[0])
     args = cells[label]["probe_args"]
     return {"label": label, "probe_args": args, "skill": cells[label]["skill"],
-            "files": {f: EXPORT[f] for f in EXPORT if f in args}}
+            "files": {f: cmd for f, cmd in {**EXPORT, **(built or {})}.items() if f in args}}
 
 
 def _pct(v: Any) -> str:
@@ -118,13 +121,21 @@ HEADER = ["world model", "steps", "exact", "reference", "skill", "95% CI (trajec
           "skill read", "skill write"]
 
 
+def parse_built(spec: str) -> tuple[str, str]:
+    """``PATH=COMMAND`` -> (path, command): how a model folder a cell names was made."""
+    path, sep, cmd = spec.partition("=")
+    if not sep or not path.strip() or not cmd.strip():
+        raise ValueError(f"--built is PATH=COMMAND, got {spec!r}")
+    return path.strip(), cmd.strip()
+
+
 def _report(name: str, info: dict[str, Any], cells: dict[str, Any],
             load_start: tuple[float, float, float]) -> None:
     rows = rows_for(cells)
     print(table(rows, HEADER))
     path = write_result(name, {**info, "load_average": {"start": load_start,
                                                         "end": os.getloadavg()},
-                               "cells": cells, "best": best_cell(cells),
+                               "cells": cells, "best": best_cell(cells, info.get("built")),
                                "table": {"header": HEADER, "rows": rows}})
     print(f"wrote {path}", flush=True)
 
@@ -145,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="at most this many dev trajectories")
     ap.add_argument("--name", default="world_model_skill")
     ap.add_argument("--keep", required=True, help="audits and the exported splits go here")
+    ap.add_argument("--built", action="append", default=[], metavar="PATH=COMMAND",
+                    help="how a model folder named by a cell was made (recorded, not run)")
     ap.add_argument("--collect", action="store_true",
                     help="no probing: read the audits already kept under --keep")
     args = ap.parse_args(argv)
     try:
         cells_in = [parse_cell(c) for c in args.cell]
+        built = dict(parse_built(b) for b in args.built)
     except ValueError as e:
         ap.error(str(e))
     keep = Path(args.keep)
@@ -158,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     info = {"split": "dev", "reference": "train", "decoding": "greedy, teacher-forced",
             "threads": 1, "limit": args.limit or None, "command": command,
-            "scorer": "exact", "files": EXPORT}
+            "scorer": "exact", "files": EXPORT, "built": built}
     load_start = os.getloadavg()
     cells: dict[str, Any] = {}
     if not args.collect:

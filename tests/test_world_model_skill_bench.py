@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.world_model_skill import base_label, best_cell, cell_result, parse_cell, rows_for
+from bench.world_model_skill import (
+    base_label,
+    best_cell,
+    cell_result,
+    parse_built,
+    parse_cell,
+    rows_for,
+)
 
 
 def test_parse_cell_and_seed_labels():
@@ -37,6 +44,15 @@ def test_best_cell_is_the_highest_skill_point_with_its_files():
     assert best["files"] == {"train.jsonl": "envace data export-real --split train "
                                             "--out train.jsonl"}
     assert best_cell({"c": cells["c"]}) is None
+    # a model folder made by a command: the command travels with the best cell's arguments
+    built = dict([parse_built("m=envace sft --roles rehearse --out m"),
+                  parse_built("n=envace sft --out n")])
+    assert best_cell(cells, built)["files"] == {
+        "m": "envace sft --roles rehearse --out m",
+        "train.jsonl": "envace data export-real --split train --out train.jsonl"}
+    for bad in ("no-equals", "=cmd", "path="):
+        with pytest.raises(ValueError, match="PATH=COMMAND"):
+            parse_built(bad)
 
 
 def test_rows_add_a_mean_over_seeds():

@@ -124,7 +124,8 @@ class Probe:
             kind, k, pos = row["cur"]
             msgs = self.targets[row["task"]].get(kind, [])
             if k < len(msgs) and pos < len(msgs[k]):
-                logits = out.logits[i, last[i]]
+                logits = out.logits[i, _kept_column(kw.get("logits_to_keep", 0), ids.shape[1],
+                                                    last[i])]
                 logits[:] = torch.finfo(logits.dtype).min
                 logits[msgs[k][pos]] = 0.0
         return out
@@ -138,6 +139,15 @@ class Probe:
     def close(self) -> None:
         del self.model.forward
         DynamicCache.batch_select_indices = self.orig_select  # type: ignore[method-assign]
+
+
+def _kept_column(keep: Any, width: int, position: int) -> int:
+    """Where position `position` of a forward `width` wide sits in its logits when the backend
+    projected only `logits_to_keep` positions (an int: the last ones; 0: all; a sorted index
+    tensor: those)."""
+    if isinstance(keep, torch.Tensor):
+        return int(torch.searchsorted(keep.cpu(), torch.tensor(position)))
+    return position if not keep else position - (width - int(keep))
 
 
 def _push(eng: Engine, r: Any, tok: int, lp: float, cfg: RolloutConfig) -> bool:

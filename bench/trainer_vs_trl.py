@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
     ap.add_argument("--model", help="model folder (default: the untrained tiny preset)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="trainer_vs_trl",
+                    help="result file bench/results/NAME.json (one per model)")
     ap.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                  ratio["update_completion_tokens_per_s"], "", "", ratio["peak_rss"]])
     print(table(rows, ["trainer", "steps", "steps/min", "update tok/s", "update compl tok/s",
                        "fwd tok/step", "compl tok/step", "peak RSS MiB"]))
-    path = write_result("trainer_vs_trl", {
+    path = write_result(args.name, {
         "quiet_machine": quiet, "load_avg_1min": load, "load_avg_1min_end": os.getloadavg()[0],
         "command": " ".join(["python -m bench.trainer_vs_trl", *(argv or sys.argv[1:])]),
         "settings": {k: v for k, v in vars(args).items() if k not in ("side", "out")},

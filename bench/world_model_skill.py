@@ -45,12 +45,18 @@ EXPORT = {TRAIN: "envace data export-real --split train --out train.jsonl",
           "dev.jsonl": "envace data export-real --split dev --out dev.jsonl"}
 
 
+def _pair(spec: str, form: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (key, value), both stripped and non-empty; else ValueError naming `form`."""
+    key, sep, value = spec.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise ValueError(f"expected {form}, got {spec!r}")
+    return key.strip(), value.strip()
+
+
 def parse_cell(spec: str) -> tuple[str, list[str]]:
     """``LABEL=ARGS`` -> (label, argument list); the label may not be empty."""
-    label, sep, rest = spec.partition("=")
-    if not sep or not label.strip() or not rest.strip():
-        raise ValueError(f"a cell is LABEL=PROBE-ARGS, got {spec!r}")
-    return label.strip(), shlex.split(rest)
+    label, rest = _pair(spec, "a cell as LABEL=PROBE-ARGS")
+    return label, shlex.split(rest)
 
 
 def base_label(label: str) -> str:
@@ -123,10 +129,7 @@ HEADER = ["world model", "steps", "exact", "reference", "skill", "95% CI (trajec
 
 def parse_built(spec: str) -> tuple[str, str]:
     """``PATH=COMMAND`` -> (path, command): how a model folder a cell names was made."""
-    path, sep, cmd = spec.partition("=")
-    if not sep or not path.strip() or not cmd.strip():
-        raise ValueError(f"--built is PATH=COMMAND, got {spec!r}")
-    return path.strip(), cmd.strip()
+    return _pair(spec, "--built as PATH=COMMAND")
 
 
 def _report(name: str, info: dict[str, Any], cells: dict[str, Any],

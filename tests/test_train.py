@@ -315,6 +315,46 @@ def test_update_statistics_do_not_depend_on_the_micro_batches():
     assert whole["ratio_max"] > whole["ratio_mean"] > 0
 
 
+def test_a_fused_update_is_seen_by_the_weight_sync_signal():
+    """The trainer's AdamW is torch's fused kernel (as trl's default), which writes the
+    parameters without bumping their version counters; the update marks every trainee changed,
+    so `weights_version` (what the vLLM backend syncs on) moves at every step, in both modes
+    with a separate world model or without; the fused update equals the per-tensor one."""
+    import torch
+
+    from envace.model.models import weights_version
+    from envace.training.config import TrainConfig
+    from envace.training.train import update
+    from envace.training.train_setup import _optim
+
+    eps, adv = _episodes(4)
+    for mode in ("envace", "split"):
+        cfg = TrainConfig(mode=mode, micro_batch_size=2, lr=1e-3, group_size=2,
+                          prompts_per_step=2)
+        policy, wm = _qwen(0), (_qwen(1) if mode == "split" else None)
+        pol = _policy(cfg, policy, wm)
+        for name, m, _ in pol.trainees(cfg.mode):
+            pol.optimizers[name], pol.schedulers[name] = _optim(m, cfg, fused=True)
+            assert pol.optimizers[name].defaults["fused"] is True
+        models = [m for m in (policy, wm) if m is not None]
+        before = [weights_version(m) for m in models]
+        raw = [tuple(p._version for p in m.parameters()) for m in models]
+        update(pol, eps, adv, cfg)
+        for m, v, r in zip(models, before, raw, strict=True):
+            assert weights_version(m) != v
+            # the kernel alone would not have told: no parameter's counter moved
+            assert tuple(p._version for p in m.parameters()) == r
+    cfg = TrainConfig(micro_batch_size=2, lr=1e-3, group_size=2, prompts_per_step=2)
+    fused = _qwen(0)
+    pf, pl = _policy(cfg, fused), _policy(cfg, _qwen(0))
+    pf.optimizers["policy"], pf.schedulers["policy"] = _optim(fused, cfg, fused=True)
+    for _ in range(2):
+        update(pf, eps, adv, cfg)
+        update(pl, eps, adv, cfg)
+    for a, b in zip(fused.parameters(), pl.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_each_trainee_is_anchored_to_its_own_initial_weights():
     """Mode split: the world model's KL is taken against its own initial weights. On the first
     step every trainee equals its anchor: both KL figures are 0 (against the policy's anchor the

@@ -62,6 +62,25 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
+WEIGHTS_STEP_ATTR = "_envace_weight_steps"
+
+
+def mark_weights_changed(model: Any) -> None:
+    """Say that `model`'s weights changed (the trainer calls it after every optimizer step).
+    A kernel that writes parameters in place without bumping their version counters (fused
+    AdamW) is then still seen by `weights_version`, which the vLLM backend syncs on."""
+    setattr(model, WEIGHTS_STEP_ATTR, int(getattr(model, WEIGHTS_STEP_ATTR, 0)) + 1)
+
+
+def weights_version(model: Any) -> tuple[int, ...]:
+    """Changes whenever `model`'s weights change: an optimizer step (`mark_weights_changed`),
+    any in-place write that bumps a parameter's version counter (a load, a copy), or new
+    parameter storage."""
+    params = list(model.parameters())
+    return ((int(getattr(model, WEIGHTS_STEP_ATTR, 0)),) + tuple(p._version for p in params)
+            + tuple(p.data_ptr() for p in params))
+
+
 def default_cache_dir() -> Path:
     """`$ENVACE_CACHE`, else `<repo>/.cache/envace`."""
     env = os.environ.get("ENVACE_CACHE")

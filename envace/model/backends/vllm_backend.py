@@ -53,6 +53,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from envace.model.backends.base import Generation, SamplingSpec, run_episodes_backend  # noqa: E402
+from envace.model.models import weights_version  # noqa: E402
 
 if TYPE_CHECKING:
     from envace.core.envs.tasks import Task
@@ -174,12 +175,6 @@ class VLLMBackend:
             core.shutdown()
         del self.llm
         gc.collect()
-
-
-def weights_version(model: torch.nn.Module) -> tuple[int, ...]:
-    """Changes whenever any parameter is modified in place (an optimizer step, a load)."""
-    return tuple(p._version for p in model.parameters()) + tuple(
-        p.data_ptr() for p in model.parameters())
 
 
 def model_folder(model: torch.nn.Module, tokenizer: Any) -> Path:

@@ -5,12 +5,14 @@
     note = render_note(memory.similar(...))             # the block the world model is shown
     memory.exact("cd", {"folder": "docs"}, task_id)     # the lookup's exact answer, or None
 
-Two world models of issue #17 are built on it, both scored by the audit like any other:
+Three world models of issue #17 are built on it, each scored by the audit like any other:
 
 - **with a memory** (``envace probe --memory train.jsonl [--memory-k 3]``): before the open tool
   header of every request, the model is shown a note, one system message appended to the
   conversation (:func:`with_note`), listing the k most similar training calls of the same tool
   and the real response each got (:func:`render_note`);
+- **trained with a memory** (``envace sft --memory-k K``): every training response preceded by
+  its call's note (:func:`with_notes_before_responses`), so the model learns to use it;
 - **the hybrid** (``envace probe --hybrid train.jsonl``): the lookup's exact answer where the
   lookup has one for this (tool, arguments), the model elsewhere (:func:`hybrid_batch`).
 
@@ -272,6 +274,36 @@ def note_chars(budget_tokens: int) -> int:
 def with_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
     """The conversation with the note as a last system message (unchanged when `note` is "")."""
     return [*messages, {"role": "system", "content": note}] if note else list(messages)
+
+
+def with_notes_before_responses(messages: Sequence[dict[str, Any]], memory: ResponseMemory,
+                                task_id: str, k: int = DEFAULT_K,
+                                max_chars: int = NOTE_CHARS) -> list[dict[str, Any]]:
+    """A whole conversation with, before every tool response, the note of its call's `k` most
+    similar training calls (never from `task_id`'s scenario), as a system message marked
+    ``memory: true``: what ``envace sft --memory-k`` trains on. The call a response answers is
+    the assistant tool call whose id it names (else the last call of its tool name); a
+    response whose call has no arguments, or whose tool has no entry, gets no note. The
+    input is not changed."""
+    calls: dict[Any, tuple[str, Any]] = {}
+    last: dict[str, Any] = {}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                calls[tc.get("id")] = (fn.get("name"), fn.get("arguments"))
+                last[str(fn.get("name"))] = fn.get("arguments")
+        elif m.get("role") == "tool":
+            name, args = calls.get(m.get("tool_call_id"), (m.get("name"), None))
+            if args is None and name is not None:
+                args = last.get(str(name))
+            if name and isinstance(args, dict):
+                note = render_note(memory.similar(str(name), args, task_id, k), max_chars)
+                if note:
+                    out.append({"role": "system", "content": note, "memory": True})
+        out.append(dict(m))
+    return out
 
 
 def memory_batch(inner: BatchAnswer, memory: ResponseMemory, k: int = DEFAULT_K,

@@ -31,6 +31,7 @@ from audit.memory import (
     scenario_key,
     split_violations,
     with_note,
+    with_notes_before_responses,
 )
 from audit.output import UsageError
 from audit.pipeline import AuditOptions, reference_triples
@@ -184,6 +185,56 @@ def test_memory_batch_shows_the_note_last():
     note = seen[0][0][-1]
     assert note["role"] == "system" and "docs" in note["content"] and "src" not in note["content"]
     assert seen[1][0] == msgs  # a tool the memory never saw: no note
+
+
+def test_notes_before_responses_are_the_probes_notes(files):
+    """What `envace sft --memory-k` trains on: before every tool response of a real train
+    trajectory, exactly the note the probe's memory shows for that call (same entries, never
+    from the trajectory's own scenario); every other message unchanged and in order."""
+    from envace.core.schema import read_trajectories
+
+    trajs = [i.trajectory for i in read_trajectories(files["train"]) if i.trajectory]
+    memory = ResponseMemory.from_file(files["train"])
+    n_notes = 0
+    for traj in trajs[:20]:
+        msgs = [m.dump() for m in traj.messages]
+        shown = with_notes_before_responses(msgs, memory, traj.task_id, k=2)
+        plain = [m for m in shown if not m.get("memory")]
+        assert plain == msgs
+        steps = iter(traj.tool_steps())
+        for i, m in enumerate(shown):
+            if m.get("role") != "tool":
+                continue
+            st = next(steps)
+            want = render_note(memory.similar(st.tool, st.arguments, traj.task_id, 2))
+            note = shown[i - 1] if shown[i - 1].get("memory") else None
+            assert (note["content"] if note else "") == want
+            if note:
+                n_notes += 1
+                assert note["role"] == "system"
+                own = scenario_key(traj.task_id)
+                for e in memory.similar(st.tool, st.arguments, traj.task_id, 2):
+                    assert scenario_key(e.task_id) != own or any(
+                        x.tool == e.tool and x.key == e.key and scenario_key(x.task_id) != own
+                        for x in memory.entries)
+    assert n_notes > 20
+
+
+def test_notes_before_responses_known_answer():
+    memory = ResponseMemory([Entry("cd", {"folder": "docs"}, "A", "multi_turn_base_1"),
+                             Entry("cd", {"folder": "tmp"}, "B", "multi_turn_base_2")])
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "cd", "arguments": {"folder": "t"}}}]}
+    msgs = [{"role": "user", "content": "go"}, call,
+            {"role": "tool", "tool_call_id": "c0", "name": "cd", "content": "x"},
+            {"role": "tool", "tool_call_id": "c9", "name": "ls", "content": "y"}]
+    out = with_notes_before_responses(msgs, memory, "multi_turn_base_2", k=3)
+    # scenario 2's own entry is never shown; a tool the memory never saw gets no note
+    assert out == [msgs[0], call,
+                   {"role": "system", "memory": True,
+                    "content": f"{NOTE_TITLE}\ncall: cd({{\"folder\":\"docs\"}})\nreturned: A"},
+                   msgs[2], msgs[3]]
+    assert len(msgs) == 4  # the input is not changed
 
 
 # ---------------------------------------------------------------- the hybrid

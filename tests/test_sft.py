@@ -119,6 +119,37 @@ def test_labels_follow_roles(trajs, tok, base, tmp_path, roles):
         assert stats["act_tokens"] == n_act > 0
 
 
+def test_memory_notes_are_context_and_train_nothing_new(trajs, tok):
+    """`memory_k`: each response follows its note (the probe's note, from other scenarios),
+    the notes are context, and the trained tokens are exactly those without a memory."""
+    from audit.memory import NOTE_TITLE
+
+    plain, st0 = build_examples(tok, trajs, 8192, "rehearse")
+    noted, st3 = build_examples(tok, trajs, 8192, "rehearse", memory_k=3)
+    assert st3["rehearse_tokens"] == st0["rehearse_tokens"] > 0
+    assert st3["tokens"] > st0["tokens"]
+    title = tok.encode(NOTE_TITLE, add_special_tokens=False)
+
+    def trained(exs):
+        return [[t for t, m in zip(e["input_ids"], e["assistant_masks"], strict=True) if m]
+                for e in exs]
+
+    assert trained(noted) == trained(plain)
+    text = "".join(tok.decode(e["input_ids"]) for e in noted)
+    assert text.count(NOTE_TITLE) > 0 and len(title) > 0
+    for e in noted:  # no note token is trained
+        masked = tok.decode([t for t, m in zip(e["input_ids"], e["assistant_masks"],
+                                               strict=True) if m])
+        assert NOTE_TITLE not in masked
+
+
+def test_memory_k_refuses_non_train_data(tok):
+    dev = list(export_real(split_tasks("dev")[:2]))
+    with pytest.raises(ValueError, match="memory_k=2.*not train-split"):
+        build_examples(tok, dev, 1024, "rehearse", memory_k=2)
+    build_examples(tok, dev, 1024, "rehearse")  # without a memory, any data trains
+
+
 def test_sft_lowers_loss_and_saves(trajs, base, tmp_path):
     out = tmp_path / "sft"
     s = SFTSettings(preset=str(base), out=str(out), max_steps=24, seq_len=384, lr=3e-3,
@@ -157,4 +188,6 @@ def test_settings_reject_bad_values():
         SFTSettings(roles="world")
     with pytest.raises(ConfigError, match="seq_len"):
         SFTSettings(seq_len=8)
+    with pytest.raises(ConfigError, match="memory_k"):
+        SFTSettings(memory_k=-1)
     assert SFTSettings(preset="tiny").resolved().seq_len == 2048

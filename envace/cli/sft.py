@@ -4,6 +4,7 @@
     envace sft --preset smollm2 --max-minutes 10 --out runs/sft-smollm2
     envace sft --preset runs/sft-tiny --roles act --max-steps 100 --lr 3e-4
     envace sft --config configs/sft_tiny.yaml seed=1
+    envace sft --preset data/models/tiny-sft --roles rehearse --memory-k 3
 
 Flags set the common fields; `key=value` words set any field of `SFTSettings`
 (`envace sft --help-config` lists them). Torch is imported only when the command runs.
@@ -21,6 +22,7 @@ _FLAGS = {
     "preset": "preset", "out": "out", "roles": "roles", "max_minutes": "max_minutes",
     "max_steps": "max_steps", "lr": "lr", "seq_len": "seq_len", "batch_size": "batch_size",
     "epochs": "epochs", "seed": "seed", "data": "data", "force": "force", "threads": "threads",
+    "memory_k": "memory_k",
 }
 
 
@@ -38,6 +40,9 @@ def add_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="windows per step (preset default)")
     p.add_argument("--epochs", type=float, help="passes over the data (3)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--memory-k", type=int,
+                   help="before each tool response, a note of the K most similar real training "
+                   "calls (other scenarios only), as `envace probe --memory` shows (0 = off)")
     p.add_argument("--threads", type=int, help="torch CPU threads (0 = auto from the load)")
     p.add_argument("--data", help="a trajectory JSONL to train on instead of the train split")
     p.add_argument("--force", action="store_true", default=None, help="retrain even if up to date")

@@ -10,6 +10,11 @@ one call per assistant message). Every token is trained as its role says (`envac
 learns to write what the environment answers); with `roles="act"` the tool responses stay context;
 with `roles="rehearse"` only the tool responses are trained (a world-model fine-tune, e.g. from an
 SFT folder: `envace sft --preset data/models/tiny-sft --roles rehearse`).
+With `memory_k=K` every tool response follows a note of the K most similar real calls of the
+training data from other scenarios (`audit.memory`), the note `envace probe --memory` and the
+trainer's `memory_k` show: a world model trained to use a memory of real responses. The notes
+of earlier responses stay in a window's context, as they stay in an episode with `memory_k`;
+the probe shows only the current call's.
 
 Trajectories longer than `seq_len` are cut into windows of whole messages. Every window opens
 with the system turn (the tool listing) and, when it starts mid-conversation, the last user message
@@ -78,6 +83,10 @@ class SFTSettings:
     warmup_steps: int | None = opt(None, "linear warmup steps")
     weight_decay: float = opt(0.01, "AdamW weight decay")
     seed: int = opt(0, "seed of the model init (tiny), the shuffling and the trainer")
+    memory_k: int = opt(
+        0, "train with a memory of real responses: before every tool response, a note of the "
+        "memory_k most similar calls of the training data (never the trajectory's own "
+        "scenario), as `envace probe --memory` and `memory_k` show it; 0 = off")
     data: str | None = opt(None, "train on this trajectory JSONL instead of the train split")
     cache_dir: str | None = opt(None, "preset cache; default $ENVACE_CACHE or <repo>/.cache/envace")
     logging_steps: int = opt(10, "log the loss every this many steps")
@@ -95,6 +104,7 @@ class SFTSettings:
         require(self.batch_size is None or self.batch_size >= 1, "batch_size must be >= 1")
         require(self.logging_steps >= 1, "logging_steps must be >= 1")
         require(self.threads >= 0, "threads must be >= 0 (0 = auto)")
+        require(self.memory_k >= 0, "memory_k must be >= 0 (0 = no memory note)")
 
     def resolved(self) -> SFTSettings:
         """A copy with the preset's defaults filled in."""
@@ -140,15 +150,22 @@ def auto_threads(requested: int = 0) -> int:
 # ---------------------------------------------------------------- data
 
 
-def sft_messages(traj: Trajectory, roles: str = "both") -> list[dict[str, Any]]:
+def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = None,
+                 memory_k: int = 0) -> list[dict[str, Any]]:
     """The trajectory's messages as dicts; tool responses marked `rehearsed` iff the rehearse
-    role is trained (roles `both` or `rehearse`)."""
+    role is trained (roles `both` or `rehearse`). With a `memory` (`audit.memory.ResponseMemory`)
+    and `memory_k` > 0, each tool response follows the note of its call's most similar
+    training calls from other scenarios (`audit.memory.with_notes_before_responses`; context)."""
     out = []
     for m in traj.messages:
         d = m.dump()
         if d.get("role") == "tool":
             d["rehearsed"] = int(Role.REHEARSE) in ROLE_SETS[roles]
         out.append(d)
+    if memory is not None and memory_k > 0:
+        from audit.memory import with_notes_before_responses
+
+        out = with_notes_before_responses(out, memory, traj.task_id, memory_k)
     return out
 
 
@@ -223,18 +240,30 @@ def make_windows(
 
 
 def build_examples(
-    tokenizer: Any, trajectories: Sequence[Trajectory], seq_len: int, roles: str = "both"
+    tokenizer: Any, trajectories: Sequence[Trajectory], seq_len: int, roles: str = "both",
+    memory_k: int = 0,
 ) -> tuple[list[dict[str, list[int]]], dict[str, int]]:
     """Pre-tokenized SFT examples `{input_ids, assistant_masks}` (1 = trained) and counts.
 
     `assistant_masks` is trl's name for the loss mask; here it marks the tokens of the trained
-    roles (`ROLE_SETS[roles]`).
+    roles (`ROLE_SETS[roles]`). With `memory_k` > 0 the trajectories are also the memory (their
+    real calls; a trajectory never sees its own scenario's) and every response follows its note.
     """
     trained = ROLE_SETS[roles]
+    memory = None
+    if memory_k > 0:
+        from audit.memory import ResponseMemory
+        from audit.output import UsageError
+
+        try:
+            memory = ResponseMemory.from_trajectories(trajectories, "the SFT data")
+        except UsageError as exc:  # a memory is only ever built from the train split
+            raise ValueError(f"memory_k={memory_k}: {exc}") from None
     examples: list[dict[str, list[int]]] = []
     stats = {"trajectories": 0, "windows": 0, "tokens": 0, "act_tokens": 0, "rehearse_tokens": 0}
     for traj in trajectories:
-        blocks, kinds = message_blocks(tokenizer, sft_messages(traj, roles), traj.tools)
+        blocks, kinds = message_blocks(tokenizer, sft_messages(traj, roles, memory, memory_k),
+                                       traj.tools)
         stats["trajectories"] += 1
         for ids, rls in make_windows(blocks, kinds, seq_len):
             mask = [int(r in trained) for r in rls]
@@ -439,7 +468,7 @@ def run_sft(
     if s.force:  # else atomic_dir keeps the folder already there (same fingerprint)
         (out / MARKER).unlink(missing_ok=True)
     model, tokenizer = load_model(base)
-    examples, stats = build_examples(tokenizer, trajs, s.seq_len, s.roles)
+    examples, stats = build_examples(tokenizer, trajs, s.seq_len, s.roles, s.memory_k)
     require(bool(examples), "no training window holds a trained token")
     budget = s.max_minutes * 60 if s.max_minutes else None
     n_params = sum(p.numel() for p in model.parameters())

@@ -22,7 +22,9 @@ runs/...``): the table adds one row per label with the seeds' mean and range. Th
 never read. Writes ``bench/results/<name>.json`` after every cell (machine, load, seconds, each
 cell's skill block) with, under ``best``, the cell with the highest skill point as ``probe_args``
 (with the files it needs and, for a model folder given with ``--built PATH=COMMAND``, the
-command that made it); ``--collect`` rebuilds from the audits kept under ``--keep``.
+command that made it); ``--collect`` rebuilds from the audits kept under ``--keep``;
+``--merge`` adds the cells probed now to those of the existing result file (whose audits need
+not be kept here), a cell probed again replacing the one of its label.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import machine
 from bench.machine import table, write_result
 from envace.core.layout import AUDIT
 
@@ -132,6 +135,32 @@ def parse_built(spec: str) -> tuple[str, str]:
     return _pair(spec, "--built as PATH=COMMAND")
 
 
+def previous_cells(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The cells and `built` commands of an earlier result file (`--merge`); ValueError (one
+    line) when it is missing or not such a file."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--merge: cannot read {path}: {exc}") from None
+    cells, built = old.get("cells") if isinstance(old, dict) else None, old.get("built") or {}
+    if not isinstance(cells, dict) or not all(
+            isinstance(c, dict) and isinstance(c.get("probe_args"), list) for c in cells.values()):
+        raise ValueError(f"--merge: {path} holds no world-model cells")
+    return dict(cells), dict(built)
+
+
+def command_for(cells: dict[str, list[str]], built: dict[str, str], limit: int = 0) -> str:
+    """The bench command that probes all these cells again (a merged result's `command`)."""
+    parts = ["python", "-m", "bench.world_model_skill", "--keep", "runs/world_model_skill"]
+    if limit:
+        parts += ["--limit", str(limit)]
+    for path, cmd in built.items():
+        parts += ["--built", f"{path}={cmd}"]
+    for label, probe_args in cells.items():
+        parts += ["--cell", f"{label}={shlex.join(probe_args)}"]
+    return shlex.join(parts)
+
+
 def _report(name: str, info: dict[str, Any], cells: dict[str, Any],
             load_start: tuple[float, float, float]) -> None:
     rows = rows_for(cells)
@@ -163,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="how a model folder named by a cell was made (recorded, not run)")
     ap.add_argument("--collect", action="store_true",
                     help="no probing: read the audits already kept under --keep")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cells (and --built commands) of bench/results/<name>.json: "
+                    "a cell probed now replaces the one of its label, the others stay as "
+                    "measured; the recorded command then probes them all")
     args = ap.parse_args(argv)
     try:
         cells_in = [parse_cell(c) for c in args.cell]
@@ -171,16 +204,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     keep = Path(args.keep)
     data = keep / "data"
-    command = "python -m bench.world_model_skill " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    cells: dict[str, Any] = {}
+    if args.merge:
+        try:
+            cells, old_built = previous_cells(machine.RESULTS / f"{args.name}.json")
+        except ValueError as e:
+            ap.error(str(e))
+        built = {**old_built, **built}
+        for label, _ in cells_in:
+            cells.pop(label, None)
+    command = command_for({**{label: c["probe_args"] for label, c in cells.items()},
+                           **dict(cells_in)}, built, args.limit) if args.merge else \
+        "python -m bench.world_model_skill " + " ".join(
+            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     info = {"split": "dev", "reference": "train", "decoding": "greedy, teacher-forced",
             "threads": 1, "limit": args.limit or None, "command": command,
             "scorer": "exact", "files": EXPORT, "built": built}
     load_start = os.getloadavg()
-    cells: dict[str, Any] = {}
     if not args.collect:
         _export(data)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    failed = 0
     for label, probe_args in cells_in:
         out = keep / dirname(label)
         if not args.collect:
@@ -195,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             if r.returncode != 0:
                 print(f"{label}: probe failed ({r.returncode}): {r.stderr.strip()[-500:]}",
                       file=sys.stderr)
+                failed += 1
                 continue
             print(f"{label}: {time.perf_counter() - t0:.0f} s", flush=True)
         if not (out / AUDIT.summary).is_file():
@@ -206,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print("no cell was probed", file=sys.stderr)
         return 1
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ from bench.world_model_skill import (
     base_label,
     best_cell,
     cell_result,
+    command_for,
+    main,
     parse_built,
     parse_cell,
+    previous_cells,
     rows_for,
 )
 
@@ -62,3 +65,59 @@ def test_rows_add_a_mean_over_seeds():
     assert len(rows) == 3
     assert rows[-1][0] == "run (mean of 2 seeds)" and rows[-1][4] == "+0.200"
     assert rows[0][6] == "+0.100"  # skill on read tools
+
+
+def _kept_summary(point: float) -> dict:
+    return {"skill": {"by_scorer": {"exact": {"point": point, "lo": point - 0.1,
+                                              "hi": point + 0.1, "f_model": 0.5, "f_ref": 0.5,
+                                              "n": 10, "best_reference": "lookup"}}},
+            "divergence_rate": 0.5, "audited_model": "m"}
+
+
+def test_merge_keeps_earlier_cells_and_replaces_a_label_probed_again(tmp_path, monkeypatch):
+    """`--merge --collect`: the cells of the existing result file stay as measured, a label
+    read again is replaced, the best is chosen over all of them, and the recorded command
+    probes every cell (with every --built command)."""
+    import json
+    import shlex
+
+    from bench import machine
+    from envace.core.layout import AUDIT
+
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(machine, "RESULTS", results)
+    old = {"cells": {"old": {**cell_result(_kept_summary(-0.2)), "probe_args": ["--model", "a"]},
+                     "new#s0": {**cell_result(_kept_summary(-0.9)), "probe_args": ["--model", "b"]}},
+           "built": {"a": "make a"}}
+    (results / "wm.json").write_text(json.dumps(old))
+    keep = tmp_path / "keep"
+    (keep / "new_s0").mkdir(parents=True)
+    (keep / "new_s0" / AUDIT.summary).write_text(json.dumps(_kept_summary(0.3)))
+    assert main(["--cell", "new#s0=--model b --memory train.jsonl", "--keep", str(keep),
+                 "--collect", "--merge", "--name", "wm", "--built", "b=make b"]) == 0
+    got = json.loads((results / "wm.json").read_text())
+    assert list(got["cells"]) == ["old", "new#s0"]
+    assert got["cells"]["old"]["skill"]["point"] == -0.2
+    assert got["cells"]["new#s0"]["skill"]["point"] == 0.3
+    assert got["cells"]["new#s0"]["probe_args"] == ["--model", "b", "--memory", "train.jsonl"]
+    assert got["best"]["label"] == "new#s0"
+    assert got["best"]["files"] == {"train.jsonl": "envace data export-real --split train "
+                                    "--out train.jsonl", "b": "make b"}
+    assert got["built"] == {"a": "make a", "b": "make b"}
+    argv = shlex.split(got["command"])
+    assert argv[:3] == ["python", "-m", "bench.world_model_skill"] and "--merge" not in argv
+    cells = [argv[i + 1] for i, a in enumerate(argv) if a == "--cell"]
+    assert [parse_cell(c) for c in cells] == [("old", ["--model", "a"]),
+                                              ("new#s0", ["--model", "b", "--memory",
+                                                          "train.jsonl"])]
+    spaced = shlex.split(command_for({"x": ["--model", "a b"]}, {}))
+    assert parse_cell(spaced[-1]) == ("x", ["--model", "a b"])  # a path with a space survives
+
+
+def test_merge_refuses_a_missing_or_foreign_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot read"):
+        previous_cells(tmp_path / "none.json")
+    (tmp_path / "x.json").write_text('{"cells": {"a": {"skill": {}}}}')
+    with pytest.raises(ValueError, match="no world-model cells"):
+        previous_cells(tmp_path / "x.json")

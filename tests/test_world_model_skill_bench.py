@@ -87,9 +87,10 @@ def test_merge_keeps_earlier_cells_and_replaces_a_label_probed_again(tmp_path, m
     results = tmp_path / "results"
     results.mkdir()
     monkeypatch.setattr(machine, "RESULTS", results)
-    old = {"cells": {"old": {**cell_result(_kept_summary(-0.2)), "probe_args": ["--model", "a"]},
-                     "new#s0": {**cell_result(_kept_summary(-0.9)), "probe_args": ["--model", "b"]}},
-           "built": {"a": "make a"}}
+    old = {"cells": {
+        "old": {**cell_result(_kept_summary(-0.2)), "probe_args": ["--model", "a"]},
+        "new#s0": {**cell_result(_kept_summary(-0.9)), "probe_args": ["--model", "b"]}},
+        "built": {"a": "make a"}}
     (results / "wm.json").write_text(json.dumps(old))
     keep = tmp_path / "keep"
     (keep / "new_s0").mkdir(parents=True)

@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="steer acting (act), also rehearsing (all) or nothing (none) along the "
                          "real trajectory (default: tiny act, smollm2 all)")
     ap.add_argument("--min-calls", type=int, default=6, help="ground-truth calls per task")
+    ap.add_argument("--name", default="rollout_engine",
+                    help="result file bench/results/<name>.json (another name keeps the default's)")
     args = ap.parse_args(argv)
     load = os.getloadavg()[0]
     quiet = load < 1.5
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, ["model", "eps", "guide", "gen ours", "gen ref", "same", "rehearse tok",
                        "msgs/ep", "ours tok/s", "reencode tok/s", "speedup", "ceiling steps/s",
                        "fwd/ceil", "e2e/ceil"]))
-    path = write_result("rollout_engine", {
+    path = write_result(args.name, {
         "quiet_machine": quiet, "load_avg_1min": load, "load_avg_1min_end": os.getloadavg()[0],
         "command": " ".join(["python -m bench.rollout_engine", *(argv or sys.argv[1:])]),
         "guide": "act: assistant messages steered to the real ones by logit masking, the model "

@@ -276,32 +276,23 @@ def with_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]
     return [*messages, {"role": "system", "content": note}] if note else list(messages)
 
 
-def with_notes_before_responses(messages: Sequence[dict[str, Any]], memory: ResponseMemory,
-                                task_id: str, k: int = DEFAULT_K,
+def with_notes_before_responses(messages: Sequence[dict[str, Any]], steps: Sequence[Any],
+                                memory: ResponseMemory, task_id: str, k: int = DEFAULT_K,
                                 max_chars: int = NOTE_CHARS) -> list[dict[str, Any]]:
-    """A whole conversation with, before every tool response, the note of its call's `k` most
-    similar training calls (never from `task_id`'s scenario), as a system message marked
-    ``memory: true``: what ``envace sft --memory-k`` trains on. The call a response answers is
-    the assistant tool call whose id it names (else the last call of its tool name); a
-    response whose call has no arguments, or whose tool has no entry, gets no note. The
-    input is not changed."""
-    calls: dict[Any, tuple[str, Any]] = {}
-    last: dict[str, Any] = {}
+    """A whole conversation (`messages`, a trajectory's messages as dicts) with, before every
+    tool response, the note of its call's `k` most similar training calls (never from
+    `task_id`'s scenario), as a system message marked ``memory: true``: what ``envace sft
+    --memory-k`` trains on. `steps` is the trajectory's `tool_steps()` (its calls, paired with
+    their responses by id, arguments parsed); a response gets its call's note, none when the
+    call's arguments are malformed or the memory has no entry of its tool. The input is not
+    changed."""
+    notes = {st.call_id: render_note(memory.similar(st.tool, st.arguments, task_id, k), max_chars)
+             for st in steps if st.arguments is not None}
     out: list[dict[str, Any]] = []
     for m in messages:
-        if m.get("role") == "assistant":
-            for tc in m.get("tool_calls") or []:
-                fn = tc.get("function") or {}
-                calls[tc.get("id")] = (fn.get("name"), fn.get("arguments"))
-                last[str(fn.get("name"))] = fn.get("arguments")
-        elif m.get("role") == "tool":
-            name, args = calls.get(m.get("tool_call_id"), (m.get("name"), None))
-            if args is None and name is not None:
-                args = last.get(str(name))
-            if name and isinstance(args, dict):
-                note = render_note(memory.similar(str(name), args, task_id, k), max_chars)
-                if note:
-                    out.append({"role": "system", "content": note, "memory": True})
+        note = notes.pop(m.get("tool_call_id"), "") if m.get("role") == "tool" else ""
+        if note:
+            out.append({"role": "system", "content": note, "memory": True})
         out.append(dict(m))
     return out
 

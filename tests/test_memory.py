@@ -189,38 +189,41 @@ def test_memory_batch_shows_the_note_last():
 
 def test_notes_before_responses_are_the_probes_notes(files):
     """What `envace sft --memory-k` trains on: before every tool response of a real train
-    trajectory, exactly the note the probe's memory shows for that call (same entries, never
-    from the trajectory's own scenario); every other message unchanged and in order."""
+    trajectory, exactly the note the probe shows (`memory_batch`) for that call asked with the
+    conversation so far; every other message unchanged and in order."""
     from envace.core.schema import read_trajectories
 
     trajs = [i.trajectory for i in read_trajectories(files["train"]) if i.trajectory]
     memory = ResponseMemory.from_file(files["train"])
+    shown_to_probe: list = []
+
+    def inner(requests):  # scripted: records the conversation the probe's world model sees
+        shown_to_probe.extend(requests)
+        return [""] * len(requests)
+
+    probe = memory_batch(inner, memory, k=2)
     n_notes = 0
     for traj in trajs[:20]:
         msgs = [m.dump() for m in traj.messages]
-        shown = with_notes_before_responses(msgs, memory, traj.task_id, k=2)
-        plain = [m for m in shown if not m.get("memory")]
-        assert plain == msgs
-        steps = iter(traj.tool_steps())
-        for i, m in enumerate(shown):
-            if m.get("role") != "tool":
-                continue
-            st = next(steps)
-            want = render_note(memory.similar(st.tool, st.arguments, traj.task_id, 2))
-            note = shown[i - 1] if shown[i - 1].get("memory") else None
-            assert (note["content"] if note else "") == want
-            if note:
-                n_notes += 1
-                assert note["role"] == "system"
-                own = scenario_key(traj.task_id)
-                for e in memory.similar(st.tool, st.arguments, traj.task_id, 2):
-                    assert scenario_key(e.task_id) != own or any(
-                        x.tool == e.tool and x.key == e.key and scenario_key(x.task_id) != own
-                        for x in memory.entries)
+        shown = with_notes_before_responses(msgs, traj.tool_steps(), memory, traj.task_id, k=2)
+        assert [m for m in shown if not m.get("memory")] == msgs
+        responses = [i for i, m in enumerate(shown) if m.get("role") == "tool"]
+        assert len(responses) == len(traj.tool_steps())
+        for i, step in zip(responses, traj.tool_steps(), strict=True):
+            shown_to_probe.clear()
+            probe([(msgs[:step.message_index + 1], None, step.tool, step.arguments)],
+                  [traj.task_id])
+            last = shown_to_probe[0][0][-1]
+            want = last["content"] if last["role"] == "system" else ""
+            got = shown[i - 1]["content"] if shown[i - 1].get("memory") else ""
+            assert got == want
+            n_notes += bool(got)
     assert n_notes > 20
 
 
 def test_notes_before_responses_known_answer():
+    from envace.core.schema import Trajectory
+
     memory = ResponseMemory([Entry("cd", {"folder": "docs"}, "A", "multi_turn_base_1"),
                              Entry("cd", {"folder": "tmp"}, "B", "multi_turn_base_2")])
     call = {"role": "assistant", "content": "", "tool_calls": [
@@ -228,13 +231,23 @@ def test_notes_before_responses_known_answer():
     msgs = [{"role": "user", "content": "go"}, call,
             {"role": "tool", "tool_call_id": "c0", "name": "cd", "content": "x"},
             {"role": "tool", "tool_call_id": "c9", "name": "ls", "content": "y"}]
-    out = with_notes_before_responses(msgs, memory, "multi_turn_base_2", k=3)
-    # scenario 2's own entry is never shown; a tool the memory never saw gets no note
+    steps = Trajectory.model_validate({
+        "id": "t", "task_id": "multi_turn_base_2", "source": "real", "messages": msgs,
+        "env": {"name": "bfcl", "task": "multi_turn_base_2"}}).tool_steps()
+    out = with_notes_before_responses(msgs, steps, memory, "multi_turn_base_2", k=3)
+    # scenario 2's own entry is never shown; a response to no call gets no note
     assert out == [msgs[0], call,
                    {"role": "system", "memory": True,
                     "content": f"{NOTE_TITLE}\ncall: cd({{\"folder\":\"docs\"}})\nreturned: A"},
                    msgs[2], msgs[3]]
     assert len(msgs) == 4  # the input is not changed
+    # a call with malformed arguments gets no note
+    bad = [msgs[0], {**call, "tool_calls": [{**call["tool_calls"][0], "function": {
+        "name": "cd", "arguments": "{not json"}}]}, msgs[2]]
+    steps = Trajectory.model_validate({
+        "id": "t", "task_id": "multi_turn_base_2", "source": "real", "messages": bad,
+        "env": {"name": "bfcl", "task": "multi_turn_base_2"}}).tool_steps()
+    assert with_notes_before_responses(bad, steps, memory, "multi_turn_base_2") == bad
 
 
 # ---------------------------------------------------------------- the hybrid

@@ -165,7 +165,8 @@ def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = Non
     if memory is not None and memory_k > 0:
         from audit.memory import with_notes_before_responses
 
-        out = with_notes_before_responses(out, memory, traj.task_id, memory_k)
+        out = with_notes_before_responses(out, traj.tool_steps(), memory, traj.task_id,
+                                          memory_k)
     return out
 
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.model.backends.hf import CACHE_KW, HFStepper
 from envace.model.models import default_cache_dir, load_model, resolve_model
 
@@ -161,12 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     header = ["model", "side", "cpu ms/step", "wall ms/step", "steps/s vs ours (cpu)",
               "(wall)", "max |logit - ours|"]
     print(table(rows, header))
-    load_end = os.getloadavg()
     path = write_result(args.name, {
-        "command": "python -m bench.decode_compile " + " ".join(
-            sys.argv[1:] if argv is None else argv),
-        "threads": 1, "load_average": {"start": load_start, "end": load_end},
-        "quiet_machine": max(load_start[0], load_end[0]) < 1.5,
+        **run_record("bench.decode_compile", argv, load_start), "threads": 1,
         "results": results, "table": {"header": header, "rows": rows}})
     print(f"wrote {path}")
     return 0

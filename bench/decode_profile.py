@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from bench.rollout_engine import copy_bandwidth
 from envace.model.backends.hf import HFStepper
 from envace.model.models import load_model
@@ -115,14 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     g_head = ["weight", "per step", "rows", "fp32 us", "fp32 floor us", "fp32/floor",
               "bf16 us", "bf16 speedup"]
     print(table(g_rows, g_head))
-    load_end = os.getloadavg()
     path = write_result(args.name, {
-        "command": "python -m bench.decode_profile " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        **run_record("bench.decode_profile", argv, load_start),
         "model": args.model, "batch": args.batch, "prompt": args.prompt, "threads": 1,
         "copy_bandwidth_gb_s": bw, "unprofiled_ms_per_step": plain * 1e3,
-        "load_average": {"start": load_start, "end": load_end},
-        "quiet_machine": max(load_start[0], load_end[0]) < 1.5,
         "top_ops": ops, "gemms": gemms,
         "tables": {"ops": op_rows, "gemms": {"header": g_head, "rows": g_rows}}})
     print(f"wrote {path}")

@@ -158,12 +158,14 @@ class ResponseMemory:
         # raw entry first seen and every scenario it occurs in
         self._pairs: dict[str, dict[tuple[str, str], tuple[Entry, set[str]]]] = defaultdict(dict)
         self._calls: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+        self._tools: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for e in self.entries:
             scen = scenario_key(e.task_id)
             pair = (e.key, canonical_text(e.response))
             first, scenarios = self._pairs[e.tool].setdefault(pair, (e, set()))
             scenarios.add(scen)
             self._calls[(e.tool, e.key)].append((scen, e.response))
+            self._tools[e.tool].append((scen, e.response))
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -247,6 +249,13 @@ class ResponseMemory:
                 if scen != own]
         return most_common_response(seen) if seen else None
 
+    def majority(self, tool: str, task_id: str | None = None) -> str | None:
+        """The tool's most common training response (`audit.reference` ``majority``, the
+        lookup's fallback), from other scenarios than `task_id`'s; None for an unseen tool."""
+        own = None if task_id is None else scenario_key(task_id)
+        seen = [r for scen, r in self._tools.get(tool, ()) if scen != own]
+        return most_common_response(seen) if seen else None
+
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
@@ -297,19 +306,22 @@ def with_notes_before_responses(messages: Sequence[dict[str, Any]], steps: Seque
     return out
 
 
+def noted_requests(requests: list[Request], task_ids: list[str], memory: ResponseMemory,
+                   k: int = DEFAULT_K, max_chars: int = NOTE_CHARS) -> list[Request]:
+    """The requests with each conversation gaining the note of its call's `k` most similar
+    training calls (never from the request's own scenario)."""
+    shown = []
+    for (messages, tools, tool, arguments), task in zip(requests, task_ids, strict=True):
+        note = render_note(memory.similar(tool, arguments, task, k), max_chars)
+        shown.append((with_note(messages, note), tools, tool, arguments))
+    return shown
+
+
 def memory_batch(inner: BatchAnswer, memory: ResponseMemory, k: int = DEFAULT_K,
                  max_chars: int = NOTE_CHARS) -> TaskBatchAnswer:
-    """`inner` shown the memory: each request's conversation gains the note of its call's `k`
-    most similar training calls (never from the request's own scenario)."""
-
-    def answer(requests: list[Request], task_ids: list[str]) -> list[str | Unanswered]:
-        shown = []
-        for (messages, tools, tool, arguments), task in zip(requests, task_ids, strict=True):
-            note = render_note(memory.similar(tool, arguments, task, k), max_chars)
-            shown.append((with_note(messages, note), tools, tool, arguments))
-        return inner(shown)
-
-    return answer
+    """`inner` shown the memory (:func:`noted_requests`)."""
+    return lambda requests, task_ids: inner(noted_requests(requests, task_ids, memory, k,
+                                                           max_chars))
 
 
 def task_blind(inner: BatchAnswer) -> TaskBatchAnswer:
@@ -344,29 +356,48 @@ def hybrid_batch(inner: TaskBatchAnswer, memory: ResponseMemory,
 @dataclass(frozen=True)
 class MemoryOptions:
     """How a base world model is grounded: shown a `memory` (k entries per call, notes of at
-    most `max_chars`) and/or wrapped in the `hybrid` with a lookup of `hybrid`'s calls."""
+    most `max_chars`), choosing among its answer and `choose`'s real responses by `scorer`
+    (`audit.choice`; k similar calls), and/or wrapped in the `hybrid` with a lookup of
+    `hybrid`'s calls."""
 
     memory: ResponseMemory | None = None
     k: int = DEFAULT_K
     hybrid: ResponseMemory | None = None
     max_chars: int = NOTE_CHARS
+    choose: ResponseMemory | None = None
+    scorer: Any = None
 
     @property
     def active(self) -> bool:
         """Whether anything wraps the base world model."""
-        return self.memory is not None or self.hybrid is not None
+        return any(m is not None for m in (self.memory, self.hybrid, self.choose))
 
     def label(self, base: str) -> str:
-        """The summary's `audited_model`: ``BASE+memory(k=K)``, ``hybrid(lookup,BASE)``, or
-        both as ``hybrid(lookup,BASE+memory(k=K))``."""
+        """The summary's `audited_model`: ``BASE+memory(k=K)``, ``BASE+choice(k=K)``,
+        ``hybrid(lookup,BASE)``, or combined:
+        ``hybrid(lookup,BASE+memory(k=K)+choice(k=K))``."""
         name = f"{base}+memory(k={self.k})" if self.memory is not None else base
+        name = f"{name}+choice(k={self.k})" if self.choose is not None else name
         return f"hybrid(lookup,{name})" if self.hybrid is not None else name
 
     def wrap(self, base: BatchAnswer) -> tuple[TaskBatchAnswer, Callable[[], dict[str, Any]]]:
         """The grounded batch world model (asked with task ids: `run_probe(task_ids=True)`) and
-        the summary's `world_model` block, asked once the probe is done."""
-        answer = (memory_batch(base, self.memory, self.k, self.max_chars)
-                  if self.memory is not None else task_blind(base))
+        the summary's `world_model` block, asked once the probe is done. ValueError when
+        `choose` is given without a `scorer`."""
+        from audit.choice import SOURCES, choice_batch
+
+        memory = self.memory
+        chosen: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        if self.choose is not None:
+            if self.scorer is None:
+                raise ValueError("a choosing world model needs a scorer (a local model)")
+            show = (None if memory is None else
+                    lambda reqs, tids: noted_requests(reqs, tids, memory, self.k, self.max_chars))
+            answer = choice_batch(base, self.scorer, self.choose, self.k, show, chosen)
+        elif memory is not None:
+            answer = memory_batch(base, memory, self.k, self.max_chars)
+        else:
+            answer = task_blind(base)
         tally: dict[str, int] = {"lookup": 0, "model": 0}
         if self.hybrid is not None:
             answer = hybrid_batch(answer, self.hybrid, tally)
@@ -376,6 +407,10 @@ class MemoryOptions:
             if self.memory is not None:
                 out["memory"] = {"file": self.memory.source, "k": self.k,
                                  "calls": len(self.memory), "note_chars": self.max_chars}
+            if self.choose is not None:
+                out["choice"] = {"file": self.choose.source, "k": self.k,
+                                 "calls": len(self.choose),
+                                 "chosen": dict(chosen)}
             if self.hybrid is not None:
                 out["hybrid"] = {"file": self.hybrid.source, "calls": len(self.hybrid),
                                  "answered_by_lookup": tally["lookup"],

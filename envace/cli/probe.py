@@ -4,6 +4,7 @@
     envace probe --endpoint http://127.0.0.1:8000/v1 --model NAME dev.jsonl --out probe_out
     envace probe --model PATH dev.jsonl --out DIR --memory train.jsonl [--memory-k 3]
     envace probe --model PATH dev.jsonl --out DIR --hybrid train.jsonl --reference train.jsonl
+    envace probe --model PATH dev.jsonl --out DIR --choose train.jsonl --hybrid train.jsonl
 
 `run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved); with
 `--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch);
@@ -11,9 +12,12 @@ locally through `envace.evaluation.model_probe` (batched rounds, greedy).
 
 `--memory` shows the world model, before each tool turn, a note of the k most similar training
 calls and their real responses; `--hybrid` answers with the lookup's exact answer where there is
-one and asks the model elsewhere (`audit.memory`; both from a train-split file only, never from
+one and asks the model elsewhere; `--choose` lets the model rank its own answer against the
+tool's most common training response and the k most similar calls' responses by its own
+log-probability (`audit.memory`, `audit.choice`; all from a train-split file only, never from
 the asking task's own scenario). The summary's `audited_model` names the composite
-(`PATH+memory(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block records the files and k.
+(`PATH+memory(k=3)`, `PATH+choice(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block
+records the files, k and what the choice chose.
 
 """
 
@@ -68,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="the hybrid world model: the lookup's exact answer where this "
                         "train-split file made the identical call (the audit's lookup "
                         "reference), the model (with --memory: shown the memory) elsewhere")
+    g.add_argument("--choose", metavar="TRAIN.jsonl",
+                   help="the choosing world model: for each call the model ranks, by its own "
+                        "log-probability after the prompt it answered, its greedy answer, the "
+                        "tool's most common response in this train-split file and the "
+                        "responses of the --memory-k most similar calls there, and answers with "
+                        "the most probable (audit.choice; a local model only)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -90,18 +100,22 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
         return f"no such reference file: {reference}"
-    for flag in ("memory", "hybrid"):
+    for flag in ("memory", "hybrid", "choose"):
         given = getattr(args, flag, None)
         if given and not Path(given).is_file():
             return f"no such --{flag} file: {given}"
     k = getattr(args, "memory_k", None)
-    if k is not None and (k < 1 or not getattr(args, "memory", None)):
-        return "--memory-k needs --memory and must be >= 1"
+    if k is not None and (k < 1 or not (getattr(args, "memory", None)
+                                        or getattr(args, "choose", None))):
+        return "--memory-k needs --memory or --choose and must be >= 1"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:
         return f"unknown scorer(s) {', '.join(bad)}; known: {', '.join(sorted(known))}"
     if getattr(args, "endpoint", None):
+        if getattr(args, "choose", None):
+            return ("--choose needs a local model (it scores candidates by the model's "
+                    "log-probability); not with --endpoint")
         if args.concurrency < 1 or args.retries < 0 or args.timeout <= 0:
             return "--concurrency must be >= 1, --retries >= 0, --timeout > 0"
     elif args.model == "tiny":
@@ -111,14 +125,16 @@ def _check_usage(args: argparse.Namespace) -> str | None:
 
 
 def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> Any:
-    """The `audit.memory.MemoryOptions` of `--memory`, `--memory-k` and `--hybrid` (inactive
-    when neither file is given); `audit.output.UsageError` when a file is refused."""
+    """The `audit.memory.MemoryOptions` of `--memory`, `--memory-k`, `--choose` and `--hybrid`
+    (inactive when no file is given); `audit.output.UsageError` when a file is refused."""
     from audit.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
 
     memory, hybrid = getattr(args, "memory", None), getattr(args, "hybrid", None)
+    choose = getattr(args, "choose", None)
     k = getattr(args, "memory_k", None) or MEMORY_K
     return MemoryOptions(memory=ResponseMemory.from_file(memory) if memory else None, k=k,
                          hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
+                         choose=ResponseMemory.from_file(choose) if choose else None,
                          max_chars=NOTE_CHARS if max_chars is None else max_chars)
 
 

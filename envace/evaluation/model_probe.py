@@ -99,6 +99,77 @@ def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int 
     return answer
 
 
+def sequence_logprobs(model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                      batch_size: int = 8, pad: int = 0) -> list[float]:
+    """For each `(prompt, continuation)` of token ids, the model's summed log-probability of
+    the continuation after the prompt (teacher-forced, fp32 log-softmax); right-padded batches
+    in order of length, results in input order."""
+    import torch
+
+    from envace.training.trained_logits import selected_logits
+
+    device = next(model.parameters()).device
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    out = [0.0] * len(pairs)
+    model.eval()
+    for a in range(0, len(order), batch_size):
+        idx = [i for i in order[a:a + batch_size] if len(pairs[i][1]) > 0]
+        if not idx:
+            continue
+        width = max(len(pairs[i][0]) + len(pairs[i][1]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(idx), width), dtype=torch.long)
+        sel = torch.zeros((len(idx), width - 1), dtype=torch.bool)
+        for row, i in enumerate(idx):
+            prompt, cont = list(pairs[i][0]), list(pairs[i][1])
+            seq = prompt + cont
+            ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attn[row, :len(seq)] = 1
+            sel[row, len(prompt) - 1:len(seq) - 1] = True
+        targets = ids[:, 1:][sel].to(device)
+        with torch.no_grad():
+            logits = selected_logits(model, ids.to(device), attn.to(device), sel.to(device))
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+        sums = torch.split(lp.cpu(), sel.sum(dim=1).tolist())
+        for row, i in enumerate(idx):
+            out[i] = float(sums[row].sum())
+    return out
+
+
+def response_scorer(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
+                    batch_size: int = 8) -> Callable[[list[Any], list[list[str]]],
+                                                     list[list[float | None]]]:
+    """A local model as the scorer of a choosing world model (`audit.choice`): each candidate
+    response's log-probability (its ids, then `<|im_end|>`) after the request's prompt, cut as
+    `model_answers` cuts it; None for a candidate longer than `max_new_tokens` tokens before
+    its `<|im_end|>` (the model could not have written it)."""
+    from envace.model.chat import encode_text
+    from envace.training.sft import prompt_ids
+
+    budget = max(64, context - max_new_tokens)
+    stop = tokenizer.convert_tokens_to_ids(IM_END)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+
+    def score(requests: list[Any], cands: list[list[str]]) -> list[list[float | None]]:
+        pairs: list[tuple[list[int], list[int]]] = []
+        where: list[tuple[int, int]] = []
+        out: list[list[float | None]] = [[None] * len(c) for c in cands]
+        for r, ((messages, tools, _tool, _args), texts) in enumerate(
+                zip(requests, cands, strict=True)):
+            prompt = prompt_ids(tokenizer, messages, tools, "tool", budget)
+            for j, text in enumerate(texts):
+                cont = encode_text(tokenizer, text) + [stop]
+                if len(cont) <= max_new_tokens + 1:
+                    pairs.append((prompt, cont))
+                    where.append((r, j))
+        for (r, j), value in zip(where, sequence_logprobs(model, pairs, batch_size, pad),
+                                 strict=True):
+            out[r][j] = value
+        return out
+
+    return score
+
+
 def probe_model(
     model: Any,
     tokenizer: Any,
@@ -125,6 +196,11 @@ def probe_model(
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=base)
+    if getattr(grounding, "choose", None) is not None and grounding.scorer is None:
+        from dataclasses import replace
+
+        grounding = replace(grounding, scorer=response_scorer(model, tokenizer, context,
+                                                              max_new_tokens, batch_size))
     answer, block = grounding.wrap(base)
     return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(str(label)),
                      steps=steps, histories=histories, answer_batch=answer, task_ids=True,

@@ -1,0 +1,243 @@
+"""The choosing world model (audit.choice, issue #17): the model ranks its own answer against real
+training responses by its own log-probability.
+
+- `pick` and `candidates` (hypothesis): the highest score wins, ties to the first, unscorable
+  never; candidates are the model's answer first, then the tool's most common response, then the
+  similar calls', no two equal, none only the asking task's own scenario has;
+- `ResponseMemory.majority` is the audit's ``majority`` reference on dev calls;
+- `choice_batch` with scorers of pure logic (named fakes: they stand for the model's
+  log-probability): the answer is the best-scored candidate and the tally counts its source;
+- `sequence_logprobs` on a real tiny model equals a plain full forward, whatever the batch;
+- `envace probe --choose ... --hybrid ...` on a real tiny model: the label, the `choice` block,
+  and the refusals (`--choose` with `--endpoint`, a dev file as the memory).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audit.canonical import canonical_text
+from audit.choice import candidates, choice_batch, pick
+from audit.memory import Entry, MemoryOptions, ResponseMemory, scenario_key
+from audit.pipeline import reference_triples
+from audit.reference import build_reference
+from envace.core.envs.tasks import split_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
+from envace.core.worldmodel import Unanswered
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("choice")
+    paths = {}
+    for name, tasks in (("train", split_tasks("train")[:40]), ("dev", split_tasks("dev")[:4])):
+        paths[name] = d / f"{name}.jsonl"
+        with TrajectoryWriter(paths[name], mode="w") as w:
+            for t in export_real(tasks):
+                w.write(t)
+    return paths
+
+
+SCORES = st.lists(st.one_of(st.none(), st.integers(-5, 5).map(float)), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SCORES)
+def test_pick_properties(scores):
+    got = pick(scores)
+    known = [s for s in scores if s is not None]
+    if not known:
+        assert got is None
+        return
+    assert scores[got] == max(known)
+    assert all(s is None or s < max(known) for s in scores[:got])
+
+
+TASKS = st.sampled_from(["multi_turn_base_1", "multi_turn_miss_func_1", "multi_turn_base_2",
+                         "multi_turn_long_context_3@t1"])
+ARGS = st.dictionaries(st.sampled_from(["a", "path"]), st.sampled_from(["x", "xy", "docs"]),
+                       max_size=2)
+RESPONSES = st.sampled_from(["ok", "{}", '{"a": 1}', '{ "a" : 1 }', "error"])
+ENTRIES = st.lists(st.builds(Entry, st.sampled_from(["cd", "ls"]), ARGS, RESPONSES, TASKS),
+                   max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ENTRIES, TASKS, st.sampled_from(["cd", "ls", "rm"]), ARGS,
+       st.one_of(st.just(Unanswered("timeout")), RESPONSES), st.integers(0, 4))
+def test_candidate_properties(entries, task, tool, arguments, own, k):
+    memory = ResponseMemory(entries)
+    got = candidates(own, memory, tool, arguments, task, k)
+    texts = [t for _, t in got]
+    assert len({canonical_text(t) for t in texts}) == len(texts)
+    if isinstance(own, Unanswered):
+        assert all(s != "own" for s, _ in got)
+    else:
+        assert got[0] == ("own", own)
+    sources = [s for s, _ in got]
+    assert sources == sorted(sources, key=["own", "majority", "similar"].index)
+    assert len(got) <= 2 + k
+    own_scenario = scenario_key(task)
+    others = [e for e in entries if e.tool == tool and scenario_key(e.task_id) != own_scenario]
+    allowed = {canonical_text(e.response) for e in others}
+    for source, text in got:
+        if source != "own":
+            assert canonical_text(text) in allowed
+    majority = memory.majority(tool, task)
+    assert (majority is None) == (not others)
+    if majority is not None and not (not isinstance(own, Unanswered)
+                                     and canonical_text(own) == canonical_text(majority)):
+        assert ("majority", majority) in got
+
+
+def test_majority_is_the_majority_reference(files):
+    memory = ResponseMemory.from_file(files["train"])
+    majority = build_reference("majority", reference_triples(files["train"]))
+    checked = 0
+    for traj in export_real(split_tasks("dev")[:4]):
+        for s in traj.tool_steps():
+            got = memory.majority(s.tool, traj.task_id)
+            if got is not None:
+                checked += 1
+                assert got == majority(s.tool, s.arguments)
+    assert checked > 0
+    assert memory.majority("no_such_tool") is None
+
+
+def _requests(files, n=6):
+    trajs = list(export_real(split_tasks("dev")[:4]))
+    out, tids = [], []
+    for t in trajs:
+        for s in t.tool_steps():
+            out.append(([{"role": "user", "content": "hi"}], None, s.tool, s.arguments))
+            tids.append(t.task_id)
+    return out[:n], tids[:n]
+
+
+def test_choice_batch_takes_the_best_scored(files):
+    memory = ResponseMemory.from_file(files["train"])
+    requests, tids = _requests(files)
+
+    def fake_model(reqs):  # a named fake: a world model of pure logic
+        return ["a long answer nobody returned"] * len(reqs)
+
+    def fake_shortest(reqs, cands):  # a named fake scorer: the shortest text is most probable
+        return [[-float(len(t)) for t in c] for c in cands]
+
+    tally: dict[str, int] = {}
+    got = choice_batch(fake_model, fake_shortest, memory, 2, tally=tally)(requests, tids)
+    for r, t, answer in zip(requests, tids, got, strict=True):
+        cands = [text for _, text in candidates("a long answer nobody returned", memory, r[2],
+                                                r[3], t, 2)]
+        assert answer == min(cands, key=len)
+    assert sum(tally.values()) == len(requests)
+
+    def fake_own_first(reqs, cands):  # the model's own answer always most probable
+        return [[1.0] + [0.0] * (len(c) - 1) for c in cands]
+
+    tally = {}
+    got = choice_batch(fake_model, fake_own_first, memory, 2, tally=tally)(requests, tids)
+    assert got == fake_model(requests) and tally == {"own": len(requests)}
+
+    def fake_none(reqs, cands):  # nothing can be scored: the model's answer stands
+        return [[None] * len(c) for c in cands]
+
+    tally = {}
+    got = choice_batch(fake_model, fake_none, memory, 2, tally=tally)(requests, tids)
+    assert got == fake_model(requests) and tally == {"unscored": len(requests)}
+    with pytest.raises(ValueError, match="scores for"):
+        choice_batch(fake_model, lambda r, c: [[0.0]] * len(c), memory, 2)(requests, tids)
+
+
+def test_choice_is_scored_under_the_note(files):
+    """With a memory, the scorer sees the requests the model answered: the note included."""
+    memory = ResponseMemory.from_file(files["train"])
+    requests, tids = _requests(files, 3)
+    seen: dict[str, list] = {"model": [], "scorer": []}
+
+    def fake_model(reqs):
+        seen["model"].extend(reqs)
+        return ["x"] * len(reqs)
+
+    def fake_scorer(reqs, cands):
+        seen["scorer"].extend(reqs)
+        return [[0.0] * len(c) for c in cands]
+
+    opts = MemoryOptions(memory=memory, k=2, choose=memory, scorer=fake_scorer)
+    answer, block = opts.wrap(fake_model)
+    answer(requests, tids)
+    assert seen["model"] == seen["scorer"] and len(seen["model"]) == 3
+    assert any(m["role"] == "system" for m in seen["model"][0][0])
+    assert opts.label("M") == "M+memory(k=2)+choice(k=2)"
+    assert block()["world_model"]["choice"]["chosen"]["own"] == 3
+    with pytest.raises(ValueError, match="needs a scorer"):
+        MemoryOptions(choose=memory).wrap(fake_model)
+
+
+def test_sequence_logprobs_equal_a_full_forward(tmp_path):
+    import torch
+
+    from envace.evaluation.model_probe import sequence_logprobs
+    from envace.model.models import build_tiny, load_model
+    from envace.training.sft import training_texts
+
+    model_dir = build_tiny(training_texts(list(export_real(split_tasks("train")[:3]))),
+                           tmp_path / "tiny")
+    model, _tok = load_model(model_dir)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    pairs = [(torch.randint(0, vocab, (n,), generator=g).tolist(),
+              torch.randint(0, vocab, (m,), generator=g).tolist())
+             for n, m in ((5, 3), (12, 1), (2, 7), (9, 4))]
+    want = []
+    with torch.no_grad():
+        for prompt, cont in pairs:
+            ids = torch.tensor([prompt + cont])
+            lp = torch.log_softmax(model(ids).logits[0].float(), -1)
+            want.append(sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(cont)))
+    for batch in (1, 3, 8):
+        got = sequence_logprobs(model, pairs, batch_size=batch)
+        assert got == pytest.approx(want, abs=1e-4)
+    # the scorer: a candidate longer than the generation budget is never scored
+    from envace.evaluation.model_probe import response_scorer
+
+    score = response_scorer(model, _tok, context=256, max_new_tokens=4)
+    req = ([{"role": "user", "content": "list the files"}], None, "ls", {})
+    got = score([req, req], [["ok", "a b c d e f g h i j k l m n o p"], ["{}"]])
+    assert isinstance(got[0][0], float) and got[0][1] is None and isinstance(got[1][0], float)
+    assert got[0][0] < 0
+
+
+def test_probe_cli_choose(files, tmp_path):
+    from envace.model.models import build_tiny
+    from envace.training.sft import training_texts
+
+    model_dir = build_tiny(training_texts(list(export_real(split_tasks("train")[:4]))),
+                           tmp_path / "tiny")
+    out = tmp_path / "probe"
+    base = [sys.executable, "-m", "envace.cli", "probe", "--model", str(model_dir),
+            str(files["dev"]), "--limit", "2", "--max-new-tokens", "6", "--quiet"]
+    r = subprocess.run([*base, "--out", str(out), "--choose", str(files["train"]),
+                        "--memory-k", "2", "--hybrid", str(files["train"]),
+                        "--reference", str(files["train"])], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audited_model"] == f"hybrid(lookup,{model_dir}+choice(k=2))"
+    wm = summary["world_model"]
+    assert wm["choice"]["k"] == 2 and wm["choice"]["file"] == str(files["train"])
+    assert sum(wm["choice"]["chosen"].values()) == wm["hybrid"]["answered_by_model"] > 0
+    refused = subprocess.run([*base, "--out", str(tmp_path / "no"), "--choose",
+                              str(files["dev"])], capture_output=True, text=True)
+    assert refused.returncode == 2 and "train split" in refused.stderr
+    assert not (tmp_path / "no").exists()
+    endpoint = subprocess.run([*base, "--out", str(tmp_path / "no"), "--endpoint",
+                               "http://127.0.0.1:9/v1", "--choose", str(files["train"])],
+                              capture_output=True, text=True)
+    assert endpoint.returncode == 2 and "--choose needs a local model" in endpoint.stderr

@@ -41,7 +41,7 @@ from bench.machine import table, write_result
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import real_trajectory
 from envace.model import chat
-from envace.model.backends.hf import CACHE_KW, HFStepper, sample
+from envace.model.backends.hf import CACHE_KW, GEN_DTYPES, HFStepper, generation_model, sample
 from envace.model.models import default_cache_dir, load_model, read_marker, resolve_model
 from envace.model.rollout import (
     ACT,
@@ -218,17 +218,21 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
                 ) -> dict[str, Any]:
     model, tok = load_model(path)
     model.eval()
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    fp32_bytes = sum(p.numel() * 4 for p in model.parameters())
+    # the model the rollout decodes with (cfg.gen_dtype: itself, or its bf16 copy), probed and
+    # used by the reference too, so that both sides decode in the same dtype
+    gen = generation_model(model, cfg.gen_dtype)
+    param_bytes = sum(p.numel() * p.element_size() for p in gen.parameters())
     run_episodes(model, tok, tasks[:1], RolloutConfig(**{**vars(cfg), "max_turns": 1,
                                                          "max_new_tokens": 2}))  # warm-up
-    probe = Probe(model, tok, tasks, guide, cfg)
+    probe = Probe(gen, tok, tasks, guide, cfg)
     t = time.perf_counter()
     ours = run_episodes(model, tok, tasks, cfg)
     t_ours = time.perf_counter() - t
     probe.close()  # unwrap; a fresh probe for the reference
-    ref_probe = Probe(model, tok, tasks, guide, cfg)
+    ref_probe = Probe(gen, tok, tasks, guide, cfg)
     t = time.perf_counter()
-    ref, ref_forward = reencode_episodes(model, tok, tasks, cfg)
+    ref, ref_forward = reencode_episodes(gen, tok, tasks, cfg)
     t_ref = time.perf_counter() - t
     ref_probe.close()
     g_ours, g_ref = (sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in x) for x in (ours, ref))
@@ -236,7 +240,8 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
     fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
     return {
         "model": str(path), "parameters": sum(p.numel() for p in model.parameters()),
-        "param_bytes_per_decode_step": param_bytes, "episodes": len(tasks), "guide": guide,
+        "gen_dtype": cfg.gen_dtype, "param_bytes_per_decode_step": param_bytes,
+        "episodes": len(tasks), "guide": guide,
         "ours": {"seconds": t_ours, "generated_tokens": g_ours, "tokens_per_s": g_ours / t_ours,
                  "forward_tokens": sum(len(e.ids) for e in ours), "prefill_s": probe.prefill_s,
                  "forced_chunk_s": probe.forced_s,
@@ -253,7 +258,9 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
         "ceiling": {"copy_bandwidth_gb_s": bw, "decode_steps_per_s": ceiling,
                     "achieved_forward_steps_per_s": fwd_rate,
                     "achieved_end_to_end_steps_per_s": e2e_rate,
-                    "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling},
+                    "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling,
+                    # against the fp32 weights' bytes (what the same model reads undowncast)
+                    "ratio_forward_fp32_bytes": fwd_rate / (bw * 1e9 / fp32_bytes)},
     }
 
 
@@ -269,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="steer acting (act), also rehearsing (all) or nothing (none) along the "
                          "real trajectory (default: tiny act, smollm2 all)")
     ap.add_argument("--min-calls", type=int, default=6, help="ground-truth calls per task")
+    ap.add_argument("--gen-dtype", choices=sorted(GEN_DTYPES), default="same",
+                    help="decode with the model itself (same) or its bf16 copy (bfloat16; the "
+                         "ceiling then counts bf16 bytes, ratio_forward_fp32_bytes fp32's)")
     ap.add_argument("--name", default="rollout_engine",
                     help="result file bench/results/<name>.json (another name keeps the default's)")
     args = ap.parse_args(argv)
@@ -283,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = {k: getattr(args, k) or v for k, v in PLAN[name].items()}
         path, note = model_path(name, getattr(args, name))
         cfg = RolloutConfig(mode="rehearse", temperature=0.0, max_new_tokens=plan["max_new_tokens"],
-                            max_turns=plan["max_turns"], max_context=4096, seed=0)
+                            max_turns=plan["max_turns"], max_context=4096, seed=0,
+                            gen_dtype=args.gen_dtype)
         print(f"[{name}] {path} ({note}): {plan}", flush=True)
         results[name] = {"note": note, "plan": plan,
                          **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"])}

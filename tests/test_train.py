@@ -138,6 +138,22 @@ def test_config_errors_are_clear(tmp_path):
     assert r.returncode == 2 and "mode" in r.stderr
     r = _run("train", "--resume", str(tmp_path / "not_a_run"))
     assert r.returncode == 2 and "not a run directory" in r.stderr
+    r = _run("train", "rollout_dtype=bfloat16", "backend=vllm")
+    assert r.returncode == 2 and "rollout_dtype" in r.stderr and "backend=hf" in r.stderr
+
+
+def test_bf16_rollouts_train_a_step(tmp_path):
+    """rollout_dtype=bfloat16: rollouts decode with a bf16 copy, the update is the fp32
+    policy's; before the step's update the two agree within the measured tolerance, so the
+    PPO ratio of every micro-batch starts near 1."""
+    r = _run("train", f"output_dir={tmp_path}", "run_name=bf16", "steps=1",
+             "prompts_per_step=2", "group_size=2", "eval_tasks=0", "max_new_tokens=12",
+             "max_turns=2", "rollout_dtype=bfloat16", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads((tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()[0])
+    ratios = {k: v for k, v in row.items() if k.endswith("ratio_max")}
+    assert ratios and all(1.0 <= v < 1.5 for v in ratios.values()), ratios
+    assert row["tokens/act"] > 0
 
 
 def test_train_smoke_end_to_end(tmp_path):

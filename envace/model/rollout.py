@@ -38,7 +38,7 @@ from envace.core.schema import Message, Trajectory
 from envace.core.timing import NULL_TIMER, Timer
 from envace.core.worldmodel import WorldModel
 from envace.model import chat
-from envace.model.backends.hf import HFStepper, sample
+from envace.model.backends.hf import GEN_DTYPES, HFStepper, generation_model, sample
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
 FORCED_CHUNK = 256  # forced tokens appended per forward and row
@@ -60,9 +60,14 @@ class RolloutConfig:
     # only): before each rehearsed response, a system note of the memory_k most similar calls
     memory: Any = None
     memory_k: int = 3
+    # the dtype the transformers backend decodes in (`backends.hf.generation_model`): "same"
+    # (the model's own) or "bfloat16" (a copy, refreshed when the weights change)
+    gen_dtype: str = "same"
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
+        if self.gen_dtype not in GEN_DTYPES:
+            raise ValueError(f"gen_dtype={self.gen_dtype!r}: one of {', '.join(GEN_DTYPES)}")
 
 
 @dataclass
@@ -357,7 +362,7 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
-    steppers = [HFStepper(m, eng.pad) for m in models]
+    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad) for m in models]
     # the batch holds only live rows (``live``: their indices); a row over the context limit is
     # never encoded, a finished row leaves the batch
     live = [i for i, r in enumerate(rows) if r.done is None]

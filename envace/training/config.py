@@ -119,6 +119,12 @@ class TrainConfig:
     # rollouts
     prompts_per_step: int = opt(16, "tasks sampled per training step")
     group_size: int = opt(4, "rollouts per task (the GRPO group)")
+    rollout_dtype: Literal["same", "bfloat16"] = opt(
+        "same", "backend=hf: the dtype training rollouts decode in. same: the policy itself; "
+        "bfloat16: a bf16 copy of it, refreshed after every update (faster decode on CPU, "
+        "bench/rollout_engine.py --gen-dtype). The recorded log-probs (the update's old "
+        "log-probs) are then the copy's, within the tolerance docs/profiling.md measures of "
+        "the fp32 policy's, as with vLLM's bf16 engine; evaluation stays in the policy's dtype")
     temperature: float = opt(1.0, "sampling temperature in training")
     top_p: float = opt(1.0, "nucleus sampling in training")
     max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)")
@@ -211,6 +217,9 @@ class TrainConfig:
             + "/".join(rehearsing),
         )
         self._check_real_obs()
+        require(self.rollout_dtype == "same" or self.backend == "hf",
+                f"rollout_dtype={self.rollout_dtype} is for backend=hf; vLLM's engine dtype is "
+                "`dtype`")
         require(self.memory_k >= 0, f"memory_k={self.memory_k}: 0 (off) or more entries")
         require(
             self.memory_k == 0 or mode.trains_rehearsals,

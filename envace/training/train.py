@@ -281,7 +281,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          max_turns=cfg.max_turns, max_context=cfg.max_context_tokens,
                          desc_chars=cfg.desc_chars,
                          seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank,
-                         memory=policy.memory, memory_k=cfg.memory_k)
+                         memory=policy.memory, memory_k=cfg.memory_k,
+                         gen_dtype=cfg.rollout_dtype)
     with timer.section("rollout"):
         episodes = rollout_groups(policy, groups, cfg.group_size, rcfg, timer)
     t_roll = time.perf_counter()

@@ -122,3 +122,26 @@ def test_merge_refuses_a_missing_or_foreign_file(tmp_path):
     (tmp_path / "x.json").write_text('{"cells": {"a": {"skill": {}}}}')
     with pytest.raises(ValueError, match="no world-model cells"):
         previous_cells(tmp_path / "x.json")
+
+
+def test_the_test_split_is_read_once(tmp_path):
+    """bench.world_model_test: the best world model of the skill result, on test, once."""
+    from bench.world_model_test import TEST, best_of, previous_looks, probe_argv, refusal
+
+    with pytest.raises(ValueError, match="no best world model"):
+        best_of({"cells": {}})
+    best = best_of({"best": {"label": "b", "probe_args": ["--model", "m", "--hybrid",
+                                                          "train.jsonl"]}})
+    argv = probe_argv(best["probe_args"], tmp_path, tmp_path / "out")
+    assert argv[argv.index("--hybrid") + 1] == str(tmp_path / "train.jsonl")
+    assert str(tmp_path / TEST) in argv and str(tmp_path / "dev.jsonl") not in argv
+    assert argv[argv.index("--reference") + 1] == str(tmp_path / "train.jsonl")
+    result = tmp_path / "r.json"
+    assert previous_looks(result) == [] and refusal([], again=False) is None
+    result.write_text('{"looks": [{"label": "b", "date": "2026-12-02"}]}')
+    looks = previous_looks(result)
+    assert "already read" in refusal(looks, again=False)
+    assert refusal(looks, again=True) is None
+    result.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        previous_looks(result)

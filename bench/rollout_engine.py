@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.rollout_engine                 # tiny + smollm2, ~5 min when quiet
     .venv/bin/python -m bench.rollout_engine --only tiny --tasks 2 --max-turns 4   # smoke
+    .venv/bin/python -m bench.rollout_engine --only smollm2 --tasks 8 --gen-dtype same bfloat16 \
+        --no-reencode --name rollout_engine_bf16    # fp32 against the bf16 copy, same tasks
 
 Dev tasks with >= 6 ground-truth calls, mode ``rehearse``, one batch, same model, greedy decoding
 (temperature 0: both sides follow the same token path; identical episodes are counted). ``ours``:
@@ -18,7 +20,11 @@ only the winning token is scripted. ``act`` steers assistant messages, the model
 ``bench.presets`` does, trained if missing); ``all`` also steers tool responses to the real ones
 (smollm2: zero-shot unless ``<cache>/bench-sft-smollm2`` exists). Ceiling: copy bandwidth (read +
 write bytes of a 256 MiB ``copy_``, best of 5, on the decode thread count) / parameter bytes per
-decode step = decode steps/s, against ours (one-token forwards only, and end to end). Writes
+decode step = decode steps/s, against ours (one-token forwards only, and end to end). With
+``--gen-dtype bfloat16`` the rollout decodes with the model's bf16 copy (``rollout_dtype``,
+``envace.model.backends.hf.generation_model``): the ceiling then counts the bf16 bytes it reads,
+and ``ratio_forward_fp32_bytes`` the fp32 bytes the same model has; several dtypes run in turn on
+the same tasks and ``dtype_ratios`` holds each one's speed over ``same``. Writes
 bench/results/rollout_engine.json (``quiet_machine``: 1-min load average < 1.5) and a table.
 """
 
@@ -214,8 +220,8 @@ def model_path(name: str, given: str | None) -> tuple[Path, str]:
     return resolve_model(name, default_cache_dir()), "zero-shot preset (no cold start cached)"
 
 
-def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: str
-                ) -> dict[str, Any]:
+def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: str,
+                reencode: bool = True) -> dict[str, Any]:
     model, tok = load_model(path)
     model.eval()
     fp32_bytes = sum(p.numel() * 4 for p in model.parameters())
@@ -230,12 +236,16 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
     ours = run_episodes(model, tok, tasks, cfg)
     t_ours = time.perf_counter() - t
     probe.close()  # unwrap; a fresh probe for the reference
-    ref_probe = Probe(gen, tok, tasks, guide, cfg)
-    t = time.perf_counter()
-    ref, ref_forward = reencode_episodes(gen, tok, tasks, cfg)
-    t_ref = time.perf_counter() - t
-    ref_probe.close()
-    g_ours, g_ref = (sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in x) for x in (ours, ref))
+    if reencode:
+        ref_probe = Probe(gen, tok, tasks, guide, cfg)
+        t = time.perf_counter()
+        ref, ref_forward = reencode_episodes(gen, tok, tasks, cfg)
+        t_ref = time.perf_counter() - t
+        ref_probe.close()
+    else:  # no reference run (--no-reencode): its columns are empty
+        ref, ref_forward, t_ref = [], 0, float("nan")
+    g_ours = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ours)
+    g_ref = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ref)
     ceiling = bw * 1e9 / param_bytes
     fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
     return {
@@ -246,10 +256,12 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
                  "forward_tokens": sum(len(e.ids) for e in ours), "prefill_s": probe.prefill_s,
                  "forced_chunk_s": probe.forced_s,
                  "decode_steps": probe.decode_calls, "decode_forward_s": probe.decode_s},
-        "reencode": {"seconds": t_ref, "generated_tokens": g_ref, "tokens_per_s": g_ref / t_ref,
-                     "forward_tokens": ref_forward},
+        "reencode": {"seconds": t_ref, "generated_tokens": g_ref,
+                     "tokens_per_s": g_ref / t_ref if ref else None,
+                     "forward_tokens": ref_forward} if reencode else None,
         "speedup": (g_ours / t_ours) / (g_ref / t_ref) if g_ref and g_ours else None,
-        "identical_episodes": sum(a.ids == b.ids for a, b in zip(ours, ref, strict=True)),
+        "identical_episodes": sum(a.ids == b.ids for a, b in zip(ours, ref, strict=True))
+        if reencode else None,
         "act_tokens": sum(e.tokens(ACT) for e in ours),
         "rehearse_tokens": sum(e.tokens(REHEARSE) for e in ours),
         "messages_per_episode": sum(len(e.trajectory.messages) for e in ours) / len(ours),
@@ -276,9 +288,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="steer acting (act), also rehearsing (all) or nothing (none) along the "
                          "real trajectory (default: tiny act, smollm2 all)")
     ap.add_argument("--min-calls", type=int, default=6, help="ground-truth calls per task")
-    ap.add_argument("--gen-dtype", choices=sorted(GEN_DTYPES), default="same",
-                    help="decode with the model itself (same) or its bf16 copy (bfloat16; the "
-                         "ceiling then counts bf16 bytes, ratio_forward_fp32_bytes fp32's)")
+    ap.add_argument("--gen-dtype", nargs="+", choices=sorted(GEN_DTYPES), default=["same"],
+                    help="decode with the model itself (same) and/or its bf16 copy (bfloat16; "
+                         "the ceiling then counts bf16 bytes, ratio_forward_fp32_bytes fp32's); "
+                         "several: each in turn, same tasks, and their ratio in `dtype_ratios`")
+    ap.add_argument("--no-reencode", action="store_true",
+                    help="skip the re-encoding reference (its columns stay empty)")
     ap.add_argument("--name", default="rollout_engine",
                     help="result file bench/results/<name>.json (another name keeps the default's)")
     args = ap.parse_args(argv)
@@ -289,24 +304,42 @@ def main(argv: list[str] | None = None) -> int:
     decode_threads = inspect.signature(HFStepper).parameters["decode_threads"].default
     bw, bw_all = copy_bandwidth(decode_threads), copy_bandwidth(torch.get_num_threads())
     results: dict[str, Any] = {}
+    ratios: dict[str, Any] = {}
     for name in args.only:
         plan = {k: getattr(args, k) or v for k, v in PLAN[name].items()}
         path, note = model_path(name, getattr(args, name))
-        cfg = RolloutConfig(mode="rehearse", temperature=0.0, max_new_tokens=plan["max_new_tokens"],
-                            max_turns=plan["max_turns"], max_context=4096, seed=0,
-                            gen_dtype=args.gen_dtype)
-        print(f"[{name}] {path} ({note}): {plan}", flush=True)
-        results[name] = {"note": note, "plan": plan,
-                         **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"])}
+        for dtype in args.gen_dtype:
+            cfg = RolloutConfig(mode="rehearse", temperature=0.0,
+                                max_new_tokens=plan["max_new_tokens"],
+                                max_turns=plan["max_turns"], max_context=4096, seed=0,
+                                gen_dtype=dtype)
+            key = name if dtype == "same" else f"{name}@{dtype}"
+            print(f"[{key}] {path} ({note}): {plan}", flush=True)
+            results[key] = {"note": note, "plan": plan,
+                            **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"],
+                                          reencode=not args.no_reencode)}
+        if "same" in args.gen_dtype and len(args.gen_dtype) > 1:
+            base = results[name]
+            ratios[name] = {
+                d: {k: results[f"{name}@{d}"]["ceiling"][k] / base["ceiling"][k]
+                    for k in ("achieved_forward_steps_per_s", "achieved_end_to_end_steps_per_s")}
+                for d in args.gen_dtype if d != "same"}
+    nan = float("nan")
     rows = [[n, r["episodes"], r["guide"], r["ours"]["generated_tokens"],
-             r["reencode"]["generated_tokens"], r["identical_episodes"], r["rehearse_tokens"],
-             r["messages_per_episode"], r["ours"]["tokens_per_s"], r["reencode"]["tokens_per_s"],
-             r["speedup"] or float("nan"), r["ceiling"]["decode_steps_per_s"],
-             r["ceiling"]["ratio_forward"], r["ceiling"]["ratio_end_to_end"]]
+             (r["reencode"] or {}).get("generated_tokens"), r["identical_episodes"],
+             r["rehearse_tokens"], r["messages_per_episode"], r["ours"]["tokens_per_s"],
+             (r["reencode"] or {}).get("tokens_per_s") or nan, r["speedup"] or nan,
+             r["ceiling"]["decode_steps_per_s"], r["ceiling"]["ratio_forward"],
+             r["ceiling"]["ratio_forward_fp32_bytes"], r["ceiling"]["ratio_end_to_end"]]
             for n, r in results.items()]
     print(table(rows, ["model", "eps", "guide", "gen ours", "gen ref", "same", "rehearse tok",
                        "msgs/ep", "ours tok/s", "reencode tok/s", "speedup", "ceiling steps/s",
-                       "fwd/ceil", "e2e/ceil"]))
+                       "fwd/ceil", "fwd/fp32 ceil", "e2e/ceil"]))
+    for name, by in ratios.items():
+        for d, r in by.items():
+            print(f"{name}: {d} / same: decode forward steps/s x"
+                  f"{r['achieved_forward_steps_per_s']:.2f}, end to end "
+                  f"x{r['achieved_end_to_end_steps_per_s']:.2f}")
     path = write_result(args.name, {
         "quiet_machine": quiet, "load_avg_1min": load, "load_avg_1min_end": os.getloadavg()[0],
         "command": " ".join(["python -m bench.rollout_engine", *(argv or sys.argv[1:])]),
@@ -315,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(), "decode_threads": decode_threads,
         "copy_bandwidth_gb_s": {"decode_threads": bw, "all_threads": bw_all},
         "sampling": "greedy (temperature 0), seed 0", "min_ground_truth_calls": args.min_calls,
-        "models": results})
+        "models": results, "dtype_ratios": ratios})
     print(f"wrote {path}")
     return 0
 

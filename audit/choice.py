@@ -31,6 +31,12 @@ or test response can be a candidate.
 candidate could be scored and the model's answer stands), for the summary's
 ``world_model.choice`` block.
 
+``own=False`` (``envace probe --choose-among memory``) leaves the model's greedy answer out of
+the candidates: the model only ranks real training responses (it still writes the answer where
+no real response of the tool can be scored). A model's own greedy answer is close to the mode of
+its distribution, so under its own likelihood it tends to win against a real response even where
+the real one is right; this variant removes that advantage.
+
 Torch-free: the scorer is passed in.
 """
 
@@ -84,31 +90,42 @@ def pick(scores: Sequence[float | None]) -> int | None:
 
 def choice_batch(base: Callable[[list[Any]], list[Any]], scorer: CandidateScorer, memory: Any,
                  k: int, show: Show | None = None,
-                 tally: dict[str, int] | None = None) -> TaskAnswer:
-    """The choosing world model over `base` (module doc), asked with task ids."""
+                 tally: dict[str, int] | None = None, own: bool = True) -> TaskAnswer:
+    """The choosing world model over `base` (module doc), asked with task ids. ``own=False``
+    ranks the memory's candidates only (the model's greedy answer is not a candidate; it is
+    generated, and answers, only where no memory candidate can be scored)."""
 
     def answer(requests: list[Any], task_ids: list[str]) -> list[Any]:
         shown = show(requests, task_ids) if show is not None else list(requests)
-        own = base(shown)
-        if len(own) != len(requests):
-            raise ValueError(f"world model gave {len(own)} answers for {len(requests)} requests")
+        mine: list[Any] = base(shown) if own else [Unanswered("not asked")] * len(requests)
+        if len(mine) != len(requests):
+            raise ValueError(f"world model gave {len(mine)} answers for {len(requests)} requests")
         cands = [candidates(o, memory, r[2], r[3], t, k)
-                 for o, r, t in zip(own, requests, task_ids, strict=True)]
+                 for o, r, t in zip(mine, requests, task_ids, strict=True)]
         scores = scorer(shown, [[text for _, text in c] for c in cands])
         out: list[Any] = []
-        for o, c, s in zip(own, cands, scores, strict=True):
+        fallback: list[int] = []
+        for i, (o, c, s) in enumerate(zip(mine, cands, scores, strict=True)):
             if len(s) != len(c):
                 raise ValueError(f"scorer gave {len(s)} scores for {len(c)} candidates")
             best = pick(s)
             if best is None:  # nothing fits the budget: the model's answer stands
                 out.append(o)
-                if tally is not None:
-                    tally["unscored"] = tally.get("unscored", 0) + 1
+                fallback.append(i)
                 continue
             source, text = c[best]
             out.append(text)
             if tally is not None:
                 tally[source] = tally.get(source, 0) + 1
+        if fallback and not own:
+            got = base([shown[i] for i in fallback])
+            if len(got) != len(fallback):
+                raise ValueError(f"world model gave {len(got)} answers for {len(fallback)} "
+                                 "requests")
+            for i, a in zip(fallback, got, strict=True):
+                out[i] = a
+        if tally is not None and fallback:
+            tally["unscored"] = tally.get("unscored", 0) + len(fallback)
         return out
 
     return answer

@@ -366,6 +366,7 @@ class MemoryOptions:
     max_chars: int = NOTE_CHARS
     choose: ResponseMemory | None = None
     scorer: Any = None
+    choose_own: bool = True
 
     @property
     def active(self) -> bool:
@@ -377,7 +378,8 @@ class MemoryOptions:
         ``hybrid(lookup,BASE)``, or combined:
         ``hybrid(lookup,BASE+memory(k=K)+choice(k=K))``."""
         name = f"{base}+memory(k={self.k})" if self.memory is not None else base
-        name = f"{name}+choice(k={self.k})" if self.choose is not None else name
+        among = "" if self.choose_own else ",memory-only"
+        name = f"{name}+choice(k={self.k}{among})" if self.choose is not None else name
         return f"hybrid(lookup,{name})" if self.hybrid is not None else name
 
     def wrap(self, base: BatchAnswer) -> tuple[TaskBatchAnswer, Callable[[], dict[str, Any]]]:
@@ -393,7 +395,8 @@ class MemoryOptions:
                 raise ValueError("a choosing world model needs a scorer (a local model)")
             show = (None if memory is None else
                     lambda reqs, tids: noted_requests(reqs, tids, memory, self.k, self.max_chars))
-            answer = choice_batch(base, self.scorer, self.choose, self.k, show, chosen)
+            answer = choice_batch(base, self.scorer, self.choose, self.k, show, chosen,
+                                  own=self.choose_own)
         elif memory is not None:
             answer = memory_batch(base, memory, self.k, self.max_chars)
         else:
@@ -410,6 +413,7 @@ class MemoryOptions:
             if self.choose is not None:
                 out["choice"] = {"file": self.choose.source, "k": self.k,
                                  "calls": len(self.choose),
+                                 "among": "all" if self.choose_own else "memory",
                                  "chosen": dict(chosen)}
             if self.hybrid is not None:
                 out["hybrid"] = {"file": self.hybrid.source, "calls": len(self.hybrid),

@@ -156,6 +156,33 @@ def test_choice_batch_takes_the_best_scored(files):
         choice_batch(fake_model, lambda r, c: [[0.0]] * len(c), memory, 2)(requests, tids)
 
 
+def test_memory_only_choice_asks_the_model_only_where_nothing_scores(files):
+    memory = ResponseMemory.from_file(files["train"])
+    requests, tids = _requests(files)
+    asked: list = []
+
+    def fake_model(reqs):  # a named fake world model: records what it is asked
+        asked.extend(reqs)
+        return ["written"] * len(reqs)
+
+    def fake_first_unscored(reqs, cands):  # nothing scores for the first request only
+        return [[None] * len(c) if i == 0 else [-float(len(t)) for t in c]
+                for i, c in enumerate(cands)]
+
+    tally: dict[str, int] = {}
+    got = choice_batch(fake_model, fake_first_unscored, memory, 2, tally=tally,
+                       own=False)(requests, tids)
+    assert asked == requests[:1] and got[0] == "written"
+    for r, t, answer in zip(requests[1:], tids[1:], got[1:], strict=True):
+        cands = [text for _, text in candidates(Unanswered("x"), memory, r[2], r[3], t, 2)]
+        assert answer == min(cands, key=len) and answer != "written"
+    assert tally.get("own", 0) == 0 and tally["unscored"] == 1
+    assert sum(tally.values()) == len(requests)
+    opts = MemoryOptions(choose=memory, k=2, scorer=fake_first_unscored, choose_own=False)
+    assert opts.label("M") == "M+choice(k=2,memory-only)"
+    assert opts.wrap(fake_model)[1]()["world_model"]["choice"]["among"] == "memory"
+
+
 def test_choice_is_scored_under_the_note(files):
     """With a memory, the scorer sees the requests the model answered: the note included."""
     memory = ResponseMemory.from_file(files["train"])
@@ -241,3 +268,6 @@ def test_probe_cli_choose(files, tmp_path):
                                "http://127.0.0.1:9/v1", "--choose", str(files["train"])],
                               capture_output=True, text=True)
     assert endpoint.returncode == 2 and "--choose needs a local model" in endpoint.stderr
+    lone = subprocess.run([*base, "--out", str(tmp_path / "no"), "--choose-among", "memory"],
+                          capture_output=True, text=True)
+    assert lone.returncode == 2 and "--choose-among needs --choose" in lone.stderr

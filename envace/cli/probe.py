@@ -78,6 +78,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "tool's most common response in this train-split file and the "
                         "responses of the --memory-k most similar calls there, and answers with "
                         "the most probable (audit.choice; a local model only)")
+    g.add_argument("--choose-among", choices=["all", "memory"], default="all",
+                   help="with --choose: all (default) ranks the model's own answer too; memory "
+                        "ranks the real responses only (the model writes an answer only where "
+                        "none of its tool can be scored)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -108,6 +112,8 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     if k is not None and (k < 1 or not (getattr(args, "memory", None)
                                         or getattr(args, "choose", None))):
         return "--memory-k needs --memory or --choose and must be >= 1"
+    if getattr(args, "choose_among", "all") != "all" and not getattr(args, "choose", None):
+        return "--choose-among needs --choose"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:
@@ -135,6 +141,7 @@ def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> An
     return MemoryOptions(memory=ResponseMemory.from_file(memory) if memory else None, k=k,
                          hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
                          choose=ResponseMemory.from_file(choose) if choose else None,
+                         choose_own=getattr(args, "choose_among", "all") != "memory",
                          max_chars=NOTE_CHARS if max_chars is None else max_chars)
 
 

@@ -1,4 +1,4 @@
-"""Shared test fixtures: the project root and the spec's example files.
+"""Shared test fixtures: the project root, the spec's example files, and small real splits.
 
 The examples of ``docs/spec/trajectory.md`` live in ``tests/data/spec_examples`` (the project's
 own copy), so a fresh clone runs every test that reads them.
@@ -19,3 +19,21 @@ EXAMPLES = ROOT / "tests" / "data" / "spec_examples"
 def examples() -> Path:
     assert EXAMPLES.exists(), f"spec examples missing at {EXAMPLES}"
     return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def small_real_files(tmp_path_factory) -> dict[str, Path]:
+    """Real trajectories (ground truth executed) of the first 40 train and 4 dev tasks, as
+    ``{"train": path, "dev": path}`` JSONL files."""
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+    from envace.core.schema import TrajectoryWriter
+
+    d = tmp_path_factory.mktemp("small_real")
+    paths = {}
+    for name, tasks in (("train", split_tasks("train")[:40]), ("dev", split_tasks("dev")[:4])):
+        paths[name] = d / f"{name}.jsonl"
+        with TrajectoryWriter(paths[name], mode="w") as w:
+            for t in export_real(tasks):
+                w.write(t)
+    return paths

@@ -29,20 +29,12 @@ from audit.pipeline import reference_triples
 from audit.reference import build_reference
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import export_real
-from envace.core.schema import TrajectoryWriter
 from envace.core.worldmodel import Unanswered
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("choice")
-    paths = {}
-    for name, tasks in (("train", split_tasks("train")[:40]), ("dev", split_tasks("dev")[:4])):
-        paths[name] = d / f"{name}.jsonl"
-        with TrajectoryWriter(paths[name], mode="w") as w:
-            for t in export_real(tasks):
-                w.write(t)
-    return paths
+def files(small_real_files):
+    return small_real_files  # conftest: the first 40 train and 4 dev tasks, real
 
 
 SCORES = st.lists(st.one_of(st.none(), st.integers(-5, 5).map(float)), max_size=6)

@@ -14,22 +14,14 @@ from audit.reference import build_reference
 from audit.replay import AuditSettings
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import export_real
-from envace.core.schema import TrajectoryWriter
 from envace.core.worldmodel import from_lookup
 
 QUIET = {"progress": False, "plots": False}
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("probe")
-    paths = {}
-    for name, tasks in (("train", split_tasks("train")[:40]), ("dev", split_tasks("dev")[:4])):
-        paths[name] = d / f"{name}.jsonl"
-        with TrajectoryWriter(paths[name], mode="w") as w:
-            for t in export_real(tasks):
-                w.write(t)
-    return paths
+def files(small_real_files):
+    return small_real_files  # conftest: the first 40 train and 4 dev tasks, real
 
 
 def _rehearsed_copy(traj):

@@ -13,6 +13,9 @@ each request the candidates are, in this order:
 2. the tool's most common training response (`ResponseMemory.majority`, the fallback of the
    audit's ``lookup`` reference);
 3. the responses of the `k` most similar training calls (`ResponseMemory.similar`);
+4. with ``edits=True`` (``envace probe --choose-edits``), the same responses with the asking
+   call's differing argument values substituted (`audit.reference.substitute`: what the
+   ``edit`` reference answers with the nearest one);
 
 all from other scenarios than the request's (`audit.memory.scenario_key`), duplicates (equal
 after `audit.canonical.canonical_text`) dropped, first kept. The `scorer` gives each candidate
@@ -27,8 +30,8 @@ or test response can be a candidate.
 
 `show` (optional) is the transform the model's prompts get, e.g. the memory note
 (`audit.memory.MemoryOptions.wrap`): the scorer ranks under the prompt the model answered. The
-`tally` counts which candidate won (``own``, ``majority``, ``similar``; ``unscored`` when no
-candidate could be scored and the model's answer stands), for the summary's
+`tally` counts which candidate won (``own``, ``majority``, ``similar``, ``edit``; ``unscored``
+when no candidate could be scored and the model's answer stands), for the summary's
 ``world_model.choice`` block.
 
 ``own=False`` (``envace probe --choose-among memory``) leaves the model's greedy answer out of
@@ -46,6 +49,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from audit.canonical import canonical_text
+from audit.reference import substitute
 from envace.core.worldmodel import Unanswered
 
 #: (requests, candidates per request) -> a score per candidate (higher: more probable; None:
@@ -57,16 +61,20 @@ Show = Callable[[list[Any], list[str]], list[Any]]
 #: requests, task ids -> one answer per request (`audit.memory.TaskBatchAnswer`)
 TaskAnswer = Callable[[list[Any], list[str]], list[Any]]
 
-SOURCES = ("own", "majority", "similar", "unscored")
+SOURCES = ("own", "majority", "similar", "edit", "unscored")
 
 
 def candidates(own: Any, memory: Any, tool: str, arguments: Any, task_id: str | None,
-               k: int) -> list[tuple[str, str]]:
+               k: int, edits: bool = False) -> list[tuple[str, str]]:
     """`(source, text)` candidates for one request, duplicates dropped (module doc); `own` is
-    left out when the model gave no answer (an `Unanswered`)."""
+    left out when the model gave no answer (an `Unanswered`); the similar calls' edits follow
+    with `edits`."""
     raw: list[tuple[str, str | None]] = [] if isinstance(own, Unanswered) else [("own", own)]
     raw.append(("majority", memory.majority(tool, task_id)))
-    raw += [("similar", e.response) for e in memory.similar(tool, arguments, task_id, k)]
+    similar = memory.similar(tool, arguments, task_id, k)
+    raw += [("similar", e.response) for e in similar]
+    if edits and isinstance(arguments, dict):
+        raw += [("edit", substitute(e.response, e.arguments, arguments)) for e in similar]
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
     for source, text in raw:
@@ -90,7 +98,8 @@ def pick(scores: Sequence[float | None]) -> int | None:
 
 def choice_batch(base: Callable[[list[Any]], list[Any]], scorer: CandidateScorer, memory: Any,
                  k: int, show: Show | None = None,
-                 tally: dict[str, int] | None = None, own: bool = True) -> TaskAnswer:
+                 tally: dict[str, int] | None = None, own: bool = True,
+                 edits: bool = False) -> TaskAnswer:
     """The choosing world model over `base` (module doc), asked with task ids. ``own=False``
     ranks the memory's candidates only (the model's greedy answer is not a candidate; it is
     generated, and answers, only where no memory candidate can be scored)."""
@@ -100,7 +109,7 @@ def choice_batch(base: Callable[[list[Any]], list[Any]], scorer: CandidateScorer
         mine: list[Any] = base(shown) if own else [Unanswered("not asked")] * len(requests)
         if len(mine) != len(requests):
             raise ValueError(f"world model gave {len(mine)} answers for {len(requests)} requests")
-        cands = [candidates(o, memory, r[2], r[3], t, k)
+        cands = [candidates(o, memory, r[2], r[3], t, k, edits)
                  for o, r, t in zip(mine, requests, task_ids, strict=True)]
         scores = scorer(shown, [[text for _, text in c] for c in cands])
         out: list[Any] = []

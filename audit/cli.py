@@ -23,6 +23,9 @@ from pathlib import Path
 
 from envace.core.layout import AUDIT
 
+#: `audit.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested equal)
+BASELINES = ("majority", "lookup", "edit", "echo", "empty")
+
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary.json)
 
@@ -166,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("baseline", help="audit a reference world model alone")
     b.add_argument("inputs", nargs="+")
     b.add_argument("--reference", required=True)
-    b.add_argument("--model", default="lookup", choices=["majority", "lookup", "echo", "empty"])
+    b.add_argument("--model", default="lookup", choices=BASELINES,
+                   help="which reference world model (audit.reference: lookup, edit, ...)")
     b.add_argument("--out", required=True)
     b.add_argument("--workers", type=int, default=1)
     _add_scoring(b)

@@ -357,8 +357,8 @@ def hybrid_batch(inner: TaskBatchAnswer, memory: ResponseMemory,
 class MemoryOptions:
     """How a base world model is grounded: shown a `memory` (k entries per call, notes of at
     most `max_chars`), choosing among its answer and `choose`'s real responses by `scorer`
-    (`audit.choice`; k similar calls), and/or wrapped in the `hybrid` with a lookup of
-    `hybrid`'s calls."""
+    (`audit.choice`; k similar calls, and their edits with `choose_edits`), and/or wrapped in
+    the `hybrid` with a lookup of `hybrid`'s calls."""
 
     memory: ResponseMemory | None = None
     k: int = DEFAULT_K
@@ -367,6 +367,7 @@ class MemoryOptions:
     choose: ResponseMemory | None = None
     scorer: Any = None
     choose_own: bool = True
+    choose_edits: bool = False
 
     @property
     def active(self) -> bool:
@@ -378,7 +379,8 @@ class MemoryOptions:
         ``hybrid(lookup,BASE)``, or combined:
         ``hybrid(lookup,BASE+memory(k=K)+choice(k=K))``."""
         name = f"{base}+memory(k={self.k})" if self.memory is not None else base
-        among = "" if self.choose_own else ",memory-only"
+        among = ("" if self.choose_own else ",memory-only") + (",edits" if self.choose_edits
+                                                               else "")
         name = f"{name}+choice(k={self.k}{among})" if self.choose is not None else name
         return f"hybrid(lookup,{name})" if self.hybrid is not None else name
 
@@ -396,7 +398,7 @@ class MemoryOptions:
             show = (None if memory is None else
                     lambda reqs, tids: noted_requests(reqs, tids, memory, self.k, self.max_chars))
             answer = choice_batch(base, self.scorer, self.choose, self.k, show, chosen,
-                                  own=self.choose_own)
+                                  own=self.choose_own, edits=self.choose_edits)
         elif memory is not None:
             answer = memory_batch(base, memory, self.k, self.max_chars)
         else:
@@ -414,6 +416,7 @@ class MemoryOptions:
                 out["choice"] = {"file": self.choose.source, "k": self.k,
                                  "calls": len(self.choose),
                                  "among": "all" if self.choose_own else "memory",
+                                 "edits": self.choose_edits,
                                  "chosen": dict(chosen)}
             if self.hybrid is not None:
                 out["hybrid"] = {"file": self.hybrid.source, "calls": len(self.hybrid),

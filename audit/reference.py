@@ -8,6 +8,13 @@ same figure for a reference that needs no neural model, built from training trip
 - ``majority``: the most common training response of the tool (unseen tool: ``"{}"``);
 - ``lookup``: the most common response to the identical call (same tool, same canonical
   arguments), else ``majority``;
+- ``edit``: ``lookup``'s answer to an identical call; otherwise the response of the most
+  similar training call of the tool (rapidfuzz ``ratio`` between canonical arguments, ties to
+  the first seen) with the argument values that differ substituted (:func:`substitute`):
+  ``cd({"folder": "docs"}) -> {"current_working_directory": "docs"}`` answers ``cd({"folder":
+  "tmp"})`` with ``{"current_working_directory": "tmp"}``. It copies, knows no state and
+  computes nothing; a world model that only copies arguments into responses it has seen does
+  no better than this;
 - ``echo``: the arguments as JSON;
 - ``empty``: ``"{}"``.
 
@@ -24,14 +31,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from rapidfuzz import fuzz
 
 from audit.canonical import canonical_text
 
-REFERENCE_NAMES = ("majority", "lookup", "echo", "empty")
+REFERENCE_NAMES = ("majority", "lookup", "edit", "echo", "empty")
 EMPTY = "{}"
 
 Reference = Callable[[str, dict], str]
@@ -73,6 +83,89 @@ def most_common_response(responses: Iterable[str]) -> str:
     return tally.best()
 
 
+def rank_by_similarity(query: str, keys: Sequence[str]) -> list[int]:
+    """Indices of `keys` (canonical argument JSON), most similar to `query` first: rapidfuzz's
+    ``fuzz.ratio`` (normalised Indel similarity), ties by position; an identical key first."""
+    scored = sorted((-fuzz.ratio(query, key), i) for i, key in enumerate(keys))
+    return [i for _, i in scored]
+
+
+def _value_forms(value: object) -> tuple[list[str], bool] | None:
+    """The texts under which an argument value shows inside a JSON response and whether they
+    are numbers, or None when it is not substituted (booleans, null, empty strings, objects,
+    lists holding more than strings and numbers)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            return None
+        return list(dict.fromkeys([json.dumps(value, ensure_ascii=False)[1:-1],
+                                   json.dumps(value)[1:-1]])), False
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return [json.dumps(value)], True
+    if isinstance(value, list) and all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        try:
+            forms = [json.dumps(value, ensure_ascii=False), json.dumps(value),
+                     json.dumps(value, ensure_ascii=False, separators=(",", ":"))]
+        except ValueError:  # NaN inside
+            return None
+        return list(dict.fromkeys(forms)), False
+    return None
+
+
+def _same_value(a: object, b: object) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
+            and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b
+    return canonical_text(json.dumps(a, default=str)) == canonical_text(json.dumps(b, default=str))
+
+
+def _alternatives(texts: Iterable[str]) -> str:
+    return "|".join(re.escape(t) for t in sorted(texts, key=lambda t: (-len(t), t)))
+
+
+def substitute(response: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """`response` (to a call with arguments `old`) with every argument value that `new` gives
+    differently replaced by `new`'s, the ``edit`` reference's rewrite.
+
+    An argument is substituted when both calls give it, the values differ and both are strings,
+    numbers or lists of those (kinds may differ: ``"5"`` may become ``7``); it is found in the
+    response as JSON writes it (a string without its quotes, escaped as ``json.dumps`` escapes
+    it with or without ``ensure_ascii``; a number; a list in default or compact separators),
+    and only where no letter, digit or underscore touches it (``docs`` is replaced inside
+    ``docs/a.txt``, not inside ``mydocs``); a number neither where a ``.`` or a digit goes on
+    (``5`` is not replaced inside ``15`` or ``5.5``). All replacements are made at once,
+    longest text first, so a replaced value is never replaced again. Pure; never raises.
+    """
+    swaps: dict[str, str] = {}
+    numbers: set[str] = set()
+    for key, before in old.items():
+        if key not in new or _same_value(before, new[key]):
+            continue
+        got_before, got_after = _value_forms(before), _value_forms(new[key])
+        if not got_before or not got_after:
+            continue
+        (forms_before, numeric), (forms_after, _) = got_before, got_after
+        for i, text in enumerate(forms_before):
+            if text not in swaps:
+                swaps[text] = forms_after[min(i, len(forms_after) - 1)]
+                if numeric:
+                    numbers.add(text)
+    if not swaps:
+        return response
+    parts = []
+    texts = [t for t in swaps if t not in numbers]
+    if texts:
+        parts.append(r"(?<![A-Za-z0-9_])(?:" + _alternatives(texts) + r")(?![A-Za-z0-9_])")
+    if numbers:
+        parts.append(r"(?<![A-Za-z0-9_.])(?:" + _alternatives(numbers)
+                     + r")(?![A-Za-z0-9_]|\.[0-9])")
+    return re.sub("|".join(parts), lambda m: swaps[m.group(0)], response)
+
+
 def _majority_table(triples: Sequence[tuple[str, dict, str]]) -> dict[str, str]:
     tallies: dict[str, _Tally] = defaultdict(_Tally)
     for tool, _, response in triples:
@@ -107,7 +200,29 @@ def build_reference(name: str, triples: Iterable[tuple[str, dict, str]] = ()) ->
         hit = table.get((tool, canonical_arguments(arguments)))
         return hit if hit is not None else majority.get(tool, EMPTY)
 
-    return lookup
+    if name == "lookup":
+        return lookup
+    # edit: distinct (arguments, response) pairs per tool, first seen first
+    pairs: dict[str, dict[tuple[str, str], tuple[dict, str]]] = defaultdict(dict)
+    for tool, arguments, response in data:
+        pairs[tool].setdefault((canonical_arguments(arguments), canonical_text(response)),
+                               (arguments, response))
+    keys = {tool: [k for k, _ in p] for tool, p in pairs.items()}
+    values = {tool: list(p.values()) for tool, p in pairs.items()}
+
+    def edit(tool: str, arguments: dict) -> str:
+        query = canonical_arguments(arguments)
+        hit = table.get((tool, query))
+        if hit is not None:
+            return hit
+        if tool not in keys:
+            return EMPTY
+        before, response = values[tool][rank_by_similarity(query, keys[tool])[0]]
+        if not isinstance(before, Mapping) or not isinstance(arguments, Mapping):
+            return response
+        return substitute(response, before, arguments)
+
+    return edit
 
 
 def skill(f_model: float | None, f_ref: float | None) -> float | None:

@@ -203,6 +203,13 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
                          f"{_ci([v['lo'], v['hi']], False)} |")
         verdict = (s.get("verdict") or {}).get("scorer")
         verdict = verdict if verdict in sk else next(iter(sk))
+        against = sk[verdict].get("against") or {}
+        if against:
+            lines += ["", f"Skill ({verdict}) against each reference world model:", "",
+                      "| reference | reference's score | skill | 95% CI |", "|---|---|---|---|"]
+            for ref, v in sorted(against.items(), key=lambda kv: -(kv[1].get("f_ref") or 0)):
+                lines.append(f"| {ref} | {_fmt(v.get('f_ref'))} | {_fmt(v.get('point'))} | "
+                             f"{_ci([v.get('lo'), v.get('hi')], False)} |")
         strata = [(title, b) for key, title in (("by_mutates_state", "tool"),
                                                 ("by_novelty", "novelty"))
                   for b in ((s["skill"].get(key) or {}).get(verdict) or {}).items()]

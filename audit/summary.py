@@ -51,7 +51,8 @@ def _bucket_order(kv: tuple[Any, list]) -> tuple[bool, Any]:
 
 
 def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
-    """Per scorer: each reference's mean, the best reference and the model's skill against it;
+    """Per scorer: each reference's mean, the best reference and the model's skill against it
+    (and against each reference, ``against``);
     by depth and tool (points), by read/write tool and by novelty (points and trajectory-bootstrap
     intervals: does a world model only win where it can copy?)."""
     refs = sorted({n for r in rows for n in r.get("ref_scores", {})})
@@ -66,7 +67,14 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
         best = max(refs, key=lambda n: means[n])
         ref_vals = [r["ref_scores"][best][s] for r in rows]
         ci = skill_with_ci(model, ref_vals, groups=groups, n_boot=N_BOOT, seed=SEED)
-        out["by_scorer"][s] = {"reference_means": means, "best_reference": best, **ci}
+        against = {}
+        for n in refs:
+            each = ci if n == best else skill_with_ci(
+                model, [r["ref_scores"][n][s] for r in rows], groups=groups, n_boot=N_BOOT,
+                seed=SEED)
+            against[n] = {k: each[k] for k in ("point", "lo", "hi", "f_ref")}
+        out["by_scorer"][s] = {"reference_means": means, "best_reference": best, **ci,
+                               "against": against}
         for key, label in (("depth", "by_depth"), ("tool", "by_tool")):
             buckets: dict[Any, list[dict]] = defaultdict(list)
             for r in rows:

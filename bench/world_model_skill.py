@@ -12,8 +12,10 @@ folder, and the memory / hybrid options. ``train.jsonl`` in a cell means the tra
 trajectories (`envace data export-real --split train --out train.jsonl`; the bench writes it under
 ``--keep``). Every cell is probed teacher-forced and greedy on every ground-truth call of the dev
 split (``envace probe --model ... dev.jsonl --reference train.jsonl --out DIR``, one thread),
-and its skill read from the audit: against the best reference world model (the lookup of
-training responses, in practice), with the trajectory-bootstrap interval, overall, by read/write
+and its skill read from the audit: against the best reference world model (since 2026-12-02 the
+``edit`` reference: the most similar training call's response with the call's arguments copied
+in; before, the lookup of training responses) and against each reference (the table shows
+``lookup`` and ``edit``), with the trajectory-bootstrap interval, overall, by read/write
 tool and by novelty (``skill.by_scorer.exact`` and ``skill.by_mutates_state`` /
 ``skill.by_novelty`` of ``summary.json``).
 
@@ -78,6 +80,7 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
     overall = (sk.get("by_scorer") or {}).get(scorer) or {}
     return {"skill": {k: overall.get(k) for k in ("point", "lo", "hi", "f_model", "f_ref", "n",
                                                    "best_reference")},
+            "against": overall.get("against"),
             "by_mutates_state": (sk.get("by_mutates_state") or {}).get(scorer),
             "by_novelty": (sk.get("by_novelty") or {}).get(scorer),
             "divergence_rate": summary.get("divergence_rate"),
@@ -89,10 +92,13 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
 
 def best_cell(cells: dict[str, dict[str, Any]],
               built: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """The cell with the highest skill point (ties: the first), as ``probe_args``, with the
-    commands that make the files and model folders it names (`EXPORT`, `built`)."""
-    scored = [(c["skill"]["point"], label) for label, c in cells.items()
-              if c.get("skill", {}).get("point") is not None]
+    """The cell with the highest skill (ties: the first), as ``probe_args``, with the commands
+    that make the files and model folders it names (`EXPORT`, `built`). Cells are ranked by
+    their skill against ``lookup``, which every cell has (cells measured before the ``edit``
+    reference existed have no skill against it); on the same calls that is the order of
+    their skill against any one reference."""
+    scored = [(skill_against(c, "lookup").get("point"), label) for label, c in cells.items()]
+    scored = [(p, label) for p, label in scored if p is not None]
     if not scored:
         return None
     point, label = max(scored, key=lambda x: x[0])
@@ -105,6 +111,18 @@ def _pct(v: Any) -> str:
     return "n/a" if v is None else f"{v:+.3f}"
 
 
+def skill_against(cell: dict[str, Any], reference: str) -> dict[str, Any]:
+    """A cell's skill against `reference`: from its audit's ``against`` block; for a cell
+    measured before that block existed, its ``skill`` when that was against `reference`, else
+    the point alone from the exact rates (``f_ref`` of `reference` taken from any other cell of
+    the same calls is not known here: None)."""
+    against = (cell.get("against") or {}).get(reference)
+    if against:
+        return against
+    s = cell.get("skill") or {}
+    return s if s.get("best_reference") == reference else {}
+
+
 def rows_for(cells: dict[str, dict[str, Any]]) -> list[list[Any]]:
     rows = []
     groups: dict[str, list[str]] = {}
@@ -112,22 +130,29 @@ def rows_for(cells: dict[str, dict[str, Any]]) -> list[list[Any]]:
         groups.setdefault(base_label(label), []).append(label)
     for label, c in cells.items():
         s, rw = c["skill"], c.get("by_mutates_state") or {}
-        rows.append([label, s.get("n"), _pct(s.get("f_model")), _pct(s.get("f_ref")),
-                     _pct(s.get("point")), f"[{_pct(s.get('lo'))}, {_pct(s.get('hi'))}]",
+        lk, ed = skill_against(c, "lookup"), skill_against(c, "edit")
+        rows.append([label, s.get("n"), _pct(s.get("f_model")),
+                     _pct(lk.get("point")), f"[{_pct(lk.get('lo'))}, {_pct(lk.get('hi'))}]",
+                     _pct(ed.get("point")), f"[{_pct(ed.get('lo'))}, {_pct(ed.get('hi'))}]",
+                     s.get("best_reference"),
                      _pct((rw.get("read") or {}).get("point")),
                      _pct((rw.get("write") or {}).get("point"))])
     for base, members in groups.items():
-        pts = [cells[m]["skill"]["point"] for m in members
-               if cells[m]["skill"].get("point") is not None]
-        if len(members) > 1 and pts:
-            rows.append([f"{base} (mean of {len(pts)} seeds)", "", "", "",
-                         _pct(sum(pts) / len(pts)), f"range {_pct(min(pts))}..{_pct(max(pts))}",
-                         "", ""])
+        for ref, col in (("lookup", 3), ("edit", 5)):
+            pts = [skill_against(cells[m], ref).get("point") for m in members]
+            pts = [p for p in pts if p is not None]
+            if len(members) > 1 and pts:
+                row = [f"{base} (mean of {len(pts)} seeds, vs {ref})", "", "", "", "", "", "",
+                       "", "", ""]
+                row[col], row[col + 1] = (_pct(sum(pts) / len(pts)),
+                                          f"range {_pct(min(pts))}..{_pct(max(pts))}")
+                rows.append(row)
     return rows
 
 
-HEADER = ["world model", "steps", "exact", "reference", "skill", "95% CI (trajectories)",
-          "skill read", "skill write"]
+HEADER = ["world model", "steps", "exact", "skill vs lookup", "95% CI (trajectories)",
+          "skill vs edit", "95% CI (trajectories)", "best reference", "skill read",
+          "skill write"]
 
 
 def parse_built(spec: str) -> tuple[str, str]:

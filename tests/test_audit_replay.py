@@ -176,11 +176,19 @@ def test_cli_baseline_rescore_compare_and_skill(train_and_dev, tmp_path):
     assert cmp["paired"]["pairs"] == lk["counts"]["steps"]
     assert cmp["divergence_rate"]["diff"] < 0 and cmp["paired"]["significant"]
     # replay with references: real data has full skill against every reference
+    r = run("baseline", dev, "--reference", train, "--model", "edit", "--out", tmp_path / "ed")
+    assert r.returncode == 0, r.stderr
+    ed = json.loads((tmp_path / "ed" / "summary.json").read_text())
+    # copying the call's arguments into the nearest response beats the lookup on BFCL dev
+    assert ed["divergence_rate"] < lk["divergence_rate"]
     r = run("replay", dev, "--reference", train, "--out", tmp_path / "real")
     assert r.returncode == 0
     sk = json.loads((tmp_path / "real" / "summary.json").read_text())["skill"]["by_scorer"]
-    assert sk["exact"]["point"] == 1.0 and sk["exact"]["best_reference"] == "lookup"
-    assert sk["exact"]["f_ref"] == pytest.approx(1 - lk["divergence_rate"])
+    assert sk["exact"]["point"] == 1.0 and sk["exact"]["best_reference"] == "edit"
+    assert sk["exact"]["f_ref"] == pytest.approx(1 - ed["divergence_rate"])
+    against = sk["exact"]["against"]
+    assert against["lookup"]["f_ref"] == pytest.approx(1 - lk["divergence_rate"])
+    assert all(v["point"] == 1.0 for v in against.values() if v["f_ref"] < 1)
 
 
 def test_cli_exit_codes(tmp_path, examples):

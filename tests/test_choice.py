@@ -3,7 +3,8 @@ training responses by its own log-probability.
 
 - `pick` and `candidates` (hypothesis): the highest score wins, ties to the first, unscorable
   never; candidates are the model's answer first, then the tool's most common response, then the
-  similar calls', no two equal, none only the asking task's own scenario has;
+  similar calls', then their edits, no two equal, none only the asking task's own scenario has;
+- the first edit candidate is the audit's ``edit`` reference where the lookup has no twin;
 - `ResponseMemory.majority` is the audit's ``majority`` reference on dev calls;
 - `choice_batch` with scorers of pure logic (named fakes: they stand for the model's
   log-probability): the answer is the best-scored candidate and the tally counts its source;
@@ -26,7 +27,7 @@ from audit.canonical import canonical_text
 from audit.choice import candidates, choice_batch, pick
 from audit.memory import Entry, MemoryOptions, ResponseMemory, scenario_key
 from audit.pipeline import reference_triples
-from audit.reference import build_reference
+from audit.reference import build_reference, substitute
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.worldmodel import Unanswered
@@ -63,10 +64,14 @@ ENTRIES = st.lists(st.builds(Entry, st.sampled_from(["cd", "ls"]), ARGS, RESPONS
 
 @settings(max_examples=200, deadline=None)
 @given(ENTRIES, TASKS, st.sampled_from(["cd", "ls", "rm"]), ARGS,
-       st.one_of(st.just(Unanswered("timeout")), RESPONSES), st.integers(0, 4))
-def test_candidate_properties(entries, task, tool, arguments, own, k):
+       st.one_of(st.just(Unanswered("timeout")), RESPONSES), st.integers(0, 4), st.booleans())
+def test_candidate_properties(entries, task, tool, arguments, own, k, edits):
     memory = ResponseMemory(entries)
-    got = candidates(own, memory, tool, arguments, task, k)
+    got = candidates(own, memory, tool, arguments, task, k, edits)
+    if not edits:
+        assert all(s != "edit" for s, _ in got)
+        assert got == [c for c in candidates(own, memory, tool, arguments, task, k, True)
+                       if c[0] != "edit"]
     texts = [t for _, t in got]
     assert len({canonical_text(t) for t in texts}) == len(texts)
     if isinstance(own, Unanswered):
@@ -74,13 +79,16 @@ def test_candidate_properties(entries, task, tool, arguments, own, k):
     else:
         assert got[0] == ("own", own)
     sources = [s for s, _ in got]
-    assert sources == sorted(sources, key=["own", "majority", "similar"].index)
-    assert len(got) <= 2 + k
+    assert sources == sorted(sources, key=["own", "majority", "similar", "edit"].index)
+    assert len(got) <= 2 + 2 * k
     own_scenario = scenario_key(task)
     others = [e for e in entries if e.tool == tool and scenario_key(e.task_id) != own_scenario]
     allowed = {canonical_text(e.response) for e in others}
+    edits = {canonical_text(substitute(e.response, e.arguments, arguments)) for e in others}
     for source, text in got:
-        if source != "own":
+        if source == "edit":
+            assert canonical_text(text) in edits
+        elif source != "own":
             assert canonical_text(text) in allowed
     majority = memory.majority(tool, task)
     assert (majority is None) == (not others)
@@ -101,6 +109,24 @@ def test_majority_is_the_majority_reference(files):
                 assert got == majority(s.tool, s.arguments)
     assert checked > 0
     assert memory.majority("no_such_tool") is None
+
+
+def test_first_edit_candidate_is_the_edit_reference(files):
+    """Where the lookup has no twin, the edit of the most similar call is what the audit's
+    ``edit`` reference answers (one retrieval, one rewrite)."""
+    memory = ResponseMemory.from_file(files["train"])
+    edit = build_reference("edit", reference_triples(files["train"]))
+    checked = 0
+    for traj in export_real(split_tasks("dev")[:4]):
+        for s in traj.tool_steps():
+            if memory.exact(s.tool, s.arguments, traj.task_id) is not None \
+                    or not memory.similar(s.tool, s.arguments, traj.task_id, 1):
+                continue
+            nearest = memory.similar(s.tool, s.arguments, traj.task_id, 1)[0]
+            assert substitute(nearest.response, nearest.arguments, s.arguments) == \
+                edit(s.tool, s.arguments)
+            checked += 1
+    assert checked > 0
 
 
 def _requests(files, n=6):
@@ -173,6 +199,35 @@ def test_memory_only_choice_asks_the_model_only_where_nothing_scores(files):
     opts = MemoryOptions(choose=memory, k=2, scorer=fake_first_unscored, choose_own=False)
     assert opts.label("M") == "M+choice(k=2,memory-only)"
     assert opts.wrap(fake_model)[1]()["world_model"]["choice"]["among"] == "memory"
+    assert opts.wrap(fake_model)[1]()["world_model"]["choice"]["edits"] is False
+
+
+def test_choice_with_edits_can_answer_with_an_edit(files):
+    """``--choose-edits``: a scorer that prefers the edit of the most similar call (a named
+    fake: it stands for a model that copies) makes the answer the ``edit`` reference's."""
+    memory = ResponseMemory.from_file(files["train"])
+    requests, tids = _requests(files, 12)
+    edit = build_reference("edit", reference_triples(files["train"]))
+
+    def fake_prefers_first_edit(reqs, cands):  # a named fake scorer
+        out = []
+        for r, c in zip(reqs, cands, strict=True):
+            first = edit(r[2], r[3])
+            out.append([1.0 if canonical_text(t) == canonical_text(first) else 0.0 for t in c])
+        return out
+
+    opts = MemoryOptions(choose=memory, k=2, scorer=fake_prefers_first_edit, choose_own=False,
+                         choose_edits=True)
+    answer, block = opts.wrap(lambda reqs: ["written"] * len(reqs))
+    got = answer(requests, tids)
+    novel = [i for i, (r, t) in enumerate(zip(requests, tids, strict=True))
+             if memory.exact(r[2], r[3], t) is None and memory.similar(r[2], r[3], t, 1)]
+    assert novel
+    for i in novel:
+        assert canonical_text(got[i]) == canonical_text(edit(requests[i][2], requests[i][3]))
+    chosen = block()["world_model"]["choice"]
+    assert chosen["edits"] is True and opts.label("M") == "M+choice(k=2,memory-only,edits)"
+    assert sum(chosen["chosen"].values()) == len(requests)
 
 
 def test_choice_is_scored_under_the_note(files):
@@ -263,3 +318,6 @@ def test_probe_cli_choose(files, tmp_path):
     lone = subprocess.run([*base, "--out", str(tmp_path / "no"), "--choose-among", "memory"],
                           capture_output=True, text=True)
     assert lone.returncode == 2 and "--choose-among needs --choose" in lone.stderr
+    lone = subprocess.run([*base, "--out", str(tmp_path / "no"), "--choose-edits"],
+                          capture_output=True, text=True)
+    assert lone.returncode == 2 and "--choose-edits needs --choose" in lone.stderr

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.reference import REFERENCE_NAMES, build_reference, skill, skill_with_ci
+from audit.reference import (
+    REFERENCE_NAMES,
+    build_reference,
+    rank_by_similarity,
+    skill,
+    skill_with_ci,
+    substitute,
+)
 
 TRIPLES = [
     ("ls", {"path": "."}, '{"files": ["a"]}'),
@@ -20,7 +27,10 @@ TRIPLES = [
 
 
 def test_names():
-    assert set(REFERENCE_NAMES) == {"majority", "lookup", "echo", "empty"}
+    from audit.cli import BASELINES
+
+    assert set(REFERENCE_NAMES) == {"majority", "lookup", "edit", "echo", "empty"}
+    assert BASELINES == REFERENCE_NAMES  # envace-audit baseline --model offers every one
     with pytest.raises(ValueError, match="known: majority"):
         build_reference("oracle", TRIPLES)
 
@@ -45,6 +55,83 @@ def test_echo_and_empty():
     assert json.loads(echo("cd", {"folder": "x", "n": 1})) == {"folder": "x", "n": 1}
     assert echo("cd", {"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
     assert build_reference("empty", [])("ls", {"path": "."}) == "{}"
+
+
+def test_edit_known_answers():
+    triples = [
+        ("cd", {"folder": "docs"}, '{"current_working_directory": "docs"}'),
+        ("cd", {"folder": "documents"}, '{"current_working_directory": "documents"}'),
+        ("cp", {"source": "a.txt", "destination": "arch"},
+         '{"result": "\'a.txt\' copied to \'arch/a.txt\'"}'),
+        ("wc", {"file_name": "f", "mode": "l"}, '{"count": 15, "type": "lines"}'),
+        ("ls", {}, '{"files": []}'),
+    ]
+    edit = build_reference("edit", triples)
+    assert edit("cd", {"folder": "docs"}) == '{"current_working_directory": "docs"}'  # lookup
+    assert edit("cd", {"folder": "tmp"}) == '{"current_working_directory": "tmp"}'
+    assert edit("cd", {"folder": "documentz"}) == '{"current_working_directory": "documentz"}'
+    assert (edit("cp", {"source": "b.md", "destination": "arch"})
+            == '{"result": "\'b.md\' copied to \'arch/b.md\'"}')
+    # the file name is not in the response and 15 is not the mode: nothing to copy
+    assert edit("wc", {"file_name": "g", "mode": "l"}) == '{"count": 15, "type": "lines"}'
+    assert edit("ls", {"a": 1}) == '{"files": []}'
+    assert edit("rm", {"file": "x"}) == "{}"  # unseen tool
+
+
+def test_substitute_known_answers():
+    assert substitute('{"n": 5, "m": 15, "s": "5.5", "e": "5."}', {"x": 5}, {"x": 7}) == \
+        '{"n": 7, "m": 15, "s": "5.5", "e": "7."}'
+    assert substitute('{"f": "docs/a.txt", "g": "mydocs"}', {"d": "docs"}, {"d": "tmp"}) == \
+        '{"f": "tmp/a.txt", "g": "mydocs"}'
+    # simultaneous: a -> b and b -> a swap, never chain
+    assert substitute('{"p": "a", "q": "b"}', {"x": "a", "y": "b"}, {"x": "b", "y": "a"}) == \
+        '{"p": "b", "q": "a"}'
+    # escaped as JSON writes it
+    assert substitute('{"t": "say \\"hi\\""}', {"m": 'say "hi"'}, {"m": 'say "yo"'}) == \
+        '{"t": "say \\"yo\\""}'
+    assert substitute('{"t": ["#a", "#b"]}', {"tags": ["#a", "#b"]}, {"tags": ["#c"]}) == \
+        '{"t": ["#c"]}'
+    # booleans, null, objects, missing or equal arguments are never substituted
+    assert substitute('{"v": true}', {"v": True}, {"v": False}) == '{"v": true}'
+    assert substitute('{"v": null}', {"v": None}, {"v": 1}) == '{"v": null}'
+    assert substitute('{"v": {"a": 1}}', {"v": {"a": 1}}, {"v": {"a": 2}}) == '{"v": {"a": 1}}'
+    assert substitute('{"v": "a"}', {"v": "a"}, {}) == '{"v": "a"}'
+    assert substitute('{"v": 1.0}', {"v": 1}, {"v": 1.0}) == '{"v": 1.0}'
+
+
+_SCALAR = st.one_of(st.text(max_size=8), st.integers(-1000, 1000),
+                    st.floats(allow_nan=False, allow_infinity=False, width=32), st.booleans(),
+                    st.none())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60), st.dictionaries(st.sampled_from("abc"), _SCALAR, max_size=3),
+       st.dictionaries(st.sampled_from("abc"), _SCALAR, max_size=3))
+def test_substitute_properties(response, old, new):
+    out = substitute(response, old, new)
+    assert isinstance(out, str)
+    assert substitute(response, old, old) == response  # nothing differs: unchanged
+    assert substitute(response, old, {}) == response
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="abcdef_", min_size=1, max_size=6),
+       st.text(alphabet="ghijkl", min_size=1, max_size=6))
+def test_substitute_copies_a_value_into_its_template(old, new):
+    """A response that quotes the argument answers another value with that value quoted."""
+    def template(value):
+        return json.dumps({"current_working_directory": value})
+
+    assert substitute(template(old), {"folder": old}, {"folder": new}) == template(new)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=6), st.lists(st.text(max_size=6), max_size=8))
+def test_rank_by_similarity_is_a_stable_ranking(query, keys):
+    order = rank_by_similarity(query, keys)
+    assert sorted(order) == list(range(len(keys)))
+    if query in keys:
+        assert order[0] == keys.index(query)  # an identical key first, the first of equals
 
 
 def test_skill_known_values():
@@ -103,8 +190,34 @@ def test_skill_block_by_read_write_and_novelty_known_answer():
     block = _skill_block(rows, ["exact"])
     assert block["by_scorer"]["exact"]["best_reference"] == "lookup"
     assert block["by_scorer"]["exact"]["point"] == pytest.approx(1 - (1 / 3) / (2 / 3))
+    against = block["by_scorer"]["exact"]["against"]
+    assert set(against) == {"lookup", "empty"}
+    assert against["lookup"]["point"] == block["by_scorer"]["exact"]["point"]
+    assert against["empty"]["point"] == pytest.approx(2 / 3)  # F 2/3 against F_ref 0
+    assert against["empty"]["f_ref"] == 0.0
+    assert against["empty"]["lo"] <= against["empty"]["point"] <= against["empty"]["hi"]
     read, write = (block["by_mutates_state"]["exact"][k] for k in ("read", "write"))
     assert read["point"] == pytest.approx(0.0) and read["n"] == 20
     assert write["point"] == pytest.approx(1.0) and write["lo"] == pytest.approx(1.0)
     assert set(block["by_novelty"]["exact"]) == {"0.00-0.25", "0.75-1.00"}
     assert block["by_novelty"]["exact"]["0.75-1.00"]["f_ref"] == 0.0
+
+
+def test_references_bench_pairs_calls_by_trajectory(tmp_path):
+    """bench.references: skill of one baseline against another, call by call."""
+    from bench.references import exact_by_step, paired_skill
+
+    def write(name, scores):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"trajectory_id": t, "step": i,
+                                            "scores": {"exact": v}}) + "\n"
+                                for (t, i), v in scores.items()))
+        return exact_by_step(path)
+
+    ref = write("ref.jsonl", {("a", 0): 1.0, ("a", 1): 0.0, ("b", 0): 0.0, ("b", 1): 0.0})
+    model = write("m.jsonl", {("a", 0): 1.0, ("a", 1): 1.0, ("b", 0): 0.0, ("b", 1): 1.0})
+    got = paired_skill(model, ref)
+    assert got["point"] == pytest.approx(1 - (1 / 4) / (3 / 4))
+    assert got["n"] == 4
+    with pytest.raises(ValueError, match="different calls"):
+        paired_skill(model, {("a", 0): 1.0})

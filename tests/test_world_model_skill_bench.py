@@ -63,8 +63,31 @@ def test_rows_add_a_mean_over_seeds():
              for i, p in enumerate([0.1, 0.3])}
     rows = rows_for(cells)
     assert len(rows) == 3
-    assert rows[-1][0] == "run (mean of 2 seeds)" and rows[-1][4] == "+0.200"
-    assert rows[0][6] == "+0.100"  # skill on read tools
+    assert rows[-1][0] == "run (mean of 2 seeds, vs lookup)" and rows[-1][3] == "+0.200"
+    assert rows[0][8] == "+0.100"  # skill on read tools
+    assert rows[0][5] == "n/a"  # measured against the lookup only
+
+
+def test_rows_and_best_read_skill_against_each_reference():
+    """A cell of an audit with the ``edit`` reference shows its skill against both; the best
+    is ranked against the lookup, which every cell has."""
+    def summary(vs_lookup, vs_edit):
+        s = _summary(vs_edit, vs_edit - 0.1, vs_edit + 0.1)
+        s["skill"]["by_scorer"]["exact"]["best_reference"] = "edit"
+        s["skill"]["by_scorer"]["exact"]["against"] = {
+            "lookup": {"point": vs_lookup, "lo": vs_lookup - 0.05, "hi": vs_lookup + 0.05},
+            "edit": {"point": vs_edit, "lo": vs_edit - 0.1, "hi": vs_edit + 0.1}}
+        return s
+    cells = {"old": {**cell_result(_summary(0.02, -0.01, 0.05)), "probe_args": ["--model", "o"]},
+             "new#s0": {**cell_result(summary(0.10, -0.05)), "probe_args": ["--model", "n"]},
+             "new#s1": {**cell_result(summary(0.06, -0.09)), "probe_args": ["--model", "n"]}}
+    rows = rows_for(cells)
+    assert rows[1][3:8] == ["+0.100", "[+0.050, +0.150]", "-0.050", "[-0.150, +0.050]", "edit"]
+    assert rows[0][3] == "+0.020" and rows[0][5] == "n/a"
+    means = {r[0]: r for r in rows[3:]}
+    assert means["new (mean of 2 seeds, vs lookup)"][3] == "+0.080"
+    assert means["new (mean of 2 seeds, vs edit)"][5] == "-0.070"
+    assert best_cell(cells)["label"] == "new#s0"
 
 
 def _kept_summary(point: float) -> dict:

@@ -82,6 +82,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="with --choose: all (default) ranks the model's own answer too; memory "
                         "ranks the real responses only (the model writes an answer only where "
                         "none of its tool can be scored)")
+    g.add_argument("--choose-edits", action="store_true",
+                   help="with --choose: the similar calls' responses with this call's differing "
+                        "argument values copied in are candidates too (what the audit's edit "
+                        "reference answers with the most similar one)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -114,6 +118,8 @@ def _check_usage(args: argparse.Namespace) -> str | None:
         return "--memory-k needs --memory or --choose and must be >= 1"
     if getattr(args, "choose_among", "all") != "all" and not getattr(args, "choose", None):
         return "--choose-among needs --choose"
+    if getattr(args, "choose_edits", False) and not getattr(args, "choose", None):
+        return "--choose-edits needs --choose"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:
@@ -142,6 +148,7 @@ def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> An
                          hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
                          choose=ResponseMemory.from_file(choose) if choose else None,
                          choose_own=getattr(args, "choose_among", "all") != "memory",
+                         choose_edits=bool(getattr(args, "choose_edits", False)),
                          max_chars=NOTE_CHARS if max_chars is None else max_chars)
 
 

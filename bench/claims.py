@@ -1,0 +1,179 @@
+"""Benchmark: the paper's claims again, at equal steps and several seeds (issue #17).
+
+    .venv/bin/python -m bench.claims --base "runs/tc-base-s*" \
+        --mode "grpo=runs/tc-grpo-s*" --mode "envace=runs/tc-envace-s*" \
+        --mode "split=runs/tc-split-s*" --mode "grpo + real-obs loss=runs/tc-grpo-obs-s*" \
+        --versus envace:grpo --name claims_tiny_dev
+
+Every run directory is an `envace train` run with its own evaluation in the real environment
+(``eval/<split>/trajectories.jsonl``, `bench.learning.per_task`) and the audit of its rehearsed
+evaluation (``eval/<split>_rehearsed/audit``, `bench.learning.fidelity`). A run's seed is read
+from its ``config.yaml``; the evaluated tasks are sampled with the seed, so each run is compared
+with the start (``--base``, step 0: ``envace train ... steps=0``) evaluated with the same seed,
+task by task.
+
+Per mode: each seed's reward and success and their difference from the start (paired over
+tasks), and across seeds the mean difference with a **two-level bootstrap** interval
+(`hierarchical_ci`: resample seeds, then tasks within each drawn seed), so the interval carries
+seed-to-seed spread and not only task noise; with three seeds it is coarse, and says so by
+being wide. ``--versus A:B`` compares two modes seed by seed on the same tasks the same way
+(A − B). Rehearsal fidelity on dev (the share of rehearsed responses diverging from reality) is
+reported per seed with its trajectory-bootstrap interval. Writes ``bench/results/<name>.json``
+(machine, load, every figure) and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.learning import fidelity, per_task
+from bench.machine import run_record, table, write_result
+from envace.core.layout import RUN
+
+
+def hierarchical_ci(diffs_by_seed: list[list[float]], n_boot: int = 5000, seed: int = 0,
+                    level: float = 0.95) -> dict[str, Any]:
+    """Mean of per-seed mean differences and a two-level bootstrap interval: each resample
+    draws seeds with replacement, then, within each drawn seed, its tasks with replacement,
+    and averages the seeds' means. Seeds without tasks are ignored; None bounds when nothing
+    is left."""
+    groups = [np.asarray(d, dtype=float) for d in diffs_by_seed if len(d)]
+    out: dict[str, Any] = {"mean": None, "lo": None, "hi": None, "seeds": len(groups),
+                           "per_seed": [float(g.mean()) for g in groups]}
+    if not groups:
+        return out
+    out["mean"] = float(np.mean(out["per_seed"]))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(groups), (n_boot, len(groups)))
+    means = np.empty((n_boot, len(groups)))
+    for j, g in enumerate(groups):
+        means[:, j] = g[rng.integers(0, len(g), (n_boot, len(g)))].mean(axis=1)
+    boots = means[np.arange(n_boot)[:, None], picks].mean(axis=1)
+    alpha = (1 - level) / 2
+    out["lo"], out["hi"] = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    return out
+
+
+def run_seed(run: Path) -> int:
+    import yaml
+
+    return int((yaml.safe_load((run / RUN.config).read_text()) or {}).get("seed", 0))
+
+
+def by_seed(pattern: str) -> dict[int, Path]:
+    """Run directories matching `pattern`, by their seed; ValueError for none or two of one."""
+    runs = [Path(p) for p in sorted(glob.glob(pattern)) if (Path(p) / RUN.config).is_file()]
+    if not runs:
+        raise ValueError(f"no run directory matches {pattern!r}")
+    out: dict[int, Path] = {}
+    for r in runs:
+        s = run_seed(r)
+        if s in out:
+            raise ValueError(f"{pattern!r}: two runs of seed {s} ({out[s]}, {r})")
+        out[s] = r
+    return out
+
+
+def paired(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]],
+           index: int) -> list[float]:
+    """b − a per task both evaluated (index 0: reward, 1: success)."""
+    return [b[t][index] - a[t][index] for t in sorted(set(a) & set(b))]
+
+
+def _fmt(ci: dict[str, Any]) -> str:
+    if ci["mean"] is None:
+        return "n/a"
+    return f"{ci['mean']:+.3f} [{ci['lo']:+.3f}, {ci['hi']:+.3f}]"
+
+
+def _div(f: dict[str, Any]) -> str:
+    if not f or f.get("divergence_rate") is None:
+        return "–"
+    lo, hi = f.get("divergence_ci") or (float("nan"), float("nan"))
+    return f"{f['divergence_rate']:.0%} [{lo:.0%}, {hi:.0%}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="glob of the step-0 runs, one per seed")
+    ap.add_argument("--mode", action="append", required=True, metavar="LABEL=GLOB",
+                    help="a mode's runs, one per seed")
+    ap.add_argument("--versus", action="append", default=[], metavar="A:B",
+                    help="compare two modes' labels seed by seed (A - B)")
+    ap.add_argument("--name", default="claims_tiny_dev")
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
+    try:
+        base = by_seed(args.base)
+        modes = {}
+        for spec in args.mode:
+            label, sep, pattern = spec.partition("=")
+            if not sep or not label.strip():
+                raise ValueError(f"expected LABEL=GLOB, got {spec!r}")
+            modes[label.strip()] = by_seed(pattern.strip())
+        for v in args.versus:
+            a, sep, b = v.partition(":")
+            if not sep or a not in modes or b not in modes:
+                raise ValueError(f"--versus {v!r}: give A:B with two --mode labels")
+    except ValueError as e:
+        ap.error(str(e))
+    evals = {s: per_task(p) for s, p in base.items()}
+    res: dict[str, Any] = {"base": {str(s): str(p) for s, p in base.items()}, "modes": {},
+                           "versus": {}}
+    rows = []
+    for s, p in base.items():
+        v = evals[s]
+        rows.append(["start (step 0)", s, len(v), f"{np.mean([x[0] for x in v.values()]):.3f}",
+                     f"{np.mean([x[1] for x in v.values()]):.1%}", "", _div(fidelity(p))])
+    summary_rows = []
+    tasks: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
+    for label, runs in modes.items():
+        seeds: dict[str, Any] = {}
+        diffs: tuple[list[list[float]], list[list[float]]] = ([], [])
+        tasks[label] = {}
+        for s, p in sorted(runs.items()):
+            if s not in evals:
+                print(f"{label}: seed {s} has no start run; left out")
+                continue
+            cur = tasks[label][s] = per_task(p)
+            dr, ds = paired(evals[s], cur, 0), paired(evals[s], cur, 1)
+            diffs[0].append(dr)
+            diffs[1].append(ds)
+            fid = fidelity(p)
+            seeds[str(s)] = {"run": str(p), "tasks": len(dr),
+                             "reward": float(np.mean([cur[t][0] for t in cur])),
+                             "success": float(np.mean([cur[t][1] for t in cur])),
+                             "reward_diff": hierarchical_ci([dr]),
+                             "success_diff": hierarchical_ci([ds]),
+                             "dev_fidelity": fid}
+            rows.append([label, s, len(dr), f"{seeds[str(s)]['reward']:.3f}",
+                         f"{seeds[str(s)]['success']:.1%}",
+                         _fmt(seeds[str(s)]["reward_diff"]), _div(fid)])
+        rd, sd = hierarchical_ci(diffs[0]), hierarchical_ci(diffs[1])
+        res["modes"][label] = {"seeds": seeds, "reward_diff": rd, "success_diff": sd}
+        summary_rows.append([label, rd["seeds"], _fmt(rd), _fmt(sd)])
+    for v in args.versus:
+        a, _, b = v.partition(":")
+        common = sorted(set(tasks[a]) & set(tasks[b]))
+        rd = hierarchical_ci([paired(tasks[b][s], tasks[a][s], 0) for s in common])
+        sd = hierarchical_ci([paired(tasks[b][s], tasks[a][s], 1) for s in common])
+        res["versus"][v] = {"seeds": common, "reward_diff": rd, "success_diff": sd}
+        summary_rows.append([f"{a} − {b}", len(common), _fmt(rd), _fmt(sd)])
+    print(table(rows, ["policy", "seed", "tasks", "dev reward", "dev success",
+                       "reward − start, 95% CI (tasks)", "rehearsed diverging on dev"]))
+    print(table(summary_rows, ["comparison", "seeds", "reward difference, 95% CI (seeds, tasks)",
+                               "success difference"]))
+    res.update(run_record("bench.claims", argv, load_start))
+    res["table"] = {"per_seed": rows, "summary": summary_rows}
+    print("->", write_result(args.name, res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

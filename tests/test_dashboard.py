@@ -176,6 +176,12 @@ def test_fidelity_page_over_training_and_skill(monkeypatch, root):
     exact = skill.set_index("scorer").loc["exact"]
     assert exact["best reference"] == s10["skill"]["by_scorer"]["exact"]["best_reference"]
     assert exact["skill"] == pytest.approx(s10["skill"]["by_scorer"]["exact"]["point"])
+    each = next(d.value for d in at.dataframe if "reference's score" in d.value.columns)
+    against = s10["skill"]["by_scorer"]["exact"]["against"]
+    rows = each[each["scorer"] == "exact"].set_index("reference")
+    assert set(rows.index) == set(against) >= {"lookup", "edit"}
+    for ref, v in against.items():
+        assert rows.loc[ref, "skill"] == pytest.approx(v["point"], nan_ok=True)
 
 
 def _steps(path: Path) -> list[dict]:

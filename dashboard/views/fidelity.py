@@ -216,6 +216,13 @@ def skill(s: dict[str, Any]) -> None:
             for n, v in sk.items()]
     st.write("Skill = (F − F_ref) / (1 − F_ref) against the best trivial reference world model.")
     st.dataframe(pd.DataFrame(rows), hide_index=True)
+    each = [{"scorer": n, "reference": ref, "reference's score": v.get("f_ref"),
+             "skill": v.get("point"), "lo": v.get("lo"), "hi": v.get("hi")}
+            for n, row in sk.items() for ref, v in (row.get("against") or {}).items()]
+    if each:
+        st.write("Skill against each reference (`edit` copies the call's arguments into the most "
+                 "similar training response: above `lookup` but below `edit` may be copying only).")
+        st.dataframe(pd.DataFrame(each), hide_index=True)
 
 
 def counts(s: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ each request the candidates are, in this order:
 3. the responses of the `k` most similar training calls (`ResponseMemory.similar`);
 4. with ``edits=True`` (``envace probe --choose-edits``), the same responses with the asking
    call's differing argument values substituted (`audit.reference.substitute`: what the
-   ``edit`` reference answers with the nearest one);
+   ``edit`` reference answers with the nearest one; a copy-edit equal to an earlier
+   candidate is that candidate, and a win counts under the earlier source);
 
 all from other scenarios than the request's (`audit.memory.scenario_key`), duplicates (equal
 after `audit.canonical.canonical_text`) dropped, first kept. The `scorer` gives each candidate

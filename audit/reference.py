@@ -90,32 +90,6 @@ def rank_by_similarity(query: str, keys: Sequence[str]) -> list[int]:
     return [i for _, i in scored]
 
 
-def _value_forms(value: object) -> tuple[list[str], bool] | None:
-    """The texts under which an argument value shows inside a JSON response and whether they
-    are numbers, or None when it is not substituted (booleans, null, empty strings, objects,
-    lists holding more than strings and numbers)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        if not value:
-            return None
-        return list(dict.fromkeys([json.dumps(value, ensure_ascii=False)[1:-1],
-                                   json.dumps(value)[1:-1]])), False
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        return [json.dumps(value)], True
-    if isinstance(value, list) and all(
-            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-        try:
-            forms = [json.dumps(value, ensure_ascii=False), json.dumps(value),
-                     json.dumps(value, ensure_ascii=False, separators=(",", ":"))]
-        except ValueError:  # NaN inside
-            return None
-        return list(dict.fromkeys(forms)), False
-    return None
-
-
 def _same_value(a: object, b: object) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
             and not isinstance(a, bool) and not isinstance(b, bool):
@@ -123,47 +97,170 @@ def _same_value(a: object, b: object) -> bool:
     return canonical_text(json.dumps(a, default=str)) == canonical_text(json.dumps(b, default=str))
 
 
-def _alternatives(texts: Iterable[str]) -> str:
-    return "|".join(re.escape(t) for t in sorted(texts, key=lambda t: (-len(t), t)))
+def _number_text(value: object) -> str | None:
+    """JSON text of a finite int or float (not a bool), else None (never raises)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    try:
+        return json.dumps(value)
+    except ValueError:  # an int too long for str()
+        return None
+
+
+def _plain_list(value: object) -> bool:
+    """A non-empty list of strings and finite numbers (the lists substituted whole)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, str) or _number_text(v) is not None for v in value)
+
+
+def _as_text(value: object) -> str | None:
+    """How a string or number argument reads inside a string, else None."""
+    if isinstance(value, str):
+        return value or None
+    return _number_text(value)
+
+
+def _number_of(value: object) -> float | None:
+    """The number a number argument, or a string argument that is a JSON number, stands for."""
+    if _number_text(value) is not None:
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and _NUMBER.fullmatch(value):
+        try:
+            number = json.loads(value)
+        except ValueError:
+            return None
+        return number if _number_text(number) is not None else None
+    return None
+
+
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_WORD = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _bounded(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` stands alone: no letter, digit or underscore touches it; a
+    number-like match also not after ``.``, ``-`` or ``+`` nor before ``.`` and a digit
+    (``5`` is not replaced inside ``15``, ``1.5``, ``-5`` or ``5.5``)."""
+    before = text[start - 1] if start else ""
+    after = text[end] if end < len(text) else ""
+    if before in _WORD or after in _WORD:
+        return False
+    if text[start].isdigit() and before and before in ".-+":
+        return False
+    return not (text[end - 1].isdigit() and after == "." and text[end + 1:end + 2].isdigit())
+
+
+def _replace_in_text(text: str, swaps: Mapping[str, str]) -> str:
+    """Every standalone occurrence (:func:`_bounded`) of a key of `swaps` replaced by its value,
+    all at once, leftmost first and the longest at one place, never a replacement replaced
+    again. Scans with ``str.find``: linear in the text per swap, even for repetitive values."""
+    found: list[tuple[int, int, str]] = []
+    for old, new in swaps.items():
+        at = text.find(old)
+        while at != -1:
+            if _bounded(text, at, at + len(old)):
+                found.append((at, -len(old), new))
+            at = text.find(old, at + 1)
+    if not found:
+        return text
+    found.sort()
+    out, pos = [], 0
+    for at, minus_length, new in found:
+        if at < pos:
+            continue
+        out += [text[pos:at], new]
+        pos = at - minus_length
+    out.append(text[pos:])
+    return "".join(out)
+
+
+class _Swaps:
+    """The differing arguments of two calls, sorted by how they show in a response."""
+
+    def __init__(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        self.text: dict[str, str] = {}  # inside strings: old text -> new text
+        self.numbers: list[tuple[float, object]] = []  # number nodes: old number -> new value
+        self.lists: list[tuple[list, list]] = []  # list nodes equal to an old list -> new list
+        for key, before in old.items():
+            if key not in new or _same_value(before, new[key]):
+                continue
+            after = new[key]
+            if _plain_list(before) and _plain_list(after):
+                self.lists.append((before, after))
+                continue
+            old_text, new_text = _as_text(before), _as_text(after)
+            if old_text is None or new_text is None:
+                continue
+            self.text.setdefault(old_text, new_text)
+            number = _number_of(before)
+            if number is not None:
+                replacement = _number_of(after) if isinstance(before, str) else None
+                self.numbers.append((number, after if replacement is None else replacement))
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.numbers or self.lists)
+
+    def node(self, value: object) -> object:
+        """`value` (a parsed JSON response) with the swaps made; keys are left alone."""
+        if isinstance(value, str):
+            return _replace_in_text(value, self.text)
+        if isinstance(value, dict):
+            return {k: self.node(v) for k, v in value.items()}
+        if isinstance(value, list):
+            for before, after in self.lists:
+                if _same_value(value, before):
+                    return list(after)
+            return [self.node(v) for v in value]
+        if _number_text(value) is not None:
+            for before, after in self.numbers:
+                if value == before:
+                    return after
+        return value
+
+
+#: json.dumps styles a response may have been written in; the output keeps the one that
+#: reproduces the response (else the first).
+_STYLES: tuple[dict[str, Any], ...] = (
+    {}, {"ensure_ascii": False}, {"separators": (",", ":")},
+    {"separators": (",", ":"), "ensure_ascii": False}, {"indent": 2},
+    {"indent": 2, "ensure_ascii": False},
+)
 
 
 def substitute(response: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """`response` (to a call with arguments `old`) with every argument value that `new` gives
     differently replaced by `new`'s, the ``edit`` reference's rewrite.
 
-    An argument is substituted when both calls give it, the values differ and both are strings,
-    numbers or lists of those (kinds may differ: ``"5"`` may become ``7``); it is found in the
-    response as JSON writes it (a string without its quotes, escaped as ``json.dumps`` escapes
-    it with or without ``ensure_ascii``; a number; a list in default or compact separators),
-    and only where no letter, digit or underscore touches it (``docs`` is replaced inside
-    ``docs/a.txt``, not inside ``mydocs``); a number neither where a ``.`` or a digit goes on
-    (``5`` is not replaced inside ``15`` or ``5.5``). All replacements are made at once,
-    longest text first, so a replaced value is never replaced again. Pure; never raises.
+    An argument is substituted when both calls give it and the values differ: strings and
+    numbers (kinds may differ: ``"5"`` may become ``7``) and non-empty lists of those;
+    booleans, null, objects and empty values never. A JSON response is parsed and rewritten
+    node by node, so the result is JSON again, written in the response's own ``json.dumps``
+    style: an old string or number is replaced inside string values wherever it stands alone
+    (no letter, digit or underscore touches it, and a number not inside a longer number:
+    ``docs`` inside ``docs/a.txt`` yes, inside ``mydocs`` no; ``5`` inside ``15``, ``1.5`` or
+    ``-5`` no); a number value equal to an old number (or to an old string that is a number)
+    becomes the new value; a list equal to an old list becomes the new list; keys stay. Any
+    other response is rewritten as text with the same standalone rule. All replacements in one
+    text are made at once, leftmost and longest first, so a replaced value is never replaced
+    again. Pure; never raises (on any failure the response comes back unchanged).
     """
-    swaps: dict[str, str] = {}
-    numbers: set[str] = set()
-    for key, before in old.items():
-        if key not in new or _same_value(before, new[key]):
-            continue
-        got_before, got_after = _value_forms(before), _value_forms(new[key])
-        if not got_before or not got_after:
-            continue
-        (forms_before, numeric), (forms_after, _) = got_before, got_after
-        for i, text in enumerate(forms_before):
-            if text not in swaps:
-                swaps[text] = forms_after[min(i, len(forms_after) - 1)]
-                if numeric:
-                    numbers.add(text)
-    if not swaps:
+    try:
+        swaps = _Swaps(old, new)
+        if not swaps:
+            return response
+        try:
+            parsed = json.loads(response)
+        except (ValueError, RecursionError):
+            return _replace_in_text(response, swaps.text)
+        rewritten = swaps.node(parsed)
+        if rewritten == parsed and json.dumps(rewritten) == json.dumps(parsed):
+            return response
+        style = next((s for s in _STYLES if json.dumps(parsed, **s) == response), _STYLES[0])
+        return json.dumps(rewritten, **style)
+    except Exception:  # noqa: BLE001 - documented: never raises, returns the response
         return response
-    parts = []
-    texts = [t for t in swaps if t not in numbers]
-    if texts:
-        parts.append(r"(?<![A-Za-z0-9_])(?:" + _alternatives(texts) + r")(?![A-Za-z0-9_])")
-    if numbers:
-        parts.append(r"(?<![A-Za-z0-9_.])(?:" + _alternatives(numbers)
-                     + r")(?![A-Za-z0-9_]|\.[0-9])")
-    return re.sub("|".join(parts), lambda m: swaps[m.group(0)], response)
 
 
 def _majority_table(triples: Sequence[tuple[str, dict, str]]) -> dict[str, str]:

@@ -99,6 +99,76 @@ def test_substitute_known_answers():
     assert substitute('{"v": 1.0}', {"v": 1}, {"v": 1.0}) == '{"v": 1.0}'
 
 
+def test_substitute_keeps_json_valid_across_kinds_and_escapes():
+    """Reviewer's cases: a kind change writes a JSON value, never bare text; values that look
+    like escape letters never land inside escapes; digit strings stay out of longer numbers."""
+    assert json.loads(substitute('{"count": 5}', {"n": 5}, {"n": "five"})) == {"count": "five"}
+    assert json.loads(substitute('{"id": 5}', {"n": "5"}, {"n": "7"})) == {"id": 7}
+    assert json.loads(substitute('{"t": ["a", "b"]}', {"x": ["a", "b"]}, {"x": "c"})) == \
+        {"t": ["a", "b"]}  # a list never becomes a string, nor the reverse
+    for letter in ("r", "n", "u00e9", "t"):
+        got = substitute('{"s": "a\\r\\n\\u00e9\\t b"}', {"x": letter}, {"x": "Q"})
+        assert json.loads(got) == {"s": "a\r\n\u00e9\t b"}
+    assert json.loads(substitute('{"v": 1.5, "w": "-5", "x": "1e5", "y": "5"}',
+                                 {"k": "5"}, {"k": "7"})) == \
+        {"v": 1.5, "w": "-5", "x": "1e5", "y": "7"}
+    # longest first across strings and numbers alike
+    assert json.loads(substitute('{"s": "12 1"}', {"a": 1, "b": "12"}, {"a": 2, "b": "x"})) == \
+        {"s": "x 2"}
+    # keys stay; empty lists are not values; a response equal after parsing comes back as is
+    assert substitute('{"docs": "docs"}', {"d": "docs"}, {"d": "tmp"}) == '{"docs": "tmp"}'
+    assert substitute('{"t": []}', {"x": []}, {"x": ["a"]}) == '{"t": []}'
+    assert substitute('{ "a" : 1 }', {"x": 2}, {"x": 3}) == '{ "a" : 1 }'
+    # written back in the response's own style
+    assert substitute('{"a":"x"}', {"v": "x"}, {"v": "y"}) == '{"a":"y"}'
+    assert substitute('{"a": "é x"}', {"v": "x"}, {"v": "y"}) == '{"a": "é y"}'
+    # not JSON: rewritten as text with the same rule
+    assert substitute("moved docs to mydocs", {"d": "docs"}, {"d": "tmp"}) == \
+        "moved tmp to mydocs"
+
+
+def test_substitute_never_raises_and_stays_linear():
+    big = 10 ** 5000
+    assert substitute('{"a": 1}', {"x": big}, {"x": 2}) == '{"a": 1}'
+    assert substitute('{"a": 1}', {("t",): 7}, {("t",): 2}) == '{"a": 1}'
+    assert substitute('{"a": NaN}', {"x": [float("nan")]}, {"x": [1]}) == '{"a": NaN}'
+    deep = "[" * 100_000 + "]" * 100_000
+    assert substitute(deep, {"x": "a"}, {"x": "b"}) == deep
+    # repetitive text and value: str.find scanning, not a backtracking regex
+    value = "ab" * 20_000
+    out = substitute(json.dumps({"s": value + " " + value}), {"x": value}, {"x": "z"})
+    assert json.loads(out) == {"s": "z z"}
+
+
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-100, 100), st.text(max_size=6),
+              st.floats(allow_nan=False, allow_infinity=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+    max_leaves=12)
+_ARG = st.one_of(st.text(max_size=4), st.integers(-20, 20), st.booleans(), st.none(),
+                 st.lists(st.one_of(st.text(max_size=3), st.integers(0, 9)), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.dictionaries(st.sampled_from("abc"), _ARG, max_size=3),
+       st.dictionaries(st.sampled_from("abc"), _ARG, max_size=3),
+       st.sampled_from([{}, {"ensure_ascii": False}, {"separators": (",", ":")}]))
+def test_substitute_json_in_json_out(value, old, new, style):
+    """A JSON response stays JSON, in its own style, with the same keys and shape of objects."""
+    response = json.dumps(value, **style)
+    out = substitute(response, old, new)
+    parsed = json.loads(out)
+    if out != response:
+        assert out == json.dumps(parsed, **style)
+
+    def keys(v):
+        if isinstance(v, dict):
+            return {k: keys(x) for k, x in v.items()}
+        return None
+    assert keys(parsed) == keys(value)
+
+
 _SCALAR = st.one_of(st.text(max_size=8), st.integers(-1000, 1000),
                     st.floats(allow_nan=False, allow_infinity=False, width=32), st.booleans(),
                     st.none())
@@ -221,3 +291,25 @@ def test_references_bench_pairs_calls_by_trajectory(tmp_path):
     assert got["n"] == 4
     with pytest.raises(ValueError, match="different calls"):
         paired_skill(model, {("a", 0): 1.0})
+
+
+def test_leave_scenario_out_answers_from_other_scenarios_only(small_real_files, tmp_path):
+    """bench.references' train figure: a call never sees its own scenario's calls; with one
+    scenario in the file every reference has nothing to copy and answers ``{}``."""
+    from audit.canonical import canonical_text
+    from audit.memory import ResponseMemory, scenario_key
+    from bench.references import leave_scenario_out
+
+    entries = ResponseMemory.from_file(small_real_files["train"]).entries
+    got = leave_scenario_out(small_real_files["train"])
+    assert got["calls"] == len(entries)
+    assert got["scenarios"] == len({scenario_key(e.task_id) for e in entries}) > 1
+    assert got["lookup"]["skill_vs_lookup"]["point"] == 0.0
+    one = tmp_path / "one_scenario.jsonl"
+    one.write_text("".join(
+        json.dumps({**json.loads(line), "task_id": "multi_turn_base_0"}) + "\n"
+        for line in small_real_files["train"].read_text().splitlines()))
+    alone = leave_scenario_out(one)
+    empty = sum(canonical_text(e.response) == "{}" for e in entries) / len(entries)
+    for name in ("lookup", "edit", "majority"):
+        assert alone[name]["exact"] == pytest.approx(empty)

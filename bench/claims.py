@@ -12,14 +12,17 @@ from its ``config.yaml``; the evaluated tasks are sampled with the seed, so each
 with the start (``--base``, step 0: ``envace train ... steps=0``) evaluated with the same seed,
 task by task.
 
-Per mode: each seed's reward and success and their difference from the start (paired over
-tasks), and across seeds the mean difference with a **two-level bootstrap** interval
-(`hierarchical_ci`: resample seeds, then tasks within each drawn seed), so the interval carries
-seed-to-seed spread and not only task noise; with three seeds it is coarse, and says so by
-being wide. ``--versus A:B`` compares two modes seed by seed on the same tasks the same way
-(A − B). Rehearsal fidelity on dev (the share of rehearsed responses diverging from reality) is
-reported per seed with its trajectory-bootstrap interval. Writes ``bench/results/<name>.json``
-(machine, load, every figure) and prints the tables.
+Per mode: each seed's reward and success and their difference from the start, paired over
+tasks, with a bootstrap interval resampling that seed's tasks (`task_ci`: what one seed shows);
+across seeds the mean of the seeds' differences with a **t interval over the seed means**
+(`across_seeds`, df = seeds − 1; each seed mean already carries its tasks' noise, so nothing is
+counted twice), the per-seed differences listed and how many are positive. With two or three
+seeds the interval is wide, as it should be: a two-level bootstrap (an earlier version) is never
+wider than the range of the seed means, which with three seeds understates the spread; one seed
+gives no across-seed interval. ``--versus A:B`` compares two modes seed by seed on the same
+tasks the same way (A − B). Rehearsal fidelity on dev (the share of rehearsed responses
+diverging from reality) is reported per seed with its trajectory-bootstrap interval. Writes
+``bench/results/<name>.json`` (machine, load, every figure) and prints the tables.
 """
 
 from __future__ import annotations
@@ -37,26 +40,39 @@ from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 
 
-def hierarchical_ci(diffs_by_seed: list[list[float]], n_boot: int = 5000, seed: int = 0,
-                    level: float = 0.95) -> dict[str, Any]:
-    """Mean of per-seed mean differences and a two-level bootstrap interval: each resample
-    draws seeds with replacement, then, within each drawn seed, its tasks with replacement,
-    and averages the seeds' means. Seeds without tasks are ignored; None bounds when nothing
-    is left."""
-    groups = [np.asarray(d, dtype=float) for d in diffs_by_seed if len(d)]
-    out: dict[str, Any] = {"mean": None, "lo": None, "hi": None, "seeds": len(groups),
-                           "per_seed": [float(g.mean()) for g in groups]}
-    if not groups:
-        return out
-    out["mean"] = float(np.mean(out["per_seed"]))
+def task_ci(diffs: list[float], n_boot: int = 5000, seed: int = 0,
+            level: float = 0.95) -> dict[str, Any]:
+    """Mean of one seed's per-task differences and a percentile bootstrap interval resampling
+    its tasks; None everywhere without tasks."""
+    d = np.asarray(diffs, dtype=float)
+    if not len(d):
+        return {"mean": None, "lo": None, "hi": None, "tasks": 0}
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(groups), (n_boot, len(groups)))
-    means = np.empty((n_boot, len(groups)))
-    for j, g in enumerate(groups):
-        means[:, j] = g[rng.integers(0, len(g), (n_boot, len(g)))].mean(axis=1)
-    boots = means[np.arange(n_boot)[:, None], picks].mean(axis=1)
+    boots = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
     alpha = (1 - level) / 2
-    out["lo"], out["hi"] = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return {"mean": float(d.mean()), "lo": float(lo), "hi": float(hi), "tasks": len(d)}
+
+
+def across_seeds(diffs_by_seed: list[list[float]], level: float = 0.95) -> dict[str, Any]:
+    """The mean over seeds of each seed's mean difference, with a Student t interval over the
+    seed means (df = seeds − 1): seeds are the independent units, and each seed's mean already
+    holds its tasks' noise. Lists the seed means and how many are positive; seeds without tasks
+    are ignored; bounds are None with fewer than two seeds."""
+    from scipy import stats
+
+    per_seed = [float(np.mean(d)) for d in diffs_by_seed if len(d)]
+    out: dict[str, Any] = {"mean": None, "lo": None, "hi": None, "seeds": len(per_seed),
+                           "per_seed": per_seed,
+                           "positive_seeds": sum(m > 0 for m in per_seed),
+                           "interval": f"t over seed means, df = seeds - 1, {level:.0%}"}
+    if not per_seed:
+        return out
+    out["mean"] = float(np.mean(per_seed))
+    if len(per_seed) >= 2:
+        half = float(stats.t.ppf((1 + level) / 2, len(per_seed) - 1)
+                     * np.std(per_seed, ddof=1) / np.sqrt(len(per_seed)))
+        out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
     return out
 
 
@@ -89,7 +105,14 @@ def paired(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]],
 def _fmt(ci: dict[str, Any]) -> str:
     if ci["mean"] is None:
         return "n/a"
+    if ci["lo"] is None:
+        return f"{ci['mean']:+.3f} (one seed: no interval)"
     return f"{ci['mean']:+.3f} [{ci['lo']:+.3f}, {ci['hi']:+.3f}]"
+
+
+def _seeds(ci: dict[str, Any]) -> str:
+    return " ".join(f"{m:+.3f}" for m in ci["per_seed"]) + \
+        f" ({ci['positive_seeds']}/{ci['seeds']} > 0)"
 
 
 def _div(f: dict[str, Any]) -> str:
@@ -149,26 +172,29 @@ def main(argv: list[str] | None = None) -> int:
             seeds[str(s)] = {"run": str(p), "tasks": len(dr),
                              "reward": float(np.mean([cur[t][0] for t in cur])),
                              "success": float(np.mean([cur[t][1] for t in cur])),
-                             "reward_diff": hierarchical_ci([dr]),
-                             "success_diff": hierarchical_ci([ds]),
+                             "reward_diff": task_ci(dr),
+                             "success_diff": task_ci(ds),
                              "dev_fidelity": fid}
             rows.append([label, s, len(dr), f"{seeds[str(s)]['reward']:.3f}",
                          f"{seeds[str(s)]['success']:.1%}",
                          _fmt(seeds[str(s)]["reward_diff"]), _div(fid)])
-        rd, sd = hierarchical_ci(diffs[0]), hierarchical_ci(diffs[1])
+        rd, sd = across_seeds(diffs[0]), across_seeds(diffs[1])
         res["modes"][label] = {"seeds": seeds, "reward_diff": rd, "success_diff": sd}
-        summary_rows.append([label, rd["seeds"], _fmt(rd), _fmt(sd)])
+        summary_rows.append([label, rd["seeds"], _seeds(rd), _fmt(rd), _fmt(sd)])
     for v in args.versus:
         a, _, b = v.partition(":")
         common = sorted(set(tasks[a]) & set(tasks[b]))
-        rd = hierarchical_ci([paired(tasks[b][s], tasks[a][s], 0) for s in common])
-        sd = hierarchical_ci([paired(tasks[b][s], tasks[a][s], 1) for s in common])
-        res["versus"][v] = {"seeds": common, "reward_diff": rd, "success_diff": sd}
-        summary_rows.append([f"{a} − {b}", len(common), _fmt(rd), _fmt(sd)])
+        rd = across_seeds([paired(tasks[b][s], tasks[a][s], 0) for s in common])
+        sd = across_seeds([paired(tasks[b][s], tasks[a][s], 1) for s in common])
+        res["versus"][v] = {"seeds": common, "reward_diff": rd, "success_diff": sd,
+                            "per_seed_tasks": {
+                                str(s): task_ci(paired(tasks[b][s], tasks[a][s], 0))
+                                for s in common}}
+        summary_rows.append([f"{a} − {b}", len(common), _seeds(rd), _fmt(rd), _fmt(sd)])
     print(table(rows, ["policy", "seed", "tasks", "dev reward", "dev success",
                        "reward − start, 95% CI (tasks)", "rehearsed diverging on dev"]))
-    print(table(summary_rows, ["comparison", "seeds", "reward difference, 95% CI (seeds, tasks)",
-                               "success difference"]))
+    print(table(summary_rows, ["comparison", "seeds", "reward difference per seed",
+                               "mean, 95% t interval over seeds", "success difference"]))
     res.update(run_record("bench.claims", argv, load_start))
     res["table"] = {"per_seed": rows, "summary": summary_rows}
     print("->", write_result(args.name, res))

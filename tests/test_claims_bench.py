@@ -1,7 +1,9 @@
 """bench.claims: modes against their start and each other, seed by seed, task by task.
 
-- `hierarchical_ci` (hypothesis and known answers): the mean of the seeds' means, an interval
-  inside the data's range that collapses where nothing varies and widens with seed spread;
+- `task_ci` and `across_seeds` (hypothesis and known answers): one seed's task bootstrap inside
+  its data's range; across seeds the mean of the seeds' means with a t interval (scipy's, df =
+  seeds − 1) that collapses where the seeds agree, is wider than the seeds' range with three
+  seeds, and is absent with one;
 - `main` on run directories written here (pure data: an evaluation file and a config each):
   pairs each run with the start of its own seed, compares two modes on the same tasks, refuses
   a glob that matches nothing or two runs of one seed.
@@ -15,31 +17,48 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.claims import hierarchical_ci, main
+from bench.claims import across_seeds, main, task_ci
 
 DIFFS = st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=8), min_size=1, max_size=4)
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=1, max_size=12))
+def test_task_ci_properties(diffs):
+    got = task_ci(diffs, n_boot=200)
+    assert got["mean"] == pytest.approx(sum(diffs) / len(diffs))
+    assert min(diffs) - 1e-9 <= got["lo"] <= got["hi"] <= max(diffs) + 1e-9
+    assert got["tasks"] == len(diffs)
+
+
+@settings(max_examples=100, deadline=None)
 @given(DIFFS)
-def test_hierarchical_ci_properties(diffs):
-    got = hierarchical_ci(diffs, n_boot=200)
+def test_across_seeds_properties(diffs):
+    got = across_seeds(diffs)
     means = [sum(d) / len(d) for d in diffs]
     assert got["mean"] == pytest.approx(sum(means) / len(means))
-    lo_all, hi_all = min(min(d) for d in diffs), max(max(d) for d in diffs)
-    assert lo_all - 1e-9 <= got["lo"] <= got["hi"] <= hi_all + 1e-9
-    assert got["seeds"] == len(diffs)
+    assert got["per_seed"] == pytest.approx(means)
+    assert got["positive_seeds"] == sum(m > 0 for m in means)
+    if len(diffs) == 1:
+        assert got["lo"] is None and got["hi"] is None
+    else:
+        assert got["lo"] <= got["mean"] <= got["hi"]
+        assert got["hi"] - got["mean"] == pytest.approx(got["mean"] - got["lo"])
+        # up to four seeds, never narrower than the seeds' range (t(0.975, df) * sd / sqrt(n))
+        assert got["hi"] - got["lo"] >= (max(means) - min(means)) - 1e-9
 
 
-def test_hierarchical_ci_known_answers():
-    same = hierarchical_ci([[0.2, 0.2], [0.2]], n_boot=100)
+def test_across_seeds_known_answers():
+    same = across_seeds([[0.2, 0.2], [0.1, 0.3]])
     assert same["mean"] == pytest.approx(0.2) and same["lo"] == pytest.approx(0.2) \
         and same["hi"] == pytest.approx(0.2)
-    # no spread within seeds, all of it between them: the interval spans the seeds
-    spread = hierarchical_ci([[0.0] * 20, [0.3] * 20, [0.6] * 20], n_boot=2000)
+    # seed means 0, 0.3, 0.6: sd 0.3, t(0.975, 2) = 4.3027, half width 4.3027 * 0.3 / sqrt 3
+    spread = across_seeds([[0.0] * 20, [0.3] * 20, [0.6] * 20])
     assert spread["mean"] == pytest.approx(0.3)
-    assert spread["lo"] < 0.15 and spread["hi"] > 0.45
-    assert hierarchical_ci([[], []])["mean"] is None
+    assert spread["hi"] - 0.3 == pytest.approx(4.302653 * 0.3 / 3 ** 0.5, rel=1e-5)
+    assert spread["lo"] < 0.0 and spread["hi"] > 0.6  # wider than the seeds' range
+    assert across_seeds([[], []])["mean"] is None
+    assert task_ci([])["mean"] is None
 
 
 def _run(root, name, seed, rewards):
@@ -69,6 +88,9 @@ def test_main_pairs_seeds_and_modes(tmp_path, monkeypatch):
         pytest.approx(0.5)
     assert b["reward_diff"]["per_seed"] == pytest.approx([0.25, 0.75])
     assert got["versus"]["A:B"]["reward_diff"]["per_seed"] == pytest.approx([0.25, -0.25])
+    assert got["versus"]["A:B"]["reward_diff"]["positive_seeds"] == 1
+    assert got["versus"]["A:B"]["per_seed_tasks"]["1"]["mean"] == pytest.approx(-0.25)
+    assert a["seeds"]["0"]["reward_diff"]["tasks"] == 4
     assert a["seeds"]["1"]["tasks"] == 4
 
 

@@ -189,6 +189,8 @@ def test_cli_baseline_rescore_compare_and_skill(train_and_dev, tmp_path):
     against = sk["exact"]["against"]
     assert against["lookup"]["f_ref"] == pytest.approx(1 - lk["divergence_rate"])
     assert all(v["point"] == 1.0 for v in against.values() if v["f_ref"] < 1)
+    assert all(v["n_boot_used"] == against["edit"]["n_boot_used"] > 0 for v in against.values()
+               if v["f_ref"] < 1)
 
 
 def test_cli_exit_codes(tmp_path, examples):

@@ -82,11 +82,25 @@ def run_seed(run: Path) -> int:
     return int((yaml.safe_load((run / RUN.config).read_text()) or {}).get("seed", 0))
 
 
+def finished(run: Path) -> bool:
+    """A run that is not going (no ``RUNNING`` marker) and wrote its evaluation."""
+    from bench.learning import eval_split
+
+    return not (run / RUN.running).exists() and \
+        (RUN.eval_dir(run, eval_split(run)) / RUN.eval_trajectories).is_file()
+
+
 def by_seed(pattern: str) -> dict[int, Path]:
-    """Run directories matching `pattern`, by their seed; ValueError for none or two of one."""
+    """Finished run directories matching `pattern`, by their seed (unfinished ones are left out,
+    said on stdout); ValueError for none or two of one seed."""
     runs = [Path(p) for p in sorted(glob.glob(pattern)) if (Path(p) / RUN.config).is_file()]
     if not runs:
         raise ValueError(f"no run directory matches {pattern!r}")
+    done = [r for r in runs if finished(r)]
+    for r in sorted(set(runs) - set(done)):
+        print(f"{r}: still running or never evaluated ({RUN.running} present or no "
+              "evaluation); left out")
+    runs = done
     out: dict[int, Path] = {}
     for r in runs:
         s = run_seed(r)

@@ -94,6 +94,24 @@ def test_main_pairs_seeds_and_modes(tmp_path, monkeypatch):
     assert a["seeds"]["1"]["tasks"] == 4
 
 
+def test_main_leaves_out_unfinished_runs(tmp_path, monkeypatch, capsys):
+    from bench import machine
+
+    monkeypatch.setattr(machine, "RESULTS", tmp_path / "results")
+    _run(tmp_path, "base-s0", 0, {"t": 0.0})
+    _run(tmp_path, "a-s0", 0, {"t": 1.0})
+    going = _run(tmp_path, "a-s1", 1, {"t": 1.0})
+    (going / "RUNNING").write_text("{}")
+    (tmp_path / "a-s2").mkdir()
+    (tmp_path / "a-s2" / "config.yaml").write_text("seed: 2\n")  # died before evaluating
+    assert main(["--base", str(tmp_path / "base-s*"), "--mode", f"A={tmp_path}/a-s*",
+                 "--name", "c"]) == 0
+    got = json.loads((tmp_path / "results" / "c.json").read_text())
+    assert list(got["modes"]["A"]["seeds"]) == ["0"]
+    out = capsys.readouterr().out
+    assert "a-s1: still running" in out and "a-s2: still running" in out
+
+
 def test_main_refuses_bad_globs(tmp_path):
     _run(tmp_path, "base-s0", 0, {"t": 0.0})
     _run(tmp_path, "dup-1", 0, {"t": 0.0})

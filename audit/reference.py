@@ -255,7 +255,7 @@ def substitute(response: str, old: Mapping[str, Any], new: Mapping[str, Any]) ->
         except (ValueError, RecursionError):
             return _replace_in_text(response, swaps.text)
         rewritten = swaps.node(parsed)
-        if rewritten == parsed and json.dumps(rewritten) == json.dumps(parsed):
+        if json.dumps(rewritten) == json.dumps(parsed):  # nothing replaced (NaN-safe)
             return response
         style = next((s for s in _STYLES if json.dumps(parsed, **s) == response), _STYLES[0])
         return json.dumps(rewritten, **style)

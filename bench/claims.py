@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning import fidelity, per_task
+from bench.learning import eval_split, fidelity, per_task
 from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 
@@ -84,8 +84,6 @@ def run_seed(run: Path) -> int:
 
 def finished(run: Path) -> bool:
     """A run that is not going (no ``RUNNING`` marker) and wrote its evaluation."""
-    from bench.learning import eval_split
-
     return not (run / RUN.running).exists() and \
         (RUN.eval_dir(run, eval_split(run)) / RUN.eval_trajectories).is_file()
 

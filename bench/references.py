@@ -79,14 +79,15 @@ def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) ->
     from audit.reference import build_reference, skill_with_ci
 
     entries = ResponseMemory.from_file(train_file).entries
+    keys = [scenario_key(e.task_id) for e in entries]
     by_scenario: dict[str, list] = {}
-    for e in entries:
-        by_scenario.setdefault(scenario_key(e.task_id), []).append(e)
+    for e, key in zip(entries, keys, strict=True):
+        by_scenario.setdefault(key, []).append(e)
     hits: dict[str, list[float]] = {m: [] for m in names}
     groups: list[str] = []
     for scen, held in by_scenario.items():
-        rest = [(e.tool, e.arguments, e.response) for e in entries
-                if scenario_key(e.task_id) != scen]
+        rest = [(e.tool, e.arguments, e.response) for e, key in zip(entries, keys, strict=True)
+                if key != scen]
         refs = {m: build_reference(m, rest) for m in names}
         for e in held:
             groups.append(scen)

@@ -343,8 +343,13 @@ def skill_with_ci(
 
     ``model_values[i]`` and ``ref_values[i]`` score the same step. The bootstrap resamples
     steps, or whole groups (trajectory ids) when ``groups`` is given, keeping pairs together.
-    Replicates where the reference mean is 1 are dropped. Returns ``point``, ``lo``, ``hi``
-    (None when undefined), ``f_model``, ``f_ref``, ``n`` and ``n_boot_used``.
+    Steps where either score is not finite (NaN: a scorer with no verdict) are left out, so
+    ``n`` counts the steps used. Replicates where the reference mean is 1 are dropped. When the
+    replicates have no spread (every resample gives the same skill: a model right on every
+    step, or one group) a percentile interval would have zero width; the interval is then the
+    Wilson score interval of the model's miss rate with n = the number of groups, divided by
+    the reference's miss rate (``method`` says which). Returns ``point``, ``lo``, ``hi`` (None
+    when undefined), ``f_model``, ``f_ref``, ``n``, ``n_boot_used`` and ``method``.
     """
     if len(model_values) != len(ref_values):
         raise ValueError("model_values and ref_values must have the same length")
@@ -352,6 +357,10 @@ def skill_with_ci(
         raise ValueError("groups must have one entry per step")
     m = np.asarray(model_values, dtype=float)
     r = np.asarray(ref_values, dtype=float)
+    keep = np.isfinite(m) & np.isfinite(r)
+    m, r = m[keep], r[keep]
+    if groups is not None:
+        groups = [g for g, k in zip(groups, keep, strict=True) if k]
     n = len(m)
     out = {
         "point": None,
@@ -361,6 +370,7 @@ def skill_with_ci(
         "f_ref": None,
         "n": n,
         "n_boot_used": 0,
+        "method": "bootstrap",
     }
     if n == 0:
         return out
@@ -387,9 +397,18 @@ def skill_with_ci(
         ok = br < 1.0
         skills.append((bm[ok] - br[ok]) / (1.0 - br[ok]))
     values = np.concatenate(skills)
+    values = values[np.isfinite(values)]
     out["n_boot_used"] = int(len(values))
-    if len(values):
-        alpha = (1 - level) / 2
-        lo, hi = np.quantile(values, [alpha, 1 - alpha])
-        out["lo"], out["hi"] = float(lo), float(hi)
+    if not len(values):
+        return out
+    if np.ptp(values) == 0 and f_r < 1.0:
+        from audit.intervals import wilson_ci
+
+        miss_lo, miss_hi = wilson_ci((1.0 - f_m) * g, g)
+        out.update(lo=1.0 - miss_hi / (1.0 - f_r), hi=1.0 - miss_lo / (1.0 - f_r),
+                   method="wilson_groups")
+        return out
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(values, [alpha, 1 - alpha])
+    out["lo"], out["hi"] = float(lo), float(hi)
     return out

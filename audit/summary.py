@@ -72,7 +72,8 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
             each = ci if n == best else skill_with_ci(
                 model, [r["ref_scores"][n][s] for r in rows], groups=groups, n_boot=N_BOOT,
                 seed=SEED)
-            against[n] = {k: each[k] for k in ("point", "lo", "hi", "f_ref", "n_boot_used")}
+            against[n] = {k: each[k] for k in ("point", "lo", "hi", "f_ref", "n_boot_used",
+                                                     "method")}
         out["by_scorer"][s] = {"reference_means": means, "best_reference": best, **ci,
                                "against": against}
         for key, label in (("depth", "by_depth"), ("tool", "by_tool")):

@@ -40,25 +40,60 @@ from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 
 
+def exact_paired_ci(worse: int, better: int, tasks: int,
+                    level: float = 0.95) -> tuple[float, float]:
+    """An interval for a paired difference of success rates, (better − worse) / tasks, from the
+    discordant tasks alone: conditional on m = worse + better discordant tasks, `better` is
+    Binomial(m, π) and the difference is (m / tasks)(2π − 1), so a Clopper–Pearson interval for
+    π gives one for the difference (the interval that goes with McNemar's exact test: it holds
+    zero unless that test rejects). With no discordant task, [−u, u] where u is the Wilson upper
+    bound of 0 discordant in `tasks` (the difference can be no larger than the discordant share)."""
+    from scipy import stats
+
+    from audit.intervals import wilson_ci
+
+    m = worse + better
+    if m == 0:
+        u = wilson_ci(0, tasks)[1] or 0.0
+        return -u, u
+    ci = stats.binomtest(better, m).proportion_ci(confidence_level=level, method="exact")
+    return m / tasks * (2 * ci.low - 1), m / tasks * (2 * ci.high - 1)
+
+
 def task_ci(diffs: list[float], n_boot: int = 5000, seed: int = 0,
             level: float = 0.95) -> dict[str, Any]:
     """Mean of one seed's per-task differences and a percentile bootstrap interval resampling
-    its tasks; None everywhere without tasks."""
+    its tasks; None everywhere without tasks.
+
+    Where every difference is −1, 0 or +1 (success, one evaluation sample per task) the
+    bootstrap is too narrow: with a handful of discordant tasks all one way it excludes zero
+    where McNemar's exact test does not reject. The interval is then widened to contain
+    :func:`exact_paired_ci` (``method`` says so) and the discordant counts are reported."""
     d = np.asarray(diffs, dtype=float)
     if not len(d):
         return {"mean": None, "lo": None, "hi": None, "tasks": 0}
     rng = np.random.default_rng(seed)
     boots = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
     alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return {"mean": float(d.mean()), "lo": float(lo), "hi": float(hi), "tasks": len(d)}
+    lo, hi = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    out: dict[str, Any] = {"mean": float(d.mean()), "lo": lo, "hi": hi, "tasks": len(d),
+                           "method": "task_bootstrap"}
+    if np.isin(d, (-1.0, 0.0, 1.0)).all():
+        worse, better = int((d == -1).sum()), int((d == 1).sum())
+        elo, ehi = exact_paired_ci(worse, better, len(d), level)
+        out.update(lo=min(lo, elo), hi=max(hi, ehi), discordant={"worse": worse,
+                                                                 "better": better},
+                   method="task_bootstrap widened to the exact paired interval")
+    return out
 
 
 def across_seeds(diffs_by_seed: list[list[float]], level: float = 0.95) -> dict[str, Any]:
     """The mean over seeds of each seed's mean difference, with a Student t interval over the
     seed means (df = seeds − 1): seeds are the independent units, and each seed's mean already
     holds its tasks' noise. Lists the seed means and how many are positive; seeds without tasks
-    are ignored; bounds are None with fewer than two seeds."""
+    are ignored; bounds are None with fewer than two seeds, and where the seeds' means are all
+    equal (a zero-width interval would claim a certainty two or three seeds cannot give;
+    ``interval`` then says so)."""
     from scipy import stats
 
     per_seed = [float(np.mean(d)) for d in diffs_by_seed if len(d)]
@@ -69,10 +104,15 @@ def across_seeds(diffs_by_seed: list[list[float]], level: float = 0.95) -> dict[
     if not per_seed:
         return out
     out["mean"] = float(np.mean(per_seed))
-    if len(per_seed) >= 2:
-        half = float(stats.t.ppf((1 + level) / 2, len(per_seed) - 1)
-                     * np.std(per_seed, ddof=1) / np.sqrt(len(per_seed)))
-        out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
+    if len(per_seed) < 2:
+        out["interval"] = "one seed: no interval"
+        return out
+    sd = float(np.std(per_seed, ddof=1))
+    if not sd > 0:
+        out["interval"] = f"the {len(per_seed)} seed means are equal: no interval"
+        return out
+    half = float(stats.t.ppf((1 + level) / 2, len(per_seed) - 1) * sd / np.sqrt(len(per_seed)))
+    out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
     return out
 
 
@@ -118,7 +158,7 @@ def _fmt(ci: dict[str, Any]) -> str:
     if ci["mean"] is None:
         return "n/a"
     if ci["lo"] is None:
-        return f"{ci['mean']:+.3f} (one seed: no interval)"
+        return f"{ci['mean']:+.3f} ({ci.get('interval', 'no interval')})"
     return f"{ci['mean']:+.3f} [{ci['lo']:+.3f}, {ci['hi']:+.3f}]"
 
 

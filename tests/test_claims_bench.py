@@ -1,9 +1,10 @@
 """bench.claims: modes against their start and each other, seed by seed, task by task.
 
 - `task_ci` and `across_seeds` (hypothesis and known answers): one seed's task bootstrap inside
-  its data's range; across seeds the mean of the seeds' means with a t interval (scipy's, df =
-  seeds − 1) that collapses where the seeds agree, is wider than the seeds' range with three
-  seeds, and is absent with one;
+  its data's range, widened for success differences (−1/0/+1) to McNemar's exact interval (known
+  answers: 4 discordant tasks all one way hold zero, 8 do not); across seeds the mean of the
+  seeds' means with a t interval (scipy's, df = seeds − 1) that is wider than the seeds' range
+  with three seeds, and absent with one seed or with equal seed means;
 - `main` on run directories written here (pure data: an evaluation file and a config each):
   pairs each run with the start of its own seed, compares two modes on the same tasks, refuses
   a glob that matches nothing or two runs of one seed.
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.claims import across_seeds, main, task_ci
+from bench.claims import across_seeds, exact_paired_ci, main, task_ci
 
 DIFFS = st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=8), min_size=1, max_size=4)
 
@@ -27,8 +28,36 @@ DIFFS = st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=8), min_size=1,
 def test_task_ci_properties(diffs):
     got = task_ci(diffs, n_boot=200)
     assert got["mean"] == pytest.approx(sum(diffs) / len(diffs))
-    assert min(diffs) - 1e-9 <= got["lo"] <= got["hi"] <= max(diffs) + 1e-9
+    assert got["lo"] <= got["mean"] <= got["hi"]
+    if not all(d in (-1.0, 0.0, 1.0) for d in diffs):
+        assert min(diffs) - 1e-9 <= got["lo"] <= got["hi"] <= max(diffs) + 1e-9
     assert got["tasks"] == len(diffs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=1, max_size=60))
+def test_task_ci_success_differences_hold_the_exact_interval(diffs):
+    got = task_ci(diffs, n_boot=200)
+    worse, better = diffs.count(-1.0), diffs.count(1.0)
+    lo, hi = exact_paired_ci(worse, better, len(diffs))
+    assert got["lo"] <= lo + 1e-12 and got["hi"] >= hi - 1e-12
+    assert got["discordant"] == {"worse": worse, "better": better}
+    assert -1.0 <= got["lo"] <= got["mean"] <= got["hi"] <= 1.0
+
+
+def test_task_ci_success_known_answers():
+    # 4 of 96 tasks worse, none better: McNemar's exact p = 0.125, so the interval holds zero
+    # (a plain percentile bootstrap gives [-0.083, -0.010])
+    four = task_ci([-1.0] * 4 + [0.0] * 92)
+    assert four["lo"] < 0 < four["hi"]
+    # 8 of 96 worse, none better: p = 0.0078, the interval lies below zero
+    eight = task_ci([-1.0] * 8 + [0.0] * 88)
+    assert eight["hi"] < 0
+    # Clopper-Pearson upper bound of 0/8 is 1 - 0.025 ** (1/8) = 0.3694
+    assert exact_paired_ci(8, 0, 96)[1] == pytest.approx(8 / 96 * (2 * 0.36942 - 1), abs=1e-4)
+    # no discordant task: symmetric about zero, never zero width
+    none = task_ci([0.0] * 20)
+    assert none["lo"] < 0 < none["hi"] and none["lo"] == pytest.approx(-none["hi"])
 
 
 @settings(max_examples=100, deadline=None)
@@ -41,6 +70,8 @@ def test_across_seeds_properties(diffs):
     assert got["positive_seeds"] == sum(m > 0 for m in means)
     if len(diffs) == 1:
         assert got["lo"] is None and got["hi"] is None
+    elif got["lo"] is None:  # no spread: the seed means are equal (up to underflow)
+        assert max(means) - min(means) < 1e-12 and "equal" in got["interval"]
     else:
         assert got["lo"] <= got["mean"] <= got["hi"]
         assert got["hi"] - got["mean"] == pytest.approx(got["mean"] - got["lo"])
@@ -49,9 +80,10 @@ def test_across_seeds_properties(diffs):
 
 
 def test_across_seeds_known_answers():
+    # equal seed means: no zero-width interval, and the reason given
     same = across_seeds([[0.2, 0.2], [0.1, 0.3]])
-    assert same["mean"] == pytest.approx(0.2) and same["lo"] == pytest.approx(0.2) \
-        and same["hi"] == pytest.approx(0.2)
+    assert same["mean"] == pytest.approx(0.2) and same["lo"] is None and same["hi"] is None
+    assert "equal" in same["interval"]
     # seed means 0, 0.3, 0.6: sd 0.3, t(0.975, 2) = 4.3027, half width 4.3027 * 0.3 / sqrt 3
     spread = across_seeds([[0.0] * 20, [0.3] * 20, [0.6] * 20])
     assert spread["mean"] == pytest.approx(0.3)
@@ -84,8 +116,8 @@ def test_main_pairs_seeds_and_modes(tmp_path, monkeypatch):
                  "--mode", f"B={tmp_path}/b-s*", "--versus", "A:B", "--name", "c"]) == 0
     got = json.loads((tmp_path / "results" / "c.json").read_text())
     a, b = got["modes"]["A"], got["modes"]["B"]
-    assert a["reward_diff"]["mean"] == pytest.approx(0.5) and a["reward_diff"]["lo"] == \
-        pytest.approx(0.5)
+    assert a["reward_diff"]["mean"] == pytest.approx(0.5) and a["reward_diff"]["lo"] is None
+    assert "equal" in a["reward_diff"]["interval"]  # both seeds +0.5: no zero-width interval
     assert b["reward_diff"]["per_seed"] == pytest.approx([0.25, 0.75])
     assert got["versus"]["A:B"]["reward_diff"]["per_seed"] == pytest.approx([0.25, -0.25])
     assert got["versus"]["A:B"]["reward_diff"]["positive_seeds"] == 1

@@ -227,6 +227,21 @@ def test_skill_with_ci_steps_and_groups():
     assert grouped["point"] == out["point"] and grouped["lo"] <= grouped["hi"]
 
 
+def test_skill_with_ci_no_spread_and_nan():
+    # a model right on every step of 10 trajectories: not "certainly perfect" (the percentile
+    # interval would be [1, 1]); Wilson on the 10 trajectories' miss rate instead
+    groups = [i // 3 for i in range(30)]
+    perfect = skill_with_ci([1] * 30, [1, 0, 1] * 10, groups=groups, n_boot=200)
+    assert perfect["point"] == 1.0 and perfect["hi"] == 1.0 and perfect["method"] == "wilson_groups"
+    # Wilson upper bound of 0 misses in 10: 1.96^2 / (10 + 1.96^2) = 0.2775; F_ref = 2/3
+    assert perfect["lo"] == pytest.approx(1 - 0.27754 / (1 / 3), abs=1e-4)
+    # a step without a verdict (NaN) is left out, never turned into a NaN interval
+    out = skill_with_ci([1, 0, float("nan"), 1], [0, 0, 1, 1], groups=[0, 1, 2, 3], n_boot=200)
+    assert out["n"] == 3 and out["f_model"] == pytest.approx(2 / 3)
+    json.dumps(out, allow_nan=False)
+    assert out["method"] == "bootstrap"
+
+
 def test_skill_with_ci_degenerate():
     out = skill_with_ci([0.5, 1.0], [1.0, 1.0], n_boot=50)
     assert out["point"] is None and out["lo"] is None and out["n_boot_used"] == 0
@@ -247,7 +262,8 @@ def test_skill_with_ci_bounds(pairs):
 
 def test_skill_block_by_read_write_and_novelty_known_answer():
     """The summary's skill strata: a model that matches the lookup on reads and beats it on
-    every novel write has skill 0 on reads, 1 on the novel writes, with intervals."""
+    every novel write has skill 0 on reads, 1 on the novel writes, with intervals that are not
+    zero-width."""
     from audit.summary import _skill_block
 
     rows = []
@@ -268,7 +284,12 @@ def test_skill_block_by_read_write_and_novelty_known_answer():
     assert against["empty"]["lo"] <= against["empty"]["point"] <= against["empty"]["hi"]
     read, write = (block["by_mutates_state"]["exact"][k] for k in ("read", "write"))
     assert read["point"] == pytest.approx(0.0) and read["n"] == 20
-    assert write["point"] == pytest.approx(1.0) and write["lo"] == pytest.approx(1.0)
+    # neither stratum's replicates spread (the model equals the lookup on reads and is right on
+    # every write): Wilson on the 10 trajectories, not a zero-width interval
+    assert read["method"] == write["method"] == "wilson_groups"
+    assert read["lo"] < 0.0 < read["hi"]
+    assert write["point"] == pytest.approx(1.0) and write["hi"] == pytest.approx(1.0)
+    assert write["lo"] == pytest.approx(1 - 0.27754, abs=1e-4)  # Wilson upper of 0/10, F_ref 0
     assert set(block["by_novelty"]["exact"]) == {"0.00-0.25", "0.75-1.00"}
     assert block["by_novelty"]["exact"]["0.75-1.00"]["f_ref"] == 0.0
 

@@ -1,4 +1,4 @@
-"""Benchmark: world-model skill on held-out BFCL scenarios, per world model (issue #17).
+"""Benchmark: world-model skill on held-out scenarios (BFCL or AgentDojo), per world model.
 
     .venv/bin/python -m bench.world_model_skill \
         --cell "tiny cold start=--model data/models/tiny-sft" \
@@ -21,7 +21,9 @@ tool and by novelty (``skill.by_scorer.exact`` and ``skill.by_mutates_state`` /
 
 A label ending in ``#sN`` is seed N of a trained cell (``tiny envace 30 steps#s1=--model
 runs/...``): the table adds one row per label with the seeds' mean and range. The test split is
-never read. Writes ``bench/results/<name>.json`` after every cell (machine, load, seconds, each
+never read. ``--env agentdojo`` does the same on AgentDojo's splits (give it its own ``--name``
+and ``--keep``: the exported files under ``--keep`` are the environment's). Writes
+``bench/results/<name>.json`` after every cell (machine, load, seconds, each
 cell's skill block) with, under ``best``, the cell with the highest skill point as ``probe_args``
 (with the files it needs and, for a model folder given with ``--built PATH=COMMAND``, the
 command that made it); ``--collect`` rebuilds from the audits kept under ``--keep``;
@@ -48,6 +50,15 @@ from envace.core.layout import AUDIT
 TRAIN = "train.jsonl"
 EXPORT = {TRAIN: "envace data export-real --split train --out train.jsonl",
           "dev.jsonl": "envace data export-real --split dev --out dev.jsonl"}
+ENVS = ("bfcl", "agentdojo")
+
+
+def exports(env: str = "bfcl") -> dict[str, str]:
+    """The commands that write the train and dev files of `env` (BFCL's carry no ``--env``)."""
+    if env == "bfcl":
+        return dict(EXPORT)
+    return {f: cmd.replace("export-real ", f"export-real --env {env} ")
+            for f, cmd in EXPORT.items()}
 
 
 def _pair(spec: str, form: str) -> tuple[str, str]:
@@ -90,8 +101,8 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
             "seconds": summary.get("seconds")}
 
 
-def best_cell(cells: dict[str, dict[str, Any]],
-              built: dict[str, str] | None = None) -> dict[str, Any] | None:
+def best_cell(cells: dict[str, dict[str, Any]], built: dict[str, str] | None = None,
+              files: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The cell with the highest skill (ties: the first), as ``probe_args``, with the commands
     that make the files and model folders it names (`EXPORT`, `built`). Cells are ranked by
     their skill against ``lookup``, which every cell has (cells measured before the ``edit``
@@ -104,7 +115,8 @@ def best_cell(cells: dict[str, dict[str, Any]],
     point, label = max(scored, key=lambda x: x[0])
     args = cells[label]["probe_args"]
     return {"label": label, "probe_args": args, "skill": cells[label]["skill"],
-            "files": {f: cmd for f, cmd in {**EXPORT, **(built or {})}.items() if f in args}}
+            "files": {f: cmd for f, cmd in {**(files or EXPORT), **(built or {})}.items()
+                      if f in args}}
 
 
 def _pct(v: Any) -> str:
@@ -174,9 +186,15 @@ def previous_cells(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return dict(cells), dict(built)
 
 
-def command_for(cells: dict[str, list[str]], built: dict[str, str], limit: int = 0) -> str:
+def command_for(cells: dict[str, list[str]], built: dict[str, str], limit: int = 0,
+                env: str = "bfcl", name: str = "world_model_skill",
+                keep: str = "runs/world_model_skill") -> str:
     """The bench command that probes all these cells again (a merged result's `command`)."""
-    parts = ["python", "-m", "bench.world_model_skill", "--keep", "runs/world_model_skill"]
+    parts = ["python", "-m", "bench.world_model_skill", "--keep", keep]
+    if env != "bfcl":
+        parts += ["--env", env]
+    if name != "world_model_skill":
+        parts += ["--name", name]
     if limit:
         parts += ["--limit", str(limit)]
     for path, cmd in built.items():
@@ -192,14 +210,15 @@ def _report(name: str, info: dict[str, Any], cells: dict[str, Any],
     print(table(rows, HEADER))
     path = write_result(name, {**info, "load_average": {"start": load_start,
                                                         "end": os.getloadavg()},
-                               "cells": cells, "best": best_cell(cells, info.get("built")),
+                               "cells": cells,
+                               "best": best_cell(cells, info.get("built"), info.get("files")),
                                "table": {"header": HEADER, "rows": rows}})
     print(f"wrote {path}", flush=True)
 
 
-def _export(data: Path) -> None:
+def _export(data: Path, env: str = "bfcl") -> None:
     data.mkdir(parents=True, exist_ok=True)
-    for f, cmd in EXPORT.items():
+    for f, cmd in exports(env).items():
         if not (data / f).is_file():
             argv = shlex.split(cmd)
             subprocess.run([sys.executable, "-m", "envace.cli", *argv[1:-1], str(data / f)],
@@ -212,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a label and the `envace probe` arguments of one world model")
     ap.add_argument("--limit", type=int, default=0, help="at most this many dev trajectories")
     ap.add_argument("--name", default="world_model_skill")
+    ap.add_argument("--env", choices=ENVS, default="bfcl",
+                    help="the real environment whose train and dev splits are exported and "
+                    "probed (agentdojo: write to another --name and --keep)")
     ap.add_argument("--keep", required=True, help="audits and the exported splits go here")
     ap.add_argument("--built", action="append", default=[], metavar="PATH=COMMAND",
                     help="how a model folder named by a cell was made (recorded, not run)")
@@ -239,15 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         for label, _ in cells_in:
             cells.pop(label, None)
     command = command_for({**{label: c["probe_args"] for label, c in cells.items()},
-                           **dict(cells_in)}, built, args.limit) if args.merge else \
+                           **dict(cells_in)}, built, args.limit, args.env, args.name,
+                          args.keep) if args.merge else \
         "python -m bench.world_model_skill " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    info = {"split": "dev", "reference": "train", "decoding": "greedy, teacher-forced",
-            "threads": 1, "limit": args.limit or None, "command": command,
-            "scorer": "exact", "files": EXPORT, "built": built}
+    info = {"env": args.env, "split": "dev", "reference": "train",
+            "decoding": "greedy, teacher-forced", "threads": 1, "limit": args.limit or None,
+            "command": command, "scorer": "exact", "files": exports(args.env), "built": built}
     load_start = os.getloadavg()
     if not args.collect:
-        _export(data)
+        _export(data, args.env)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     failed = 0
     for label, probe_args in cells_in:

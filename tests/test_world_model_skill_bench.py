@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from bench.world_model_skill import (
@@ -9,6 +11,7 @@ from bench.world_model_skill import (
     best_cell,
     cell_result,
     command_for,
+    exports,
     main,
     parse_built,
     parse_cell,
@@ -137,6 +140,26 @@ def test_merge_keeps_earlier_cells_and_replaces_a_label_probed_again(tmp_path, m
                                                           "train.jsonl"])]
     spaced = shlex.split(command_for({"x": ["--model", "a b"]}, {}))
     assert parse_cell(spaced[-1]) == ("x", ["--model", "a b"])  # a path with a space survives
+
+
+def test_agentdojo_cells_export_and_record_its_splits():
+    """--env agentdojo: the files are AgentDojo's, the best cell names their commands, and the
+    recorded command probes the same environment into the same result file."""
+    ad = exports("agentdojo")
+    assert ad == {"train.jsonl": "envace data export-real --env agentdojo --split train "
+                                 "--out train.jsonl",
+                  "dev.jsonl": "envace data export-real --env agentdojo --split dev "
+                               "--out dev.jsonl"}
+    assert "--env" not in exports("bfcl")["train.jsonl"]
+    cells = {"a": {**cell_result(_summary(0.1, 0.0, 0.2)),
+                   "probe_args": ["--model", "m", "--hybrid", "train.jsonl"]}}
+    assert best_cell(cells, {}, ad)["files"] == {"train.jsonl": ad["train.jsonl"]}
+    argv = shlex.split(command_for({"a": ["--model", "m"]}, {}, env="agentdojo",
+                                   name="world_model_skill_agentdojo", keep="runs/wm_ad"))
+    assert argv[argv.index("--env") + 1] == "agentdojo"
+    assert argv[argv.index("--name") + 1] == "world_model_skill_agentdojo"
+    assert argv[argv.index("--keep") + 1] == "runs/wm_ad"
+    assert "--env" not in shlex.split(command_for({"a": ["--model", "m"]}, {}))
 
 
 def test_merge_refuses_a_missing_or_foreign_file(tmp_path):

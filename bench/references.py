@@ -13,7 +13,10 @@ whole trajectories (`audit.reference.skill_with_ci`).
 ``train_leave_scenario_out`` is the figure the ``edit`` rule was fixed on, before dev was
 scored: every train call answered by the references built from the other train scenarios
 (`audit.memory.scenario_key`: the four BFCL categories of one scenario go out together),
-exact share and skill against the lookup with the interval resampling scenarios.
+exact share and skill against the lookup with the interval resampling scenarios; its
+``readable_ceiling`` (`readable_ceiling`) counts the train calls whose response a world model
+that copies could write at all, every value of it found in other scenarios' responses of the
+tool or in what the call shows.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from envace.core.layout import AUDIT
 
 BIN = Path(sys.executable).parent
 REFERENCES = ("lookup", "edit", "majority")
+# the lookup against itself: the same answers by construction, so no interval is estimated
+ITSELF = {"point": 0.0, "lo": 0.0, "hi": 0.0}
 
 
 def run(cmd: list[str], cwd: str) -> None:
@@ -96,10 +101,85 @@ def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) ->
                 hits[m].append(1.0 if same else 0.0)
     out: dict[str, Any] = {"calls": len(groups), "scenarios": len(by_scenario)}
     for m in names:
-        sk = skill_with_ci(hits[m], hits["lookup"], groups=groups)
+        sk = ITSELF if m == "lookup" else skill_with_ci(hits[m], hits["lookup"], groups=groups)
         out[m] = {"exact": sum(hits[m]) / len(groups),
                   "skill_vs_lookup": {k: sk[k] for k in ("point", "lo", "hi")}}
     return out
+
+
+def response_values(text: str) -> list[str]:
+    """The values a response states: its JSON leaves (strings as they are, anything else as
+    JSON text); a response that is not JSON is one value, its text."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return [text]
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        else:
+            out.append(v if isinstance(v, str) else json.dumps(v))
+    return out
+
+
+def readable_ceiling(train_file: Path) -> dict[str, Any]:
+    """How many train calls a world model that copies could answer at all (leave-scenario-out).
+
+    A call's real response is *readable* when every value it states (`response_values`) is
+    either a value of that tool's responses in the other scenarios, or text found in what the
+    world model is shown by the call: the task's messages before the calling assistant turn
+    (user turns, earlier responses) and the arguments of every call up to this one. A response
+    holding any other value can only be computed or guessed (a `mean`'s result, an id of the
+    scenario's hidden starting state), so the readable share bounds the exact rate of a world
+    model that copies; one that computes may pass it. A call ``edit`` answers exactly counts as
+    readable whatever its values' spelling (``edit`` copies, and ``canonical_text`` equates
+    spellings such as ``5`` and ``5.0`` that the value match does not). Gives the counts, the
+    shares and the first three unreadable calls' tools and values."""
+    from audit.canonical import canonical_text
+    from audit.memory import scenario_key
+    from audit.reference import build_reference
+    from envace.core.schema import read_trajectories, tool_steps
+
+    calls: list[tuple[str, str, dict, str, str]] = []  # scenario, tool, args, response, shown
+    for item in read_trajectories(train_file):
+        t = item.trajectory
+        if t is None:
+            continue
+        steps = [st for st in tool_steps(t) if st.arguments is not None and st.response
+                 is not None and not st.response.rehearsed]
+        for n, st in enumerate(steps):
+            shown = " ".join([m.content or "" for m in t.messages[:st.message_index]]
+                             + [json.dumps(x.arguments) for x in steps[:n + 1]])
+            calls.append((scenario_key(t.task_id), st.tool, st.arguments,
+                          st.response.content or "", shown))
+    tool_values: dict[tuple[str, str], set[str]] = {}
+    for scen, tool, _, response, _ in calls:
+        tool_values.setdefault((scen, tool), set()).update(response_values(response))
+    edits: dict[str, Any] = {}
+    examples: list[dict[str, Any]] = []
+    counts = {"calls": len(calls), "unreadable": 0, "edit_misses": 0}
+    for scen, tool, args, response, shown in calls:
+        if scen not in edits:
+            edits[scen] = build_reference("edit", [(tl, a, r) for sc, tl, a, r, _ in calls
+                                                   if sc != scen])
+        others = set().union(*[v for (sc, tl), v in tool_values.items()
+                               if tl == tool and sc != scen])
+        miss = canonical_text(edits[scen](tool, args)) != canonical_text(response)
+        missing = [v for v in response_values(response) if v not in others
+                   and v.strip() not in shown]
+        unreadable = bool(missing) and miss  # what `edit` writes exactly, a copier can
+        if unreadable and len(examples) < 3:
+            examples.append({"tool": tool, "values": missing[:3]})
+        counts["unreadable"] += unreadable
+        counts["edit_misses"] += miss
+    n = max(counts["calls"], 1)
+    return {**counts, "readable_share": 1 - counts["unreadable"] / n,
+            "edit_exact": 1 - counts["edit_misses"] / n, "examples": examples}
 
 
 def commands_for(env: str) -> list[list[str]]:
@@ -129,9 +209,10 @@ def main(argv: list[str] | None = None) -> None:
         refs = {m: figures(load(f"baseline_{m}")) for m in REFERENCES}
         steps = {m: exact_by_step(Path(tmp) / f"baseline_{m}" / AUDIT.steps) for m in REFERENCES}
         for m in REFERENCES:
-            sk = paired_skill(steps[m], steps["lookup"])
+            sk = ITSELF if m == "lookup" else paired_skill(steps[m], steps["lookup"])
             refs[m]["skill_vs_lookup"] = {k: sk[k] for k in ("point", "lo", "hi")}
         loso = leave_scenario_out(Path(tmp) / "train.jsonl")
+        loso["readable_ceiling"] = readable_ceiling(Path(tmp) / "train.jsonl")
     data: dict[str, Any] = {"env": args.env}
     if args.env == "agentdojo":
         from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION

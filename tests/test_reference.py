@@ -334,3 +334,35 @@ def test_leave_scenario_out_answers_from_other_scenarios_only(small_real_files, 
     empty = sum(canonical_text(e.response) == "{}" for e in entries) / len(entries)
     for name in ("lookup", "edit", "majority"):
         assert alone[name]["exact"] == pytest.approx(empty)
+
+
+def test_readable_ceiling_known_answer(tmp_path):
+    """bench.references' bound on copying: a response value found in no other scenario's
+    responses of the tool and nowhere in what the call shows makes the call unreadable."""
+    from bench.references import readable_ceiling, response_values
+
+    assert sorted(response_values('{"a": [1, "x"], "b": {"c": null}}')) == ["1", "null", "x"]
+    assert response_values("None") == ["None"] and response_values("plain text") == ["plain text"]
+
+    def traj(n, user, x, response):
+        return {"schema": "envace.trajectory/1", "id": f"real-{n}",
+                "task_id": f"multi_turn_base_{n}", "source": "real",
+                "env": {"name": "bfcl", "task": f"multi_turn_base_{n}"},
+                "messages": [{"role": "user", "content": user},
+                             {"role": "assistant", "content": "", "tool_calls": [
+                                 {"id": "c0", "type": "function",
+                                  "function": {"name": "f", "arguments": {"x": x}}}]},
+                             {"role": "tool", "content": json.dumps(response),
+                              "tool_call_id": "c0", "name": "f", "rehearsed": False}]}
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (
+        traj(0, "hi", 1, {"v": 7}),                # 7 is in scenario 1's responses: readable
+        traj(1, "hi", 2, {"v": 7, "w": "abc"}),    # "abc" is nowhere else: unreadable
+        traj(2, "name is zed", 3, {"v": "zed"}),   # "zed" is in the user's turn: readable
+    )))
+    got = readable_ceiling(path)
+    assert (got["calls"], got["unreadable"]) == (3, 1)
+    assert got["readable_share"] == pytest.approx(2 / 3)
+    assert got["examples"] == [{"tool": "f", "values": ["abc"]}]
+    assert 0.0 <= got["edit_exact"] <= got["readable_share"]

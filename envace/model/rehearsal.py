@@ -122,8 +122,9 @@ def build_memory(plans: list[Plan] | list[str], critiques: list[str], tokenizer:
     """The memory text within ``budget`` tokens and how many (old) plans were dropped.
 
     Overflow, in order: drop whole old plans (with their critiques), oldest first; drop the
-    newest plan's critique; shorten the newest plan's imagined responses (its calls stay); only
-    if its calls alone do not fit, cut the text and say so."""
+    newest plan's critique; shorten the newest plan's imagined responses, then leave them out
+    (``-> …``, then nothing after the arrow; its calls stay); only if its calls alone do not
+    fit, cut the text and say so."""
 
     def item(i: int, chars: int | None = response_chars, critique: bool = True,
              responses: bool = True) -> str:
@@ -157,6 +158,10 @@ def build_memory(plans: list[Plan] | list[str], critiques: list[str], tokenizer:
             if _fits(t, tokenizer, budget):
                 return t, dropped
         t = text(dropped, item(newest, critique=False, responses=False))
+        if _fits(t, tokenizer, budget):
+            return t, dropped
+        p = plans[newest]  # the calls with nothing after the arrow ("…" can cost tokens)
+        t = text(dropped, Plan(p.index, tuple((c, "") for c, _ in p.calls), p.end).render())
         if _fits(t, tokenizer, budget):
             return t, dropped
     ids = chat.encode_text(tokenizer, t)  # the calls alone are too long: cut, and say so

@@ -108,23 +108,17 @@ def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) ->
 
 
 def response_values(text: str) -> list[str]:
-    """The values a response states: its JSON leaves (strings as they are, anything else as
-    JSON text); a response that is not JSON is one value, its text."""
+    """The values a response states: its JSON leaves (`audit.canonical.flatten_leaves`; strings
+    as they are, anything else, empty containers too, as JSON text); a response that is not
+    JSON is one value, its text."""
+    from audit.canonical import flatten_leaves
+
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return [text]
-    out: list[str] = []
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-        else:
-            out.append(v if isinstance(v, str) else json.dumps(v))
-    return out
+    return [v if isinstance(v, str) else json.dumps(v)
+            for v in flatten_leaves(value).values()]
 
 
 def readable_ceiling(train_file: Path) -> dict[str, Any]:
@@ -161,14 +155,17 @@ def readable_ceiling(train_file: Path) -> dict[str, Any]:
     for scen, tool, _, response, _ in calls:
         tool_values.setdefault((scen, tool), set()).update(response_values(response))
     edits: dict[str, Any] = {}
+    seen_elsewhere: dict[tuple[str, str], set[str]] = {}
     examples: list[dict[str, Any]] = []
     counts = {"calls": len(calls), "unreadable": 0, "edit_misses": 0}
     for scen, tool, args, response, shown in calls:
         if scen not in edits:
             edits[scen] = build_reference("edit", [(tl, a, r) for sc, tl, a, r, _ in calls
                                                    if sc != scen])
-        others = set().union(*[v for (sc, tl), v in tool_values.items()
-                               if tl == tool and sc != scen])
+        if (scen, tool) not in seen_elsewhere:
+            seen_elsewhere[(scen, tool)] = set().union(
+                *[v for (sc, tl), v in tool_values.items() if tl == tool and sc != scen])
+        others = seen_elsewhere[(scen, tool)]
         miss = canonical_text(edits[scen](tool, args)) != canonical_text(response)
         missing = [v for v in response_values(response) if v not in others
                    and v.strip() not in shown]

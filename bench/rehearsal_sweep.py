@@ -3,6 +3,7 @@ sequential} x {base, trained} on dev, with 95 % intervals and the tokens each se
 
     .venv/bin/python -m bench.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
         [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial] [--resume]
+        [--worlds self hybrid oracle] [--seed 0]
 
 Every setting evaluates the same dev tasks (per-turn) with the same seeds; success is BFCL's
 state check of the committed calls, reward the chosen task reward of the commit (denser than
@@ -10,6 +11,11 @@ success at small scale). Each rehearsal setting is compared with the same model'
 run task by task: the paired bootstrap 95 % interval of the reward difference. Results are
 rewritten after every setting (bench/results/<name>.json), so a stopped sweep keeps what it ran;
 ``--resume`` reads that file back and runs only the settings it lacks (same tasks and lengths).
+``--worlds`` says who answers the plans' calls (``envace.model.rehearsal.WORLDS``): the policy
+(``self``, the method), the ``hybrid`` (the lookup's exact train-split answer where it has one,
+the policy elsewhere) or the ``oracle`` (a private copy of the real environment per plan: what a
+perfect world model would give the commit, an upper bound). Every world is compared with the
+same no-rehearsal run.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from audit.memory import ResponseMemory
 from bench.machine import RESULTS, table, write_result
 from envace.evaluation.evaluate import select_tasks
 from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
 from envace.model.models import load_model
-from envace.model.rehearsal import RehearsalSettings
+from envace.model.rehearsal import WORLDS, RehearsalSettings
 
 
 def main() -> None:
@@ -38,6 +45,13 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--reward", default="action_partial")
     ap.add_argument("--name", default="rehearsal_sweep")
+    ap.add_argument("--worlds", nargs="+", default=["self"], choices=list(WORLDS),
+                    help="who answers the plans' calls, each a row set beside one shared "
+                         "no-rehearsal run: self (the policy; the method), hybrid (the train "
+                         "split's lookup where it has the exact call, the policy elsewhere), "
+                         "oracle (a private copy of the real environment: an upper bound)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="sampling seed of plans and commits (the tasks stay the same)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the settings already in bench/results/<name>.json, run the rest")
     ap.add_argument("--keep", default=None,
@@ -46,32 +60,36 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-sweep-"))
     rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
-                     "max_new_tokens": args.max_new_tokens, "settings": {}}
+                     "max_new_tokens": args.max_new_tokens, "seed": args.seed, "settings": {}}
+    lookup = ResponseMemory.from_train_split("bfcl") if "hybrid" in args.worlds else None
     if args.resume:
         res["settings"] = previous_settings(args.name, res)
-    head = ["model", "strategy", "N", "success", "95% CI", f"{args.reward} reward",
+    head = ["model", "strategy", "N", "world", "success", "95% CI", f"{args.reward} reward",
             "diff vs N=0 (95% CI)", "rehearsal tokens/task", "rehearsal divergence"]
     for spec in args.models:
         label, path = spec.split("=", 1)
         model, tok = load_model(path)
         tasks = select_tasks("dev", "turn", args.tasks, tok, 4096, args.max_new_tokens, 0)
-        grid = [("none", 0)] + [(s, n) for s in ("parallel", "sequential")
-                                for n in range(1, args.max_n + 1)]
-        for strategy, n in grid:
-            key = f"{label}/{strategy}/{n}"
+        grid = [("none", 0, "self")] + [(s, n, w) for w in args.worlds
+                                        for s in ("parallel", "sequential")
+                                        for n in range(1, args.max_n + 1)]
+        for strategy, n, world in grid:
+            key = setting_key(label, strategy, n, world)
             if key in res["settings"]:
                 r = res["settings"][key]
                 print(f"{key}: kept from the previous run", flush=True)
             else:
                 s = RehearsalSettings(strategy=strategy, n=n,
                                       max_new_tokens=args.max_new_tokens,
-                                      max_turns=args.max_turns)
-                r = evaluate_with_rehearsal(model, tok, tasks, s, out / f"{label}-{strategy}-{n}",
+                                      max_turns=args.max_turns, seed=args.seed, world=world,
+                                      lookup=lookup if world == "hybrid" else None)
+                r = evaluate_with_rehearsal(model, tok, tasks, s,
+                                            out / key.replace("/", "-"),
                                             reward=args.reward, model_name=path)
                 res["settings"][key] = {k: r[k] for k in (
                     "success_rate", "success_ci", "attempts", "reward_mean", "per_attempt",
                     "budget", "rehearsal_audit", "fidelity_vs_success")}
-                res["settings"][key]["model"] = path
+                res["settings"][key].update(model=path, world=world)
             diff = None
             if strategy != "none":
                 base = res["settings"][f"{label}/none/0"]["per_attempt"]
@@ -80,7 +98,7 @@ def main() -> None:
                 res["settings"][key]["reward_diff_vs_none"] = diff
             ci = r["success_ci"]
             div = (r["rehearsal_audit"] or {}).get("divergence_rate")
-            rows.append([label, strategy, n, f"{r['success_rate']:.1%}",
+            rows.append([label, strategy, n, world, f"{r['success_rate']:.1%}",
                          f"[{ci[0]:.1%}, {ci[1]:.1%}]", f"{r['reward_mean']:.3f}",
                          "–" if diff is None else
                          f"{diff['mean']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]",
@@ -98,13 +116,20 @@ def previous_settings(name: str, want: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return {}
     old = json.loads(path.read_text())
-    differ = [k for k in ("tasks", "reward", "max_turns", "max_new_tokens")
-              if old.get(k) != want[k]]
+    differ = [k for k in ("tasks", "reward", "max_turns", "max_new_tokens", "seed")
+              if old.get(k, 0 if k == "seed" else None) != want[k]]
     if differ:
         raise SystemExit(f"--resume: {path} was made with other settings ("
                          + ", ".join(f"{k}={old.get(k)!r}" for k in differ)
                          + "); pass the same values or another --name")
     return dict(old.get("settings") or {})
+
+
+def setting_key(label: str, strategy: str, n: int, world: str = "self") -> str:
+    """``label/strategy/N`` (the policy's own rehearsal, the keys of every earlier sweep), with
+    ``/world`` after it for another world (``none`` is shared: it rehearses nothing)."""
+    key = f"{label}/{strategy}/{n}"
+    return key if world == "self" or strategy == "none" else f"{key}/{world}"
 
 
 def paired_diff_ci(a: list[float], b: list[float], n_boot: int = 5000, seed: int = 0

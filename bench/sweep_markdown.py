@@ -29,7 +29,9 @@ def _ci(ci: list[float | None] | None, scale: float = 100.0, fmt: str = "{:.1f}"
 
 def row(key: str, r: dict[str, Any]) -> str:
     """One markdown row of a sweep setting."""
-    label, strategy, n = key.split("/")
+    label, strategy, n, *world = key.split("/")  # a 4th part: who answered the plans
+    if world:
+        strategy = f"{strategy}, {world[0]}"
     diff = r.get("reward_diff_vs_none")
     d = "–" if not diff else (f"{diff['mean']:+.3f}" + _ci(diff["ci"], 1.0, "{:+.3f}"))
     if diff and diff["ci"] and (diff["ci"][0] > 0 or diff["ci"][1] < 0):

@@ -2,6 +2,7 @@
 
     envace eval --model PATH [--env bfcl|agentdojo] --split dev [--tasks 40] [--seeds 2]
                 [--unit turn|task] [--rehearsal none|parallel|sequential] [--n 2] [--out DIR]
+                [--world self|hybrid|oracle]
 
 `--env` picks the environment (default bfcl): its split, its real backend and its task check
 (BFCL's state check; AgentDojo's own checker of each user task, which is a single user turn, so
@@ -46,8 +47,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="rehearse with a memory: before each rehearsed response, a note of "
                         "the K most similar calls of the environment's train split and their "
                         "real responses (never the task's own scenario; 0: off)")
+    p.add_argument("--world", default="self", choices=["self", "hybrid", "oracle"],
+                   help="who answers the rehearsed plans' calls: self (the policy: the "
+                        "method), hybrid (the lookup's exact answer from the environment's "
+                        "train split where it has one, the policy elsewhere) or oracle (a "
+                        "private copy of the real environment per plan: an upper bound, not "
+                        "a method)")
     p.add_argument("--out", help="output folder (default "
-                   "runs/eval-[<env>-]<split>-<rehearsal>-n<N>)")
+                   "runs/eval-[<env>-]<split>-<rehearsal>-n<N>[-<world>])")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -66,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         settings = RehearsalSettings(strategy=args.rehearsal, n=args.n if args.rehearsal != "none"
                                      else 0, max_new_tokens=args.max_new_tokens,
                                      max_context=args.max_context,
-                                     max_memory_tokens=args.max_memory_tokens, seed=args.seed)
+                                     max_memory_tokens=args.max_memory_tokens, seed=args.seed,
+                                     world=args.world, lookup=_lookup(args))
         if args.memory_k < 0 or (args.memory_k and args.rehearsal == "none"):
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")
@@ -82,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = select_tasks(args.split, args.unit, args.tasks, tok, args.max_context,
                          args.max_new_tokens, args.seed, env=args.env)
     env = "" if args.env == "bfcl" else f"{args.env}-"
-    out = Path(args.out or f"runs/eval-{env}{args.split}-{args.rehearsal}-n{settings.n}")
+    world = "" if args.world == "self" else f"-{args.world}"
+    out = Path(args.out or f"runs/eval-{env}{args.split}-{args.rehearsal}-n{settings.n}{world}")
     s = evaluate_with_rehearsal(model, tok, tasks, settings, out, seeds=args.seeds,
                                 reward=args.reward, model_name=str(path))
     ci = s["success_ci"]
@@ -90,6 +99,18 @@ def run(args: argparse.Namespace) -> int:
           f"{s['attempts']} attempts; rehearsal tokens/task {s['budget']['rehearsal_tokens']:.0f}"
           f" -> {out / RUN.eval_summary}")
     return 0
+
+
+def _lookup(args: argparse.Namespace) -> object | None:
+    """The train split's lookup for ``--world hybrid`` (refused without rehearsal)."""
+    if args.world != "self" and args.rehearsal == "none":
+        raise ValueError(f"--world {args.world} answers rehearsed plans: --rehearsal parallel "
+                         "or sequential")
+    if args.world != "hybrid":
+        return None
+    from audit.memory import ResponseMemory
+
+    return ResponseMemory.from_train_split(args.env)
 
 
 def _texts() -> list[str]:

@@ -133,7 +133,8 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
         if budgets else {},
         "rehearsal_audit": None if audit is None else _audit_figures(audit, out / RUN.audit),
         "fidelity_vs_success": _relation(fidelity, successes),
-        "settings": {**s.__dict__, "memory": getattr(s.memory, "source", None)},
+        "settings": {**s.__dict__, "memory": getattr(s.memory, "source", None),
+                     "lookup": getattr(s.lookup, "source", None)},
     }
     write_json_atomic(out / RUN.eval_summary, summary)
     return summary

@@ -5,8 +5,15 @@
 - ``parallel``: N plans are rehearsed independently (the policy acts and writes every tool
   response itself; no environment is touched), batched together so they share the work.
 - ``sequential``: plan i sees plans 0..i-1 and a self-critique the policy wrote after each.
-- Both: the plans form a *rehearsal memory* (format below) placed in the context of one real
-  execution (mode ``real``), which commits. The real environment is touched by the commit only.
+- Who answers a plan's calls (``world``): ``self``, the policy (the method: its own world
+  model); ``hybrid``, the lookup's exact training answer where it has one and the policy
+  elsewhere (``audit.memory``; the train split only, never the task's own scenario); ``oracle``,
+  a fresh private copy of the task's real environment per plan: an upper bound on what any
+  world model could give the commit, not a method (the copies are discarded; the commit's
+  environment is its own, and ``budget.sandbox_env_calls`` counts what the copies executed).
+- Both strategies: the plans form a *rehearsal memory* (format below) placed in the context of
+  one real execution (mode ``real``), which commits. The task's real environment is touched by
+  the commit only.
 
 Memory format (a system message after the user's request)::
 
@@ -38,6 +45,7 @@ from envace.core.envs.tasks import Task
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
 
+WORLDS = ("self", "hybrid", "oracle")
 HEADER = "Rehearsal memory (private plans imagined before acting; their responses may be wrong):"
 FOOTER = "Use what helps, then act for real."
 CRITIQUE_ASK = "Before acting for real: in one or two sentences, what could go wrong with the plan?"
@@ -60,10 +68,19 @@ class RehearsalSettings:
     # plans rehearsed with a memory of real responses (RolloutConfig.memory; train split only)
     memory: Any = None
     memory_k: int = 3
+    # who answers the plans' calls (WORLDS): the policy itself; the hybrid (the lookup's exact
+    # training answer where it has one, `lookup`, the policy elsewhere); or the oracle
+    world: str = "self"
+    lookup: Any = None  # `audit.memory.ResponseMemory` of the train split, for world="hybrid"
 
     def __post_init__(self) -> None:
         if self.strategy not in ("none", "parallel", "sequential"):
             raise ValueError("strategy must be none, parallel or sequential")
+        if self.world not in WORLDS:
+            raise ValueError(f"world={self.world!r}: one of {', '.join(WORLDS)}")
+        if (self.world == "hybrid") != (self.lookup is not None):
+            raise ValueError("world='hybrid' needs a lookup (a ResponseMemory of the train "
+                             "split), and only it takes one")
         if self.n < 0 or (self.strategy != "none" and self.n < 1):
             raise ValueError("n must be >= 1 for a rehearsal strategy")
 
@@ -189,11 +206,14 @@ def with_messages(task: Task, extra: list[dict[str, str]]) -> Task:
 
 def _cfg(s: RehearsalSettings, mode: str, temperature: float, seed: int, **kw: Any
          ) -> RolloutConfig:
+    if mode == "rehearse" and s.world == "oracle" and not kw.get("text_only"):
+        mode = "real"  # the plan runs in its own fresh copy of the real environment
     return RolloutConfig(mode=mode, temperature=temperature, top_p=s.top_p,
                          max_new_tokens=kw.get("max_new_tokens", s.max_new_tokens),
                          max_turns=kw.get("max_turns", s.max_turns), max_context=s.max_context,
                          desc_chars=s.desc_chars, seed=seed,
-                         memory=s.memory if mode == "rehearse" else None, memory_k=s.memory_k)
+                         memory=s.memory if mode == "rehearse" else None, memory_k=s.memory_k,
+                         lookup=s.lookup if mode == "rehearse" else None)
 
 
 def _critiques(model: Any, tok: Any, tasks: list[Task], plans: list[str],
@@ -202,7 +222,7 @@ def _critiques(model: Any, tok: Any, tasks: list[Task], plans: list[str],
                               {"role": "user", "content": CRITIQUE_ASK}])
             for t, p in zip(tasks, plans, strict=True)]
     eps = run_episodes(model, tok, asks, _cfg(s, "rehearse", s.temperature, seed,
-                                               max_turns=1, max_new_tokens=64))
+                                               max_turns=1, max_new_tokens=64, text_only=True))
     out = []
     for e in eps:
         last = e.trajectory.messages[-1]
@@ -257,10 +277,12 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
     for i, t in enumerate(tasks):
         reh_tokens = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in plans[i])
         real_calls = executed_calls(commits[i])
+        sandbox_calls = sum(executed_calls(e) for e in plans[i])  # oracle plans only
         out.append({
             "task": t, "plans": plans[i], "critiques": critiques[i], "memory": memories[i],
             "commit": commits[i],
             "budget": {"rehearsal_tokens": reh_tokens, "real_env_calls": real_calls,
+                       "sandbox_env_calls": sandbox_calls,
                        "commit_tokens": commits[i].tokens(ACT),
                        "wall_s_share": t_total / len(tasks),
                        "rehearsal_wall_s_share": t_rehearse / len(tasks)},

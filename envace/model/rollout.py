@@ -8,6 +8,8 @@ first user turn) is prefilled; the policy writes an assistant message; each call
 answered by
 
 - ``rehearse``: the same policy, after a forced ``<|im_start|>tool\\n`` (REHEARSE tokens);
+  with ``RolloutConfig.lookup`` (the hybrid world model), the lookup's exact training answer
+  is forced in instead wherever it has one (CONTEXT, marked ``rehearsed`` and ``lookup``);
 - ``real``: the real environment of the task (``task.env_name``, built by ``make_env``; its text
   is forced in as CONTEXT, kept out of the policy loss, and flagged in ``Episode.real_obs``: the
   tokens ``real_obs_coef``'s supervised loss trains);
@@ -60,6 +62,11 @@ class RolloutConfig:
     # only): before each rehearsed response, a system note of the memory_k most similar calls
     memory: Any = None
     memory_k: int = 3
+    # rehearse as the hybrid world model (`audit.memory.ResponseMemory`, train split only):
+    # where the lookup has the exact training answer for a call (never from the task's own
+    # scenario), that answer is forced in (CONTEXT, ``rehearsed: true, lookup: true``) instead
+    # of the policy writing it; elsewhere the policy rehearses as usual
+    lookup: Any = None
     # the dtype the transformers backend decodes in (`backends.hf.generation_model`): "same"
     # (the model's own) or "bfloat16" (a copy, refreshed when the weights change)
     gen_dtype: str = "same"
@@ -228,6 +235,15 @@ class Engine:
         call_id, name, args = row.pending[0]
         step = int(call_id[1:])
         if self.cfg.mode == "rehearse":
+            known = (self.cfg.lookup.exact(name, args, row.task.id)
+                     if self.cfg.lookup is not None else None)
+            if known is not None:
+                row.pending.pop(0)
+                row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                                     "content": known, "rehearsed": True, "lookup": True})
+                self._force_turn(row, "tool", known)
+                self._next_response(row)
+                return
             self._memory_note(row, name, args)
             self._force(row, self._header("tool"))
             row.gen = "rehearse"

@@ -3,7 +3,7 @@ sequential} x {base, trained} on dev, with 95 % intervals and the tokens each se
 
     .venv/bin/python -m bench.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
         [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial] [--resume]
-        [--worlds self hybrid oracle] [--seed 0]
+        [--worlds self hybrid oracle] [--strategies parallel sequential] [--seed 0]
 
 Every setting evaluates the same dev tasks (per-turn) with the same seeds; success is BFCL's
 state check of the committed calls, reward the chosen task reward of the commit (denser than
@@ -50,6 +50,8 @@ def main() -> None:
                          "no-rehearsal run: self (the policy; the method), hybrid (the train "
                          "split's lookup where it has the exact call, the policy elsewhere), "
                          "oracle (a private copy of the real environment: an upper bound)")
+    ap.add_argument("--strategies", nargs="+", default=["parallel", "sequential"],
+                    choices=["parallel", "sequential"], help="rehearsal strategies to run")
     ap.add_argument("--seed", type=int, default=0,
                     help="sampling seed of plans and commits (the tasks stay the same)")
     ap.add_argument("--resume", action="store_true",
@@ -71,7 +73,7 @@ def main() -> None:
         model, tok = load_model(path)
         tasks = select_tasks("dev", "turn", args.tasks, tok, 4096, args.max_new_tokens, 0)
         grid = [("none", 0, "self")] + [(s, n, w) for w in args.worlds
-                                        for s in ("parallel", "sequential")
+                                        for s in args.strategies
                                         for n in range(1, args.max_n + 1)]
         for strategy, n, world in grid:
             key = setting_key(label, strategy, n, world)

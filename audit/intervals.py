@@ -17,7 +17,10 @@ diverged, a single trajectory, every score equal) a percentile interval has zero
 a certainty the data do not give; the interval is then Wilson's score interval for the point
 estimate with n = the number of *trajectories* (method ``wilson_trajectories``), as if each
 trajectory were one observation. Differences (``ratio_difference``) fall back the same way to
-Newcombe's hybrid score interval built from the two Wilson-on-trajectories intervals.
+Newcombe's hybrid score interval built from the two Wilson-on-trajectories intervals. A mean
+outside [0, 1] without spread (every value the same negative difference, say) has no such
+fallback: its interval is None (method ``no_spread``), never a rate's interval that does not
+hold its own point.
 
     spec = IntervalSpec(resamples=1000, seed=0)
     codes, _ = cluster_codes(["t1", "t1", "t2"])
@@ -37,6 +40,7 @@ import numpy as np
 BOOTSTRAP = "trajectory_bootstrap"
 WILSON_TRAJECTORIES = "wilson_trajectories"
 NEWCOMBE_TRAJECTORIES = "newcombe_wilson_trajectories"
+NO_SPREAD = "no_spread"  # replicates without spread for a mean outside [0, 1]: no interval
 _BATCH_CELLS = 2_000_000  # B x C cells drawn at once (bounded memory for big audits)
 
 
@@ -243,9 +247,11 @@ def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
             pct = bounds[j]
             if pct is not None:
                 ci, method = [min(pct[0], point), max(pct[1], point)], BOOTSTRAP
-            else:
+            elif 0.0 <= point <= 1.0:
                 lo, hi = wilson_ci(point * clusters, clusters, spec.z)
                 ci, method = [lo, hi], WILSON_TRAJECTORIES
+            else:  # no spread and not a rate: Wilson's interval would mean nothing
+                ci, method = None, NO_SPREAD
             if binary is not None and binary[j] and method == BOOTSTRAP:
                 n_eff = effective_size(sums[:, j], counts[:, j])
                 lo, hi = wilson_ci(point * n_eff, n_eff, spec.z)

@@ -9,11 +9,11 @@ before ``--seed`` existed) says which sampling seed it ran. Several files may ho
 sweep resumed under another name): a setting present in two of them must hold the same attempts,
 or the files are refused. Every setting is compared with the same seed's no-rehearsal run, task
 by task, and the differences of all seeds are pooled: their mean, with a 95 % interval from a
-bootstrap that resamples **tasks** (a task's seeds move together: they share its difficulty),
-``audit.intervals.cluster_ratio``. Worlds are also compared with each other at the same strategy
-and N (``--versus oracle:self`` and the like): the paired difference of the two settings' rewards
-on the same task and seed, pooled the same way. Writes ``bench/results/<name>.json`` and prints
-the markdown table of ``docs/results.md``.
+bootstrap that resamples **tasks** (a task's seeds move together: they share its difficulty;
+``pooled``, no interval where every task's difference is the same). Worlds are also compared
+with each other at the same strategy and N (``--versus oracle:self`` and the like): the paired
+difference of the two settings' rewards on the same task and seed, pooled the same way. Writes
+``bench/results/<name>.json`` and prints the markdown table of ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from audit.intervals import IntervalSpec, cluster_ratio
-from bench.machine import RESULTS, run_record, write_result
+import numpy as np
 
-SPEC = IntervalSpec(resamples=5000, seed=0)
+from audit.intervals import cluster_codes
+from bench.machine import RESULTS, run_record, write_result
 
 
 def split_key(key: str) -> tuple[str, str, int, str]:
@@ -65,11 +65,27 @@ def by_seed(results: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, floa
     return dict(out)
 
 
-def pooled(pairs: list[tuple[str, float]]) -> dict[str, Any]:
-    """Mean of (task, difference) pairs with a task-resampling interval."""
-    r = cluster_ratio([d for _, d in pairs], [t for t, _ in pairs], SPEC)
-    return {"mean": r["point"], "ci": r["ci"], "method": r["method"], "n": r["n"],
-            "tasks": r["trajectories"]}
+def pooled(pairs: list[tuple[str, float]], resamples: int = 5000, seed: int = 0,
+           level: float = 0.95) -> dict[str, Any]:
+    """Mean of (task, difference) pairs with a percentile interval from a bootstrap of tasks
+    (a resampled task brings all its seeds). Where the replicates have no spread (every task's
+    mean difference equal) there is no interval: a zero-width one would claim a certainty that
+    30 tasks cannot give, and a rate's fallback would not fit a difference."""
+    codes, _ = cluster_codes([t for t, _ in pairs])
+    sums = np.bincount(codes, weights=[d for _, d in pairs])
+    counts = np.bincount(codes).astype(float)
+    mean = float(sums.sum() / counts.sum())
+    out: dict[str, Any] = {"mean": mean, "ci": None, "method": "task_bootstrap",
+                           "n": len(pairs), "tasks": len(sums)}
+    draw = np.random.default_rng(seed).integers(0, len(sums), (resamples, len(sums)))
+    reps = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)
+    if float(reps.max() - reps.min()) <= 1e-12:
+        out["method"] = "no spread: every task's difference is the same; no interval"
+        return out
+    alpha = (1 - level) / 2
+    lo, hi = (float(v) for v in np.quantile(reps, [alpha, 1 - alpha]))
+    out["ci"] = [min(lo, mean), max(hi, mean)]
+    return out
 
 
 def differences(seeds: dict[int, dict[str, dict[str, float]]], key: str, base: str

@@ -247,3 +247,14 @@ def test_a_rare_event_rate_is_never_narrower_than_wilson_with_the_effective_size
     # a score mean (not a rate) keeps its bootstrap interval
     m = cluster_ratio([0.5, 0.25, 0.75, 0.5] * 10, list(range(40)))
     assert m["method"] == "trajectory_bootstrap" and m["ci"][1] - m["ci"][0] < 0.2
+
+
+def test_a_mean_outside_zero_one_without_spread_gets_no_rates_interval():
+    """Found by hypothesis through bench.sweep_seeds: every value −1 (a difference) used to get
+    Wilson's interval of a rate, [0, …], which does not hold its own point."""
+    res = cluster_ratio([-1.0, -1.0, -1.0], ["a", "b", "c"], SPEC)
+    assert res["point"] == -1.0 and res["ci"] is None and res["method"] == "no_spread"
+    res = cluster_ratio([2.5, 2.5], ["a", "b"], SPEC)
+    assert res["ci"] is None
+    res = cluster_ratio([0.0, 0.0], ["a", "b"], SPEC)  # a rate of 0: Wilson still applies
+    assert res["method"] == "wilson_trajectories" and res["ci"][0] == 0.0 < res["ci"][1]

@@ -4,9 +4,10 @@ and properties of the task-resampling interval."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import bench.machine
@@ -76,6 +77,7 @@ rewards = st.floats(0, 1, allow_nan=False, width=32)
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(rewards, rewards), min_size=2, max_size=12), st.randoms())
+@example([(1.0, 0.0), (1.0, 0.0)], random.Random(0))  # found: a rate's fallback for −1
 def test_the_pooled_mean_ignores_task_order_and_sits_in_its_interval(pairs, rnd):
     tasks = [f"t{i}" for i in range(len(pairs))]
     none = {t: a for t, (a, _) in zip(tasks, pairs, strict=True)}
@@ -90,7 +92,21 @@ def test_the_pooled_mean_ignores_task_order_and_sits_in_its_interval(pairs, rnd)
     want = sum(b - a for a, b in pairs) / len(pairs)
     assert x["mean"] == pytest.approx(want, abs=1e-9) and y["mean"] == pytest.approx(want,
                                                                                       abs=1e-9)
-    assert x["ci"][0] - 1e-9 <= x["mean"] <= x["ci"][1] + 1e-9
+    if x["ci"] is None:  # only when every task's difference is the same
+        assert len({round(b - a, 9) for a, b in pairs}) == 1 and "no spread" in x["method"]
+    else:
+        assert x["ci"][0] - 1e-9 <= x["mean"] <= x["ci"][1] + 1e-9
+
+
+def test_no_interval_when_every_task_moved_alike():
+    same = _sweep(0, {"m/none/0": NONE0, "m/parallel/1": NONE0})  # rehearsal changed nothing
+    r = ss.summarise(ss.by_seed([same]), [])["vs_none"]["m/parallel/1"]
+    assert r["mean"] == 0.0 and r["ci"] is None and "no spread" in r["method"]
+    assert ss._fmt(r) == "+0.000"
+    worse = _sweep(0, {"m/none/0": {"a": 1.0, "b": 1.0, "c": 1.0},
+                       "m/parallel/1": {"a": 0.0, "b": 0.0, "c": 0.0}})
+    r = ss.summarise(ss.by_seed([worse]), [])["vs_none"]["m/parallel/1"]
+    assert r["mean"] == -1.0 and r["ci"] is None
 
 
 def test_the_cli_writes_its_table_and_refuses_a_missing_file(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""Shared test fixtures: the project root, the spec's example files, and small real splits.
+"""Shared test fixtures: the project root, the spec's example files, small real splits, the
+train split's memory of real responses, and `play` (scripted text through the rollout engine).
 
 The examples of ``docs/spec/trajectory.md`` live in ``tests/data/spec_examples`` (the project's
 own copy), so a fresh clone runs every test that reads them.
@@ -37,3 +38,25 @@ def small_real_files(tmp_path_factory) -> dict[str, Path]:
             for t in export_real(tasks):
                 w.write(t)
     return paths
+
+
+@pytest.fixture(scope="session")
+def train_memory():
+    """The BFCL train split's memory of real responses (`audit.memory.ResponseMemory`)."""
+    from audit.memory import ResponseMemory
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+
+    return ResponseMemory.from_trajectories(export_real(split_tasks("train")), "train split")
+
+
+def play(eng, row, text: str, kind: str | None = None) -> None:
+    """Play ``text`` as the model's next message through the engine's own state machine (no
+    sampling): ``kind`` ``act`` or ``rehearse`` (None: the kind the row is already in)."""
+    from envace.model import chat
+
+    if kind is not None:
+        row.gen = kind
+    row.queue.clear()
+    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
+    eng.finish_message(row)

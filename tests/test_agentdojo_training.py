@@ -28,6 +28,7 @@ from envace.core.rewards import REWARDS, task_reward
 from envace.model import chat
 from envace.model.models import load_model
 from envace.model.rollout import Engine, RolloutConfig
+from tests.conftest import play
 from tests.test_endpoint import ANSWER, FakeOpenAI, _handler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,11 +60,6 @@ def fake_server() -> Iterator[tuple[str, FakeOpenAI]]:
         httpd.server_close()
 
 
-def _gen(eng: Engine, row, text: str) -> None:
-    """The policy 'writes' ``text`` as its next assistant message."""
-    row.queue.clear()
-    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
-    eng.finish_message(row)
 
 
 # -- tasks and environments ------------------------------------------------------------------
@@ -124,9 +120,9 @@ def test_real_episode_on_the_ground_truth_replays_without_divergence(tiny):
     eng = Engine(model, tok, RolloutConfig(mode="real", max_turns=30))
     row = eng.start(task)
     for name, args in task.calls():
-        _gen(eng, row, chat.format_call(name, args))
+        play(eng, row, chat.format_call(name, args))
         assert row.messages[-1]["role"] == "tool" and not row.messages[-1]["rehearsed"]
-    _gen(eng, row, task.ground_truth_output)
+    play(eng, row, task.ground_truth_output)
     assert row.done == "finished"
     ep = eng.episode(row, 0)
     traj = ep.trajectory

@@ -14,6 +14,7 @@ from envace.model import chat
 from envace.model.models import build_tiny, load_model
 from envace.model.rollout import CONTEXT, Engine, RolloutConfig
 from envace.training.config import ConfigError, TrainConfig
+from tests.conftest import play
 
 
 @pytest.fixture(scope="module")
@@ -23,35 +24,26 @@ def tiny(tmp_path_factory):
     return load_model(build_tiny(texts, tmp_path_factory.mktemp("tiny") / "m", seed=0))
 
 
-@pytest.fixture(scope="module")
-def memory():
-    return ResponseMemory.from_trajectories(export_real(split_tasks("train")), "train split")
 
 
-def _gen(eng, row, text, kind):
-    row.gen = kind
-    row.queue.clear()
-    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
-    eng.finish_message(row)
 
-
-def test_the_note_precedes_each_rehearsed_response_and_is_context(tiny, memory):
+def test_the_note_precedes_each_rehearsed_response_and_is_context(tiny, train_memory):
     model, tok = tiny
-    eng = Engine(model, tok, RolloutConfig(mode="rehearse", memory=memory, memory_k=2))
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", memory=train_memory, memory_k=2))
     task = get_task("multi_turn_base_0")  # a train task: its own scenario is never shown
     row = eng.start(task)
     args = {"folder": "document"}
-    _gen(eng, row, chat.format_call("cd", args), "act")
+    play(eng, row, chat.format_call("cd", args), "act")
     note = row.messages[-1]
-    want = render_note(memory.similar("cd", args, task.id, 2))
+    want = render_note(train_memory.similar("cd", args, task.id, 2))
     assert note == {"role": "system", "content": want, "memory": True} and want
-    entries = memory.similar("cd", args, task.id, 2)
+    entries = train_memory.similar("cd", args, task.id, 2)
     assert entries and all(scenario_key(e.task_id) != scenario_key(task.id) for e in entries)
     forced = [t for t, _, _ in row.queue]
     text = tok.decode(forced)
     assert text.startswith("\n<|im_start|>system\n") and want in text
     assert text.endswith("<|im_start|>tool\n") and {r for _, r, _ in row.queue} == {CONTEXT}
-    _gen(eng, row, '{"current_working_directory": "document"}', "rehearse")
+    play(eng, row, '{"current_working_directory": "document"}', "rehearse")
     assert row.messages[-1]["role"] == "tool" and row.messages[-1]["tool_call_id"] == "c0"
     # the recorded episode audits: the note changes no step
     ep = eng.episode(row, len(row.ids))
@@ -60,28 +52,28 @@ def test_the_note_precedes_each_rehearsed_response_and_is_context(tiny, memory):
     assert traj.tool_steps()[0].response.content.startswith('{"current_working')
 
 
-def test_no_note_without_a_memory_or_when_reality_answers(tiny, memory):
+def test_no_note_without_a_memory_or_when_reality_answers(tiny, train_memory):
     model, tok = tiny
-    for cfg in (RolloutConfig(mode="rehearse"), RolloutConfig(mode="real", memory=memory),
-                RolloutConfig(mode="rehearse", memory=memory, memory_k=0)):
+    for cfg in (RolloutConfig(mode="rehearse"), RolloutConfig(mode="real", memory=train_memory),
+                RolloutConfig(mode="rehearse", memory=train_memory, memory_k=0)):
         eng = Engine(model, tok, cfg)
         row = eng.start(get_task("multi_turn_base_0"))
-        _gen(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
+        play(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
         assert not any(m["role"] == "system" and m.get("memory") for m in row.messages)
 
 
-def test_a_rollout_with_notes_audits_like_one_without(tiny, memory, tmp_path):
+def test_a_rollout_with_notes_audits_like_one_without(tiny, train_memory, tmp_path):
     """Two calls, each rehearsed after its note: the audit finds both steps, replays them in
     the real environment and scores the rehearsed responses; the notes change nothing."""
     model, tok = tiny
     files = {}
     for k in (0, 2):
-        eng = Engine(model, tok, RolloutConfig(mode="rehearse", memory=memory, memory_k=k))
+        eng = Engine(model, tok, RolloutConfig(mode="rehearse", memory=train_memory, memory_k=k))
         row = eng.start(get_task("multi_turn_base_0"))
-        _gen(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
-        _gen(eng, row, '{"current_working_directory": "document"}', "rehearse")
-        _gen(eng, row, chat.format_call("ls", {}), "act")
-        _gen(eng, row, '{"current_directory_content": []}', "rehearse")
+        play(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
+        play(eng, row, '{"current_working_directory": "document"}', "rehearse")
+        play(eng, row, chat.format_call("ls", {}), "act")
+        play(eng, row, '{"current_directory_content": []}', "rehearse")
         traj = eng.episode(row, len(row.ids)).trajectory
         notes = [m for m in traj.dump()["messages"] if m.get("memory")]
         assert len(notes) == (2 if k else 0)

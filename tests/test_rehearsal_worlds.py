@@ -9,10 +9,9 @@ import json
 
 import pytest
 
-from audit.memory import ResponseMemory, scenario_key
+from audit.memory import scenario_key
 from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import get_task, split_tasks
-from envace.core.export import export_real
+from envace.core.envs.tasks import get_task
 from envace.model import chat
 from envace.model.models import load_model
 from envace.model.rehearsal import (
@@ -22,7 +21,7 @@ from envace.model.rehearsal import (
     rehearse_and_commit,
 )
 from envace.model.rollout import CONTEXT, REHEARSE, Engine, RolloutConfig
-from tests.conftest import ROOT
+from tests.conftest import ROOT, play
 
 MODEL = ROOT / "data" / "models" / "tiny-sft"
 TASKS = ["multi_turn_base_2", "multi_turn_base_7", "multi_turn_base_31"]
@@ -33,16 +32,7 @@ def trained():
     return load_model(MODEL)
 
 
-@pytest.fixture(scope="module")
-def memory():
-    return ResponseMemory.from_trajectories(export_real(split_tasks("train")), "train split")
 
-
-def _gen(eng, row, text, kind):
-    row.gen = kind
-    row.queue.clear()
-    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
-    eng.finish_message(row)
 
 
 def _known_call(memory, task_id):
@@ -55,48 +45,48 @@ def _known_call(memory, task_id):
 
 
 def test_the_hybrid_forces_the_lookups_answer_and_lets_the_policy_write_the_rest(trained,
-                                                                                   memory):
+                                                                                   train_memory):
     model, tok = trained
     task = get_task("multi_turn_base_0")
-    tool, args, answer = _known_call(memory, task.id)
+    tool, args, answer = _known_call(train_memory, task.id)
     assert answer is not None
-    eng = Engine(model, tok, RolloutConfig(mode="rehearse", lookup=memory))
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", lookup=train_memory))
     row = eng.start(task)
-    _gen(eng, row, chat.format_call(tool, args), "act")
+    play(eng, row, chat.format_call(tool, args), "act")
     msg = row.messages[-1]
     assert msg == {"role": "tool", "tool_call_id": "c0", "name": tool, "content": answer,
                    "rehearsed": True, "lookup": True}
     forced = [t for t, _, _ in row.queue]
     assert answer in tok.decode(forced)  # forced in, never sampled or trained
     assert {r for _, r, _ in row.queue} == {CONTEXT}
-    assert row.gen is None or row.gen == "act"  # the policy acts next, nothing to rehearse
+    assert row.gen == "act" and not row.pending  # the policy acts next, nothing to rehearse
     # a call nobody else made: the policy rehearses it (REHEARSE tokens), no lookup flag
     odd = {"folder": "no-training-call-has-this-folder"}
-    assert memory.exact("cd", odd, task.id) is None
+    assert train_memory.exact("cd", odd, task.id) is None
     row = eng.start(task)
-    _gen(eng, row, chat.format_call("cd", odd), "act")
+    play(eng, row, chat.format_call("cd", odd), "act")
     assert row.gen == "rehearse" and not any(m.get("lookup") for m in row.messages)
-    _gen(eng, row, '{"current_working_directory": "x"}', "rehearse")
+    play(eng, row, '{"current_working_directory": "x"}', "rehearse")
     tool_msg = row.messages[-1]
     assert tool_msg["rehearsed"] is True and "lookup" not in tool_msg
     # the recorded trajectory keeps the flag (the spec's extra fields survive a round trip)
     row = eng.start(task)
-    _gen(eng, row, chat.format_call(tool, args), "act")
+    play(eng, row, chat.format_call(tool, args), "act")
     dumped = eng.episode(row, len(row.ids)).trajectory.dump()
     tools = [m for m in dumped["messages"] if m["role"] == "tool"]
     assert tools and tools[0]["lookup"] is True and tools[0]["rehearsed"] is True
 
 
-def test_the_hybrid_never_answers_from_the_tasks_own_scenario(trained, memory):
+def test_the_hybrid_never_answers_from_the_tasks_own_scenario(trained, train_memory):
     model, tok = trained
     task = get_task("multi_turn_base_0")
-    own = [e for e in memory.entries if scenario_key(e.task_id) == scenario_key(task.id)]
-    only_own = [e for e in own if memory.exact(e.tool, e.arguments, task.id) is None]
+    own = [e for e in train_memory.entries if scenario_key(e.task_id) == scenario_key(task.id)]
+    only_own = [e for e in own if train_memory.exact(e.tool, e.arguments, task.id) is None]
     assert only_own, "every call of this scenario was also made elsewhere"
     e = only_own[0]
-    eng = Engine(model, tok, RolloutConfig(mode="rehearse", lookup=memory))
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", lookup=train_memory))
     row = eng.start(task)
-    _gen(eng, row, chat.format_call(e.tool, e.arguments), "act")
+    play(eng, row, chat.format_call(e.tool, e.arguments), "act")
     assert row.gen == "rehearse"  # the policy writes it: its own scenario's answer is hidden
 
 
@@ -140,9 +130,9 @@ def test_a_plans_writes_stay_in_its_own_copy(trained):
     task = get_task("multi_turn_base_0")
     eng = Engine(model, tok, RolloutConfig(mode="real"))
     a, b = eng.start(task), eng.start(task)
-    _gen(eng, a, chat.format_call("mkdir", {"dir_name": "made_by_plan"}), "act")
-    _gen(eng, a, chat.format_call("ls", {}), "act")
-    _gen(eng, b, chat.format_call("ls", {}), "act")
+    play(eng, a, chat.format_call("mkdir", {"dir_name": "made_by_plan"}), "act")
+    play(eng, a, chat.format_call("ls", {}), "act")
+    play(eng, b, chat.format_call("ls", {}), "act")
     seen_a, seen_b = a.messages[-1]["content"], b.messages[-1]["content"]
     assert a.messages[-1]["rehearsed"] is False and b.messages[-1]["rehearsed"] is False
     assert "made_by_plan" in seen_a and "made_by_plan" not in seen_b

@@ -12,6 +12,7 @@ from envace.model import chat
 from envace.model.backends.hf import HFStepper
 from envace.model.models import build_tiny, load_model
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, Engine, RolloutConfig, run_episodes
+from tests.conftest import play
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +151,6 @@ def _engine(tiny, mode="rehearse"):
     return Engine(model, tok, RolloutConfig(mode=mode, max_turns=5))
 
 
-def _gen(eng, row, text, kind):
-    """Play `text` as what the model generated (state machine only, no sampling)."""
-    row.gen = kind
-    row.queue.clear()
-    row.buf = chat.encode_text(eng.tok, text) + [eng.im_end]
-    eng.finish_message(row)
 
 
 def test_state_machine_rehearse_then_act_then_next_turn(tiny):
@@ -163,15 +158,15 @@ def test_state_machine_rehearse_then_act_then_next_turn(tiny):
     task = get_task("multi_turn_base_0")
     row = eng.start(task)
     call = chat.format_call("cd", {"folder": "document"})
-    _gen(eng, row, call, "act")
+    play(eng, row, call, "act")
     assert row.gen == "rehearse" and row.pending[0][1] == "cd"
     forced = eng.tok.decode([t for t, _, _ in row.queue])
     assert forced.endswith("<|im_start|>tool\n")
-    _gen(eng, row, '{"current_working_directory": "document"}', "rehearse")
+    play(eng, row, '{"current_working_directory": "document"}', "rehearse")
     tool = row.messages[-1]
     assert tool["role"] == "tool" and tool["rehearsed"] and tool["tool_call_id"] == "c0"
     assert row.gen == "act" and not row.pending
-    _gen(eng, row, "", "act")  # no call: the user turn ends, the next one is forced in
+    play(eng, row, "", "act")  # no call: the user turn ends, the next one is forced in
     assert row.turn == 1 and row.done is None
     assert eng.tok.decode([t for t, _, _ in row.queue]).count(task.turns[1][0]["content"]) == 1
     assert row.calls_per_turn[0] == [("cd", {"folder": "document"})]
@@ -180,7 +175,7 @@ def test_state_machine_rehearse_then_act_then_next_turn(tiny):
 def test_state_machine_real_mode_forces_real_responses(tiny):
     eng = _engine(tiny, "real")
     row = eng.start(get_task("multi_turn_base_0"))
-    _gen(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
+    play(eng, row, chat.format_call("cd", {"folder": "document"}), "act")
     tool = row.messages[-1]
     assert tool["rehearsed"] is False and "document" in tool["content"]
     roles = {r for _, r, _ in row.queue}
@@ -195,7 +190,7 @@ def test_state_machine_real_mode_forces_real_responses(tiny):
 def test_bad_calls_end_the_episode_and_are_recorded(tiny, text, reason):
     eng = _engine(tiny)
     row = eng.start(get_task("multi_turn_base_0"))
-    _gen(eng, row, text, "act")
+    play(eng, row, text, "act")
     assert row.done == reason
     ep = eng.episode(row, 0)
     steps = ep.trajectory.tool_steps()
@@ -208,7 +203,7 @@ def test_max_turns_limit(tiny):
     model, tok = tiny
     eng = Engine(model, tok, RolloutConfig(mode="rehearse", max_turns=1))
     row = eng.start(get_task("multi_turn_base_0"))
-    _gen(eng, row, "", "act")
+    play(eng, row, "", "act")
     assert row.done == "max_turns"
 
 
@@ -230,8 +225,8 @@ def test_call_ids_continue_after_the_history_of_a_per_turn_task(tiny):
     task = derive_turn_task(get_task("multi_turn_base_0"), 2)
     row = eng.start(task)
     prior = [c["id"] for m in task.history for c in m.get("tool_calls") or []]
-    _gen(eng, row, chat.format_call("ls", {}), "act")
-    _gen(eng, row, "{}", "rehearse")
+    play(eng, row, chat.format_call("ls", {}), "act")
+    play(eng, row, "{}", "rehearse")
     ep = eng.episode(row, 0)
     ids = [s.call_id for s in ep.trajectory.tool_steps()]
     assert ids[: len(prior)] == prior and len(set(ids)) == len(ids)

@@ -81,6 +81,12 @@ class RehearsalSettings:
         if (self.world == "hybrid") != (self.lookup is not None):
             raise ValueError("world='hybrid' needs a lookup (a ResponseMemory of the train "
                              "split), and only it takes one")
+
+    @property
+    def plan_mode(self) -> str:
+        """The rollout mode of the plans: ``real`` for the oracle (each plan in its own fresh
+        copy of the environment), else ``rehearse`` (the lookup answers in the hybrid)."""
+        return "real" if self.world == "oracle" else "rehearse"
         if self.n < 0 or (self.strategy != "none" and self.n < 1):
             raise ValueError("n must be >= 1 for a rehearsal strategy")
 
@@ -206,8 +212,6 @@ def with_messages(task: Task, extra: list[dict[str, str]]) -> Task:
 
 def _cfg(s: RehearsalSettings, mode: str, temperature: float, seed: int, **kw: Any
          ) -> RolloutConfig:
-    if mode == "rehearse" and s.world == "oracle" and not kw.get("text_only"):
-        mode = "real"  # the plan runs in its own fresh copy of the real environment
     return RolloutConfig(mode=mode, temperature=temperature, top_p=s.top_p,
                          max_new_tokens=kw.get("max_new_tokens", s.max_new_tokens),
                          max_turns=kw.get("max_turns", s.max_turns), max_context=s.max_context,
@@ -222,7 +226,7 @@ def _critiques(model: Any, tok: Any, tasks: list[Task], plans: list[str],
                               {"role": "user", "content": CRITIQUE_ASK}])
             for t, p in zip(tasks, plans, strict=True)]
     eps = run_episodes(model, tok, asks, _cfg(s, "rehearse", s.temperature, seed,
-                                               max_turns=1, max_new_tokens=64, text_only=True))
+                                               max_turns=1, max_new_tokens=64))
     out = []
     for e in eps:
         last = e.trajectory.messages[-1]
@@ -239,7 +243,7 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
     texts: list[list[Plan]] = [[] for _ in tasks]
     if s.strategy == "parallel":
         batch = [t for t in tasks for _ in range(s.n)]
-        eps = run_episodes(model, tok, batch, _cfg(s, "rehearse", s.temperature, s.seed))
+        eps = run_episodes(model, tok, batch, _cfg(s, s.plan_mode, s.temperature, s.seed))
         for i, e in enumerate(eps):
             plans[i // s.n].append(e)
     elif s.strategy == "sequential":
@@ -249,7 +253,7 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
                 mem = build_memory(texts[i], critiques[i], tok, s.max_memory_tokens,
                                    s.response_chars)[0] if texts[i] else None
                 asks.append(with_messages(t, [{"role": "system", "content": mem}]) if mem else t)
-            eps = run_episodes(model, tok, asks, _cfg(s, "rehearse", s.temperature, s.seed + k))
+            eps = run_episodes(model, tok, asks, _cfg(s, s.plan_mode, s.temperature, s.seed + k))
             for i, e in enumerate(eps):
                 plans[i].append(e)
                 texts[i].append(plan_of(e, k + 1))

@@ -234,22 +234,17 @@ class Engine:
             return
         call_id, name, args = row.pending[0]
         step = int(call_id[1:])
-        if self.cfg.mode == "rehearse":
-            known = (self.cfg.lookup.exact(name, args, row.task.id)
-                     if self.cfg.lookup is not None else None)
-            if known is not None:
-                row.pending.pop(0)
-                row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                                     "content": known, "rehearsed": True, "lookup": True})
-                self._force_turn(row, "tool", known)
-                self._next_response(row)
-                return
+        known = (self.cfg.lookup.exact(name, args, row.task.id)
+                 if self.cfg.mode == "rehearse" and self.cfg.lookup is not None else None)
+        if self.cfg.mode == "rehearse" and known is None:
             self._memory_note(row, name, args)
             self._force(row, self._header("tool"))
             row.gen = "rehearse"
             row.current_step = step  # type: ignore[attr-defined]
             return
-        if self.cfg.mode == "real":
+        if known is not None:  # the hybrid: the lookup's training answer, forced in
+            content, extra, rehearsed = known, {"lookup": True}, True
+        elif self.cfg.mode == "real":
             res = row.env.execute(name, args)  # type: ignore[union-attr]
             content, extra = res.content, ({"error": True} if res.error else {})
             rehearsed = False

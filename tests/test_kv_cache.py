@@ -77,3 +77,54 @@ def test_block_layer_grows_past_its_block_and_keeps_every_position(tiny):
     with torch.no_grad():
         full = tiny(input_ids=torch.tensor([seq])).logits[0, -1].float()
     assert torch.allclose(last[0], full, atol=1e-4)
+
+
+def _run_compact(model, ops, prompts, below: float) -> tuple[list[torch.Tensor], int]:
+    s = HFStepper(model, 0, compact_below=below)
+    out, rows = [s.prefill(prompts)], len(prompts)
+    for op in ops:
+        if op[0] == "extend":
+            chunks = [c for c in op[1]][:rows] + [[]] * max(0, rows - len(op[1]))
+            if any(chunks):
+                out.append(s.extend(chunks))
+        elif rows > 1:
+            keep = sorted({i % rows for i in op[1]})
+            s.select(keep)
+            rows = len(keep)
+    return out, s.compactions
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompts=st.lists(st.lists(st.integers(5, 60), min_size=1, max_size=120), min_size=1,
+                        max_size=4), ops=ops)
+def test_compacting_the_cache_keeps_the_logits(tiny, monkeypatch, prompts, ops):
+    """Dropping padding whenever there is any (the eagerest setting) gives the logits of a cache
+    that never drops it, whatever the prefills, uneven chunks, waits and dropped rows."""
+    import envace.model.backends.hf as hf
+
+    monkeypatch.setattr(hf, "COMPACT_MIN_WIDTH", 1)
+    got, n = _run_compact(tiny, ops, prompts, 1.0)
+    want, none = _run_compact(tiny, ops, prompts, 0.0)
+    assert none == 0
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+def test_compact_moves_real_positions_right_in_order():
+    """Known answer: three rows with pads in different places."""
+    cache = kv.block_cache()
+    mask = torch.tensor([[0, 1, 0, 1, 1], [1, 1, 0, 0, 1], [0, 0, 0, 1, 0]])
+    keys = torch.arange(3 * 5, dtype=torch.float).view(3, 1, 5, 1)
+    cache.update(keys, -keys, 0)
+    new = kv.compact(cache, mask)
+    assert new.tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 1]]
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 3
+    got = layer.keys[:, 0, :, 0]
+    assert got[:2].tolist() == [[1, 3, 4], [5, 6, 9]] and got[2, -1] == 13  # the rest: pads
+    assert torch.equal(layer.values, -layer.keys)
+    layer.update(torch.ones(3, 1, 1, 1), torch.ones(3, 1, 1, 1))  # grows on from there
+    assert layer.get_seq_length() == 4 and layer.keys[:, 0, -1, 0].tolist() == [1, 1, 1]
+    assert kv.compact(cache, torch.ones(3, 4, dtype=torch.long)).shape == (3, 4)

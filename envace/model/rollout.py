@@ -70,6 +70,10 @@ class RolloutConfig:
     # the dtype the transformers backend decodes in (`backends.hf.generation_model`): "same"
     # (the model's own) or "bfloat16" (a copy, refreshed when the weights change)
     gen_dtype: str = "same"
+    # the transformers backend's linear layers run on weights packed once for oneDNN
+    # (`backends.packed_linear`; CPU fp32/bf16, same product in another summation order);
+    # False: plain F.linear, which repacks every weight at every call
+    packed_linear: bool = True
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
@@ -373,7 +377,8 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
-    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad) for m in models]
+    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad, packed=cfg.packed_linear)
+                for m in models]
     # the batch holds only live rows (``live``: their indices); a row over the context limit is
     # never encoded, a finished row leaves the batch
     live = [i for i, r in enumerate(rows) if r.done is None]

@@ -125,6 +125,10 @@ class TrainConfig:
         "bench/rollout_engine.py --gen-dtype). The recorded log-probs (the update's old "
         "log-probs) are then the copy's, within the tolerance docs/profiling.md measures of "
         "the fp32 policy's, as with vLLM's bf16 engine; evaluation stays in the policy's dtype")
+    rollout_packed_linear: bool = opt(
+        True, "backend=hf: training rollouts' large linear layers run on weights packed once per "
+        "update for oneDNN (CPU, fp32/bf16; docs/profiling.md has what it buys); false: plain "
+        "F.linear. The same product in another summation order")
     temperature: float = opt(1.0, "sampling temperature in training")
     top_p: float = opt(1.0, "nucleus sampling in training")
     max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)")

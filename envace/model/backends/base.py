@@ -77,8 +77,10 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1,
+                 packed: bool = True) -> None:
         self.model, self.pad_id, self.decode_threads = model, pad_id, decode_threads
+        self.packed = packed  # HFStepper's oneDNN-packed linear layers
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
@@ -93,7 +95,7 @@ class HFBackend:
         gen = torch.Generator().manual_seed(int(seeds[0])) if seeds else None
         was_training = self.model.training
         self.model.eval()
-        stepper = HFStepper(self.model, self.pad_id, self.decode_threads)
+        stepper = HFStepper(self.model, self.pad_id, self.decode_threads, self.packed)
         logits = stepper.prefill([list(p) for p in prompts])
         out = [Generation([], [], False) for _ in prompts]
         live = [c > 0 for c in caps]

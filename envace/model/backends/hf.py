@@ -19,13 +19,17 @@ once and their cache rows copied (``prefill``); finished rows leave the batch (`
 the batch never carries an episode that has ended.
 
 The cache grows in blocks and is written in place (``kv_cache.BlockLayer``: no per-token copy
-of the whole cache), the attention mask stays on the model's device, and the vocabulary
+of the whole cache) and drops its padding once a quarter of it is padding (``kv_cache.compact``:
+rows append chunks of different lengths, and attention reads every padded slot); linear layers
+run on weights packed once for oneDNN (``packed_linear``); the attention mask stays on the
+model's device, and the vocabulary
 projection runs only at the positions whose logits are used (``logits_to_keep``): the last one
 of a prefill, each row's last appended token of an ``extend``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import weakref
@@ -45,6 +49,10 @@ def _cache_kw() -> str:
 CACHE_KW = _cache_kw()
 
 GEN_DTYPES = {"same": None, "bfloat16": torch.bfloat16}
+# the cache is compacted (padding dropped, ``kv_cache.compact``) when fewer than this share of
+# its positions hold a real token, and it is at least COMPACT_MIN_WIDTH positions wide
+COMPACT_BELOW = 0.75
+COMPACT_MIN_WIDTH = 64
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -86,8 +94,14 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
 class HFStepper:
     """One batched decoding state: cache, attention mask, positions."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1,
+                 packed: bool = True, compact_below: float | None = None) -> None:
+        from envace.model.backends.packed_linear import PackedLinears, available
+
         self.model = model
+        # linear layers on weights packed once for oneDNN (``packed_linear``), CPU only
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        self.packs = PackedLinears(model) if packed and on_cpu and available() else None
         self.decode_threads = decode_threads
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
@@ -95,6 +109,10 @@ class HFStepper:
         self.mask: torch.Tensor | None = None  # [B, L] 1 where a real token sits
         self.next_pos: torch.Tensor | None = None  # [B] position of the next token per row
         self.forward_tokens = 0  # tokens pushed through the model (benchmark bookkeeping)
+        # compact the cache when less than this share of its positions are real (0: never;
+        # None: COMPACT_BELOW)
+        self.compact_below = COMPACT_BELOW if compact_below is None else compact_below
+        self.compactions = 0
 
     @torch.no_grad()
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -134,12 +152,28 @@ class HFStepper:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = block_cache()
         self.mask = mask.to(self.device)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
-                         position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
-                         use_cache=True, logits_to_keep=1)
+        with self._kernels():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
+                             position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
+                             use_cache=True, logits_to_keep=1)
         self.next_pos = mask.sum(-1)
         self.forward_tokens += int(mask.sum())
         return out.logits[:, -1, :].float()
+
+    def _maybe_compact(self) -> None:
+        """Drop padding from the cache (``kv_cache.compact``) once less than `compact_below` of
+        the positions attention would read hold a real token."""
+        from envace.model.backends.kv_cache import compact
+
+        assert self.mask is not None
+        b, width = self.mask.shape
+        if (self.compact_below > 0 and width >= COMPACT_MIN_WIDTH
+                and int(self.mask.sum()) < self.compact_below * b * width):
+            self.mask = compact(self.cache, self.mask)
+            self.compactions += 1
+
+    def _kernels(self) -> contextlib.AbstractContextManager:
+        return self.packs.active() if self.packs is not None else contextlib.nullcontext()
 
     def step(self, tokens: Sequence[int], active: Sequence[bool]) -> torch.Tensor:
         """Append one token per active row; return next logits."""
@@ -163,6 +197,7 @@ class HFStepper:
 
     def _extend(self, chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         assert self.mask is not None and self.next_pos is not None
+        self._maybe_compact()
         width = max(1, max(len(c) for c in chunks))
         n = torch.tensor([len(c) for c in chunks], dtype=torch.long)
         ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long)
@@ -176,10 +211,11 @@ class HFStepper:
         last = (n - 1).clamp(min=0)
         # the vocabulary projection only where a row's next-token logits are read
         keep = torch.unique(last)  # sorted
-        out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
-                         position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
-                         use_cache=True,
-                         logits_to_keep=1 if width == 1 else keep.to(self.device))
+        with self._kernels():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
+                             position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
+                             use_cache=True,
+                             logits_to_keep=1 if width == 1 else keep.to(self.device))
         self.next_pos = self.next_pos + n
         self.forward_tokens += int(n.sum())
         col = torch.zeros(len(chunks), dtype=torch.long) if width == 1 \

@@ -6,12 +6,16 @@
 Two measurements on one thread, same model the rollout engine decodes with:
 
 1. ``torch.profiler`` over ``--steps`` one-token steps of ``HFStepper`` (``--batch`` random prompts
-   of ``--prompt`` tokens, the block-grown KV cache): the top ops by self CPU time per step;
+   of about ``--prompt`` tokens, rows of different lengths so that the attention mask is a real
+   one, the block-grown KV cache), with plain ``F.linear`` and with the oneDNN-packed linear
+   layers the engine uses by default (``envace.model.backends.packed_linear``): the unprofiled
+   time per step against the fp32 bandwidth ceiling, and the top ops by self CPU time per step;
 2. every linear layer shape of the model at M = ``--batch`` rows (and at M = 2 for contrast),
-   fp32 and bf16 ``F.linear``, against its floor: the weight bytes at this machine's copy
-   bandwidth (``bench.rollout_engine.copy_bandwidth``). A shape whose fp32 time is well above its
-   floor is not bound by memory bandwidth but by the GEMM kernel at small M; bf16 reads half the
-   bytes.
+   plain and packed, fp32 and bf16, against its floor: the weight bytes at this machine's copy
+   bandwidth (``bench.rollout_engine.copy_bandwidth``). Each timing cycles through enough
+   distinct weights (64 MiB) that every call reads its weight from memory, as a decode step does.
+   A shape whose time is well above its floor is bound by the GEMM kernel at small M (its
+   GFLOP/s says how close to the core's arithmetic it runs), not by memory bandwidth.
 
 Writes bench/results/decode_profile.json (machine, load, both tables) and prints them.
 """
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 from bench.machine import run_record, table, write_result
 from bench.rollout_engine import copy_bandwidth
 from envace.model.backends.hf import HFStepper
+from envace.model.backends.packed_linear import MIN_ELEMENTS, available
 from envace.model.models import load_model
 
 
@@ -51,27 +56,63 @@ def linear_shapes(model: Any) -> dict[tuple[int, int], int]:
     return shapes
 
 
+def _copies(n: int, k: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Enough distinct weights of one shape (>= 64 MiB in all) that each call reads its weight
+    from memory, not from the last call's cache, as a decode step does with its 30 layers."""
+    count = max(1, -(-(64 << 20) // (n * k * 4)))
+    return [torch.randn(n, k).to(dtype) for _ in range(count)]
+
+
+def _per_call_us(fn: Callable[[torch.Tensor], Any], ws: list[Any], reps: int) -> float:
+    rounds = max(1, reps // len(ws))
+    return _us(lambda: [fn(w) for w in ws], rounds) / len(ws)
+
+
 def gemm_rows(model: Any, rows: int, bandwidth: float, reps: int) -> list[dict[str, Any]]:
+    """Every linear shape at `rows` and 2 rows: plain ``F.linear`` and the oneDNN-packed kernel
+    (``envace.model.backends.packed_linear``), fp32 and bf16, weights cold in cache."""
+    pack = torch.ops.mkldnn._reorder_linear_weight
+    run = torch.ops.mkldnn._linear_pointwise
     out = []
     for (n, k), count in sorted(linear_shapes(model).items(), key=lambda x: -x[0][0] * x[0][1]):
-        w = torch.randn(n, k)
         floor = n * k * 4 / (bandwidth * 1e9) * 1e6
-        for m in (rows, 2):
-            x = torch.randn(m, k)
-            fp32 = _us(lambda x=x, w=w: F.linear(x, w), reps)
-            bf16 = _us(lambda x=x.bfloat16(), w=w.bfloat16(): F.linear(x, w), reps)
-            out.append({"shape": [n, k], "per_step": count, "rows": m, "fp32_us": fp32,
-                        "bf16_us": bf16, "fp32_floor_us": floor})
+        row: dict[str, Any] = {"shape": [n, k], "per_step": count, "fp32_floor_us": floor,
+                               "packed": n * k >= MIN_ELEMENTS}
+        for dt, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            ws = _copies(n, k, dt)
+            packed = [pack(w, rows) for w in ws] if available(dt) else []
+            for m in (rows, 2):
+                x = torch.randn(m, k).to(dt)
+                r = out_row(out, row, m)
+                r[f"{tag}_us"] = _per_call_us(lambda w, x=x: F.linear(x, w), ws, reps)
+                r[f"{tag}_packed_us"] = _per_call_us(
+                    lambda p, x=x: run(x, p, None, "none", [], ""), packed, reps) \
+                    if packed else None
+                r[f"{tag}_gflops"] = 2 * m * n * k / r[f"{tag}_us"] / 1e3
+                r[f"{tag}_packed_gflops"] = 2 * m * n * k / r[f"{tag}_packed_us"] / 1e3 \
+                    if packed else None
     return out
 
 
-def profile_steps(model: Any, batch: int, prompt: int, steps: int) -> tuple[list[Any], float]:
+def out_row(out: list[dict[str, Any]], base: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The row of `out` for this shape at `rows` rows (created from `base` if new)."""
+    for r in out:
+        if r["shape"] == base["shape"] and r["rows"] == rows:
+            return r
+    out.append({**base, "rows": rows})
+    return out[-1]
+
+
+def profile_steps(model: Any, batch: int, prompt: int, steps: int, packed: bool = True
+                  ) -> tuple[list[Any], float]:
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, model.config.vocab_size - 1, (batch, prompt), generator=g)
-    st = HFStepper(model, 0)
-    lg = st.prefill(ids.tolist())
+    ids = torch.randint(5, model.config.vocab_size - 1, (batch, prompt), generator=g).tolist()
+    # rows of different lengths, as in a rollout: the attention mask is not all ones, so
+    # attention takes the masked kernel a rollout takes
+    st = HFStepper(model, 0, packed=packed)
+    lg = st.prefill([r[: prompt - 7 * i] for i, r in enumerate(ids)])
     for _ in range(3):
         lg = st.step(lg.argmax(-1).tolist(), [True] * batch)
     t = time.perf_counter()
@@ -101,24 +142,39 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     bw = copy_bandwidth(1)
     with torch.no_grad():
-        ops, plain = profile_steps(model, args.batch, args.prompt, args.steps)
+        steps = {k: profile_steps(model, args.batch, args.prompt, args.steps, packed=k == "packed")
+                 for k in ("plain", "packed")}
         gemms = gemm_rows(model, args.batch, bw, args.reps)
-    op_rows = [[o["op"][:48], f"{o['calls_per_step']:.0f}", f"{o['self_ms_per_step']:.2f}"]
-               for o in ops]
-    print(f"{args.model}: {plain * 1e3:.1f} ms per unprofiled decode step at batch {args.batch}")
-    print(table(op_rows, ["op (profiled)", "calls/step", "self ms/step"]))
+    ceiling_ms = sum(p.numel() * 4 for p in model.parameters()) / (bw * 1e9) * 1e3
+    op_rows = []
+    for kernel, (ops, ms) in steps.items():
+        print(f"{args.model} ({kernel} linear): {ms * 1e3:.1f} ms per unprofiled decode step at "
+              f"batch {args.batch}, {ceiling_ms / (ms * 1e3):.1%} of the fp32 bandwidth ceiling "
+              f"({ceiling_ms:.1f} ms)")
+        op_rows += [[kernel, o["op"][:48], f"{o['calls_per_step']:.0f}",
+                     f"{o['self_ms_per_step']:.2f}"] for o in ops]
+    print(table(op_rows, ["linear", "op (profiled)", "calls/step", "self ms/step"]))
+
+    def f(v: float | None, spec: str = ".0f") -> str:
+        return "-" if v is None else format(v, spec)
+
     g_rows = [[f"{g['shape'][0]}x{g['shape'][1]}", g["per_step"], g["rows"],
-               f"{g['fp32_us']:.0f}", f"{g['fp32_floor_us']:.0f}",
-               f"{g['fp32_us'] / g['fp32_floor_us']:.2f}", f"{g['bf16_us']:.0f}",
-               f"{g['fp32_us'] / g['bf16_us']:.2f}x"] for g in gemms]
-    g_head = ["weight", "per step", "rows", "fp32 us", "fp32 floor us", "fp32/floor",
-              "bf16 us", "bf16 speedup"]
+               "yes" if g["packed"] else "no", f(g["fp32_floor_us"]), f(g["fp32_us"]),
+               f(g["fp32_packed_us"]), f(g["fp32_us"] / g["fp32_floor_us"], ".2f"),
+               f(g["fp32_packed_us"] and g["fp32_packed_us"] / g["fp32_floor_us"], ".2f"),
+               f(g["fp32_gflops"], ".1f"), f(g["fp32_packed_gflops"], ".1f"), f(g["bf16_us"]),
+               f(g["bf16_packed_us"])]
+              for g in gemms]
+    g_head = ["weight", "per step", "rows", "packed in decode", "fp32 floor us", "fp32 us",
+              "fp32 packed us", "fp32/floor", "packed/floor", "fp32 GFLOP/s", "packed GFLOP/s",
+              "bf16 us", "bf16 packed us"]
     print(table(g_rows, g_head))
     path = write_result(args.name, {
         **run_record("bench.decode_profile", argv, load_start),
         "model": args.model, "batch": args.batch, "prompt": args.prompt, "threads": 1,
-        "copy_bandwidth_gb_s": bw, "unprofiled_ms_per_step": plain * 1e3,
-        "top_ops": ops, "gemms": gemms,
+        "copy_bandwidth_gb_s": bw, "fp32_ceiling_ms_per_step": ceiling_ms,
+        "unprofiled_ms_per_step": {k: v[1] * 1e3 for k, v in steps.items()},
+        "top_ops": {k: v[0] for k, v in steps.items()}, "gemms": gemms,
         "tables": {"ops": op_rows, "gemms": {"header": g_head, "rows": g_rows}}})
     print(f"wrote {path}")
     return 0

@@ -4,6 +4,8 @@
     .venv/bin/python -m bench.rollout_engine --only tiny --tasks 2 --max-turns 4   # smoke
     .venv/bin/python -m bench.rollout_engine --only smollm2 --tasks 8 --gen-dtype same bfloat16 \
         --no-reencode --name rollout_engine_bf16    # fp32 against the bf16 copy, same tasks
+    .venv/bin/python -m bench.rollout_engine --only smollm2 tiny --tasks 8 --kernels plain \
+        packed --no-reencode --name rollout_engine_packed   # plain F.linear against packed
 
 Dev tasks with >= 6 ground-truth calls, mode ``rehearse``, one batch, same model, greedy decoding
 (temperature 0: both sides follow the same token path; identical episodes are counted). ``ours``:
@@ -20,11 +22,18 @@ only the winning token is scripted. ``act`` steers assistant messages, the model
 ``bench.presets`` does, trained if missing); ``all`` also steers tool responses to the real ones
 (smollm2: zero-shot unless ``<cache>/bench-sft-smollm2`` exists). Ceiling: copy bandwidth (read +
 write bytes of a 256 MiB ``copy_``, best of 5, on the decode thread count) / parameter bytes per
-decode step = decode steps/s, against ours (one-token forwards only, and end to end). With
+decode step = decode steps/s, against ours (one-token forwards only, and end to end). A decode
+step also reads every row's whole (padded) KV cache: ``kv_bytes_per_decode_step`` is its mean
+over the run's one-token steps (``kv_real_share``: the share of those positions that hold a real
+token, not padding), and ``ratio_forward_with_kv`` the ratio against a ceiling that counts
+weights and cache. With
 ``--gen-dtype bfloat16`` the rollout decodes with the model's bf16 copy (``rollout_dtype``,
 ``envace.model.backends.hf.generation_model``): the ceiling then counts the bf16 bytes it reads,
 and ``ratio_forward_fp32_bytes`` the fp32 bytes the same model has; several dtypes run in turn on
-the same tasks and ``dtype_ratios`` holds each one's speed over ``same``. Writes
+the same tasks. ``--kernels packed plain`` runs the linear layers on oneDNN-packed weights (the
+default, ``envace.model.backends.packed_linear``) and on plain ``F.linear`` in turn; ``ratios``
+holds each variant's speed over the first one run; ``--compact-below 0.75 0`` likewise with and
+without dropping the cache's padding (``envace.model.backends.kv_cache.compact``). Writes
 bench/results/rollout_engine.json (``quiet_machine``: 1-min load average < 1.5) and a table.
 """
 
@@ -43,6 +52,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+import envace.model.backends.hf as hf
 from bench.machine import table, write_result
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import real_trajectory
@@ -72,6 +82,7 @@ class Probe:
     def __init__(self, model: Any, tok: Any, tasks: list, guide: str, cfg: RolloutConfig) -> None:
         self.model, self.orig, self.rows = model, model.forward, []
         self.decode_calls, self.decode_s, self.prefill_s, self.forced_s = 0, 0.0, 0.0, 0.0
+        self.decode_kv_positions = self.decode_kv_real = 0
         self.end = chat.marker_id(tok, chat.IM_END)
         start = chat.marker_id(tok, chat.IM_START)
         self.headers = {k: [start, *chat.encode_text(tok, f"{k}\n")] for k in ("assistant", "tool")}
@@ -118,6 +129,8 @@ class Probe:
             n = mask[:, -ids.shape[1]:].sum(-1).tolist()  # a row's chunk is left-aligned
             if ids.shape[1] == 1:
                 self.decode_calls, self.decode_s = self.decode_calls + 1, self.decode_s + dt
+                self.decode_kv_positions += mask.numel()  # what attention reads, pads too
+                self.decode_kv_real += int(mask.sum())  # of which real tokens
             else:
                 self.forced_s += dt
             for row, toks, k in zip(self.rows, ids.tolist(), n, strict=True):
@@ -175,7 +188,7 @@ def reencode_episodes(model: Any, tok: Any, tasks: list, cfg: RolloutConfig
         live = [r for r in rows if r.done is None]
         if not live:
             break
-        stepper = HFStepper(model, eng.pad)  # fresh cache: the whole sequence again
+        stepper = HFStepper(model, eng.pad, packed=cfg.packed_linear)  # fresh cache each time
         logits = stepper.prefill([r.ids for r in live])
         writing = [True] * len(live)
         while True:
@@ -188,6 +201,18 @@ def reencode_episodes(model: Any, tok: Any, tasks: list, cfg: RolloutConfig
             logits = stepper.step([r.ids[-1] for r in live], writing)
         forward += stepper.forward_tokens
     return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)], forward
+
+
+DEFAULT_COMPACT = hf.COMPACT_BELOW
+
+
+def kv_bytes_per_position(model: Any) -> int:
+    """Bytes of keys and values one cached position holds over all layers."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * size
 
 
 def copy_bandwidth(threads: int, mib: int = 256, reps: int = 5) -> float:
@@ -248,6 +273,7 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
     g_ref = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ref)
     ceiling = bw * 1e9 / param_bytes
     fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
+    kv_bytes = probe.decode_kv_positions / max(probe.decode_calls, 1) * kv_bytes_per_position(gen)
     return {
         "model": str(path), "parameters": sum(p.numel() for p in model.parameters()),
         "gen_dtype": cfg.gen_dtype, "param_bytes_per_decode_step": param_bytes,
@@ -271,9 +297,21 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
                     "achieved_forward_steps_per_s": fwd_rate,
                     "achieved_end_to_end_steps_per_s": e2e_rate,
                     "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling,
+                    # a decode step also reads the whole (padded) KV cache of every row
+                    "kv_bytes_per_decode_step": kv_bytes,
+                    "kv_real_share": probe.decode_kv_real / max(probe.decode_kv_positions, 1),
+                    "ratio_forward_with_kv": fwd_rate / (bw * 1e9 / (param_bytes + kv_bytes)),
                     # against the fp32 weights' bytes (what the same model reads undowncast)
                     "ratio_forward_fp32_bytes": fwd_rate / (bw * 1e9 / fp32_bytes)},
     }
+
+
+def variant_key(name: str, dtype: str, kernel: str, below: float = DEFAULT_COMPACT) -> str:
+    """``smollm2``, ``smollm2@bfloat16``, ``smollm2+plain``, ``smollm2@bfloat16+plain``,
+    ``smollm2+compact0`` (a cache compaction threshold other than the default)."""
+    return (name + ("" if dtype == "same" else f"@{dtype}")
+            + ("" if kernel == "packed" else f"+{kernel}")
+            + ("" if below == DEFAULT_COMPACT else f"+compact{below:g}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,7 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-dtype", nargs="+", choices=sorted(GEN_DTYPES), default=["same"],
                     help="decode with the model itself (same) and/or its bf16 copy (bfloat16; "
                          "the ceiling then counts bf16 bytes, ratio_forward_fp32_bytes fp32's); "
-                         "several: each in turn, same tasks, and their ratio in `dtype_ratios`")
+                         "several: each in turn, same tasks, and their ratio in `ratios`")
+    ap.add_argument("--kernels", nargs="+", choices=["packed", "plain"], default=["packed"],
+                    help="linear layers on oneDNN-packed weights (packed, the default) and/or "
+                         "plain F.linear; several: each in turn, same tasks, ratios in `ratios` "
+                         "against the first variant (--gen-dtype x --kernels, in that order)")
+    ap.add_argument("--compact-below", nargs="+", type=float, default=[DEFAULT_COMPACT],
+                    help="compact the KV cache when less than this share of it is real tokens "
+                         f"(default {DEFAULT_COMPACT}; 0: never); several: each in turn")
     ap.add_argument("--no-reencode", action="store_true",
                     help="skip the re-encoding reference (its columns stay empty)")
     ap.add_argument("--name", default="rollout_engine",
@@ -308,36 +353,46 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only:
         plan = {k: getattr(args, k) or v for k, v in PLAN[name].items()}
         path, note = model_path(name, getattr(args, name))
-        for dtype in args.gen_dtype:
+        variants = [(d, k, c) for d in args.gen_dtype for k in args.kernels
+                    for c in args.compact_below]
+        for dtype, kernel, below in variants:
+            hf.COMPACT_BELOW = below
             cfg = RolloutConfig(mode="rehearse", temperature=0.0,
                                 max_new_tokens=plan["max_new_tokens"],
                                 max_turns=plan["max_turns"], max_context=4096, seed=0,
-                                gen_dtype=dtype)
-            key = name if dtype == "same" else f"{name}@{dtype}"
+                                gen_dtype=dtype, packed_linear=kernel == "packed")
+            key = variant_key(name, dtype, kernel, below)
             print(f"[{key}] {path} ({note}): {plan}", flush=True)
-            results[key] = {"note": note, "plan": plan,
+            results[key] = {"note": note, "plan": plan, "linear_kernel": kernel,
+                            "compact_below": below,
                             **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"],
                                           reencode=not args.no_reencode)}
-        if "same" in args.gen_dtype and len(args.gen_dtype) > 1:
-            base = results[name]
-            ratios[name] = {
-                d: {k: results[f"{name}@{d}"]["ceiling"][k] / base["ceiling"][k]
+        if len(variants) > 1:
+            base = results[variant_key(name, *variants[0])]
+            ratios[name] = {"base": variant_key(name, *variants[0]), **{
+                variant_key(name, *v): {
+                    k: results[variant_key(name, *v)]["ceiling"][k] / base["ceiling"][k]
                     for k in ("achieved_forward_steps_per_s", "achieved_end_to_end_steps_per_s")}
-                for d in args.gen_dtype if d != "same"}
+                for v in variants[1:]}}
     nan = float("nan")
     rows = [[n, r["episodes"], r["guide"], r["ours"]["generated_tokens"],
              (r["reencode"] or {}).get("generated_tokens"), r["identical_episodes"],
              r["rehearse_tokens"], r["messages_per_episode"], r["ours"]["tokens_per_s"],
              (r["reencode"] or {}).get("tokens_per_s") or nan, r["speedup"] or nan,
              r["ceiling"]["decode_steps_per_s"], r["ceiling"]["ratio_forward"],
-             r["ceiling"]["ratio_forward_fp32_bytes"], r["ceiling"]["ratio_end_to_end"]]
+             r["ceiling"]["ratio_forward_fp32_bytes"], r["ceiling"]["ratio_end_to_end"],
+             r["ceiling"]["kv_bytes_per_decode_step"] / r["param_bytes_per_decode_step"],
+             r["ceiling"]["ratio_forward_with_kv"]]
             for n, r in results.items()]
     print(table(rows, ["model", "eps", "guide", "gen ours", "gen ref", "same", "rehearse tok",
                        "msgs/ep", "ours tok/s", "reencode tok/s", "speedup", "ceiling steps/s",
-                       "fwd/ceil", "fwd/fp32 ceil", "e2e/ceil"]))
-    for name, by in ratios.items():
+                       "fwd/ceil", "fwd/fp32 ceil", "e2e/ceil", "kv/weight bytes",
+                       "fwd/(weights+kv) ceil"]))
+    for by in ratios.values():
         for d, r in by.items():
-            print(f"{name}: {d} / same: decode forward steps/s x"
+            if d == "base":
+                continue
+            print(f"{d} / {by['base']}: decode forward steps/s x"
                   f"{r['achieved_forward_steps_per_s']:.2f}, end to end "
                   f"x{r['achieved_end_to_end_steps_per_s']:.2f}")
     path = write_result(args.name, {
@@ -348,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(), "decode_threads": decode_threads,
         "copy_bandwidth_gb_s": {"decode_threads": bw, "all_threads": bw_all},
         "sampling": "greedy (temperature 0), seed 0", "min_ground_truth_calls": args.min_calls,
-        "models": results, "dtype_ratios": ratios})
+        "models": results, "ratios": ratios})
     print(f"wrote {path}")
     return 0
 

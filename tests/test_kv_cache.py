@@ -128,3 +128,35 @@ def test_compact_moves_real_positions_right_in_order():
     layer.update(torch.ones(3, 1, 1, 1), torch.ones(3, 1, 1, 1))  # grows on from there
     assert layer.get_seq_length() == 4 and layer.keys[:, 0, -1, 0].tolist() == [1, 1, 1]
     assert kv.compact(cache, torch.ones(3, 4, dtype=torch.long)).shape == (3, 4)
+
+
+def test_generate_with_finished_rows_compacts_only_when_it_pays(tiny, monkeypatch):
+    """Finished rows keep a padding slot per step in ``HFBackend.generate``; when the longest
+    row has finished, each step's compaction would only win one position: it must not rewrite
+    the cache every step (what a real-share trigger did)."""
+    from envace.model.backends.base import HFBackend, SamplingSpec
+
+    calls = []
+    real = kv.compact
+    monkeypatch.setattr(kv, "compact",
+                        lambda cache, mask: calls.append(mask.shape[1]) or real(cache, mask))
+    prompts = [[5 + i % 50 for i in range(80)], [6, 7, 8], [9, 10, 11], [12, 13, 14]]
+    spec = SamplingSpec(temperature=0.0, top_p=1.0, max_new_tokens=40)
+    gens = HFBackend(tiny, 0).generate(prompts, spec, [1, 40, 40, 40])
+    assert [len(g.ids) for g in gens] == [1, 40, 40, 40]
+    assert len(calls) <= 2, calls
+
+
+def test_a_sliding_window_model_is_never_compacted():
+    """Its window counts cache slots, which compaction moves: the stepper leaves it alone."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from envace.model.backends.hf import windowed
+
+    cfg = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    slid = Qwen3ForCausalLM(Qwen3Config(**cfg, use_sliding_window=True, sliding_window=8,
+                                        max_window_layers=0)).eval()
+    full = Qwen3ForCausalLM(Qwen3Config(**cfg)).eval()
+    assert windowed(slid) and not windowed(full)
+    assert HFStepper(slid, 0).compact_below == 0 and HFStepper(full, 0).compact_below > 0

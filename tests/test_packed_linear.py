@@ -39,8 +39,8 @@ def test_packed_forward_equals_f_linear_to_rounding(rows, n_in, n_out, bias, lea
 
 
 def test_a_changed_weight_is_repacked():
-    """An in-place update (what an optimizer step does) or new storage (a load) is seen at the
-    next call: the output is the new weight's, never the packed copy of the old one."""
+    """An in-place write that bumps the version counter (``copy_``, ``add_``: a load, a bf16 copy
+    refreshed) or new storage is seen at the next call: the output is the new weight's."""
     layer = _layer(64, 32, True, 0)
     packs = PackedLinears(layer)
     x = torch.randn(8, 64)

@@ -127,7 +127,7 @@ class TrainConfig:
         "the fp32 policy's, as with vLLM's bf16 engine; evaluation stays in the policy's dtype")
     rollout_packed_linear: bool = opt(
         True, "backend=hf: training rollouts' large linear layers run on weights packed once per "
-        "update for oneDNN (CPU, fp32/bf16; docs/profiling.md has what it buys); false: plain "
+        "rollout for oneDNN (CPU, fp32/bf16; docs/profiling.md has what it buys); false: plain "
         "F.linear. The same product in another summation order")
     temperature: float = opt(1.0, "sampling temperature in training")
     top_p: float = opt(1.0, "nucleus sampling in training")

@@ -19,8 +19,9 @@ once and their cache rows copied (``prefill``); finished rows leave the batch (`
 the batch never carries an episode that has ended.
 
 The cache grows in blocks and is written in place (``kv_cache.BlockLayer``: no per-token copy
-of the whole cache) and drops its padding once a quarter of it is padding (``kv_cache.compact``:
-rows append chunks of different lengths, and attention reads every padded slot); linear layers
+of the whole cache) and drops its padding once that cuts its width by a quarter
+(``kv_cache.compact``: rows append chunks of different lengths, and attention reads every padded
+slot; never for a sliding-window model); linear layers
 run on weights packed once for oneDNN (``packed_linear``); the attention mask stays on the
 model's device, and the vocabulary
 projection runs only at the positions whose logits are used (``logits_to_keep``): the last one
@@ -49,8 +50,9 @@ def _cache_kw() -> str:
 CACHE_KW = _cache_kw()
 
 GEN_DTYPES = {"same": None, "bfloat16": torch.bfloat16}
-# the cache is compacted (padding dropped, ``kv_cache.compact``) when fewer than this share of
-# its positions hold a real token, and it is at least COMPACT_MIN_WIDTH positions wide
+# the cache is compacted (padding dropped, ``kv_cache.compact``) once that leaves at most this
+# share of its width (the row with most real tokens sets the new width), and it is at least
+# COMPACT_MIN_WIDTH positions wide
 COMPACT_BELOW = 0.75
 COMPACT_MIN_WIDTH = 64
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -91,6 +93,16 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
     return clone
 
 
+def windowed(model: torch.nn.Module) -> bool:
+    """Whether any attention layer of `model` uses a sliding window."""
+    c = getattr(model, "config", None)
+    types = list(getattr(c, "layer_types", None) or [])
+    if types:
+        return any("sliding" in str(t) for t in types)
+    return bool(getattr(c, "sliding_window", None)) and getattr(c, "use_sliding_window", True) \
+        is not False
+
+
 class HFStepper:
     """One batched decoding state: cache, attention mask, positions."""
 
@@ -109,10 +121,13 @@ class HFStepper:
         self.mask: torch.Tensor | None = None  # [B, L] 1 where a real token sits
         self.next_pos: torch.Tensor | None = None  # [B] position of the next token per row
         self.forward_tokens = 0  # tokens pushed through the model (benchmark bookkeeping)
-        # compact the cache when less than this share of its positions are real (0: never;
+        # compact the cache when that leaves at most this share of its width (0: never;
         # None: COMPACT_BELOW)
         self.compact_below = COMPACT_BELOW if compact_below is None else compact_below
+        if windowed(model):  # its window counts cache slots, which compaction would move
+            self.compact_below = 0.0
         self.compactions = 0
+        self.real: torch.Tensor | None = None  # [B] real tokens per row (CPU)
 
     @torch.no_grad()
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -138,6 +153,7 @@ class HFStepper:
         assert self.cache is not None and self.mask is not None and self.next_pos is not None
         self.cache.batch_select_indices(idx.to(self.device))
         self.mask, self.next_pos = self.mask[idx.to(self.mask.device)], self.next_pos[idx]
+        self.real = None if self.real is None else self.real[idx]
         return None if logits is None else logits[idx.to(logits.device)]
 
     def _prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -157,20 +173,22 @@ class HFStepper:
                              position_ids=pos.to(self.device), **{CACHE_KW: self.cache},
                              use_cache=True, logits_to_keep=1)
         self.next_pos = mask.sum(-1)
+        self.real = self.next_pos.clone()
         self.forward_tokens += int(mask.sum())
         return out.logits[:, -1, :].float()
 
     def _maybe_compact(self) -> None:
-        """Drop padding from the cache (``kv_cache.compact``) once less than `compact_below` of
-        the positions attention would read hold a real token."""
+        """Drop padding from the cache (``kv_cache.compact``) once that makes it at most
+        `compact_below` of its width: the row with the most real tokens sets the new width.
+        The real counts live on the CPU (``self.real``): deciding costs no device sync."""
         from envace.model.backends.kv_cache import compact
 
-        assert self.mask is not None
-        b, width = self.mask.shape
-        if (self.compact_below > 0 and width >= COMPACT_MIN_WIDTH
-                and int(self.mask.sum()) < self.compact_below * b * width):
+        assert self.mask is not None and self.real is not None
+        width = self.mask.shape[1]
+        if (self.compact_below > 0 and width >= COMPACT_MIN_WIDTH and len(self.real)
+                and int(self.real.max()) <= self.compact_below * width):
             self.mask = compact(self.cache, self.mask)
-            self.compactions += 1
+            self.compactions += self.mask.shape[1] < width
 
     def _kernels(self) -> contextlib.AbstractContextManager:
         return self.packs.active() if self.packs is not None else contextlib.nullcontext()
@@ -217,6 +235,7 @@ class HFStepper:
                              use_cache=True,
                              logits_to_keep=1 if width == 1 else keep.to(self.device))
         self.next_pos = self.next_pos + n
+        self.real = self.real + n if self.real is not None else None
         self.forward_tokens += int(n.sum())
         col = torch.zeros(len(chunks), dtype=torch.long) if width == 1 \
             else torch.searchsorted(keep, last)

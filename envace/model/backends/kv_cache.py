@@ -100,13 +100,17 @@ def block_cache() -> DynamicCache:
 def compact(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     """Keep only as many positions as the row with most real tokens holds: each row's real
     positions move, in order, to the right end (left padding before them). Returns the new
-    ``[B, L']`` mask; every layer of `cache` is rewritten to match (one copy of the real part)."""
+    ``[B, L']`` mask; every layer of `cache` is rewritten to match (one copy of the real part).
+    Every new layer is built before any is replaced, so a failure (out of memory) leaves the
+    cache as it was. Not for sliding-window attention: its window counts cache slots, which
+    compaction moves (``HFStepper`` never compacts such a model)."""
     real = mask.sum(-1)
     width = int(real.max()) if mask.numel() else 0
     if width == mask.shape[-1]:
         return mask
     # a stable sort of 0/1 puts each row's pads first and keeps its real positions in order
     order = torch.sort(mask.to(torch.int8), dim=-1, stable=True).indices[:, mask.shape[-1] - width:]
+    built = []
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.get_seq_length() == 0:
             continue
@@ -116,10 +120,14 @@ def compact(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
         k, v = k.gather(2, idx), v.gather(2, idx)
         if isinstance(layer, BlockLayer):
             cap = (width // BLOCK + 1) * BLOCK
-            layer._k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
-            layer._v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
-            layer._k[..., :width, :], layer._v[..., :width, :] = k, v
-            layer._n = width
+            kb = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+            vb = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+            kb[..., :width, :], vb[..., :width, :] = k, v
+            k, v = kb, vb
+        built.append((layer, k, v))
+    for layer, k, v in built:
+        if isinstance(layer, BlockLayer):
+            layer._k, layer._v, layer._n = k, v, width
             layer._views()
         else:
             layer.keys, layer.values = k, v

@@ -12,15 +12,17 @@ the 49,152 x 576 LM head 2.7x faster, the 1536 x 576 layers 1.5x.
     with packs.active():              # every nn.Linear of `model` for the duration
         out = model(input_ids=...)    # no_grad, CPU, fp32/bf16: the packed kernel
 
-A packed copy belongs to one version of its weight: every call compares the weight's storage,
-version counter (an optimizer step or a load bumps it) and shape with the copy's and repacks
-when they differ, so a policy that trains between rollouts is never decoded with stale weights.
-Calls that need gradients, or run on another device or dtype, take ``F.linear`` unchanged. The
-copies live as long as the ``PackedLinears`` (one rollout's stepper): memory is one more copy of
-the linear weights while it decodes. The arithmetic is the same product in another summation
-order: outputs differ from ``F.linear`` by float rounding (``tests/test_packed_linear.py``
-bounds it; recorded log-probabilities still equal a fresh forward to ``tests/test_rollout.py``'s
-tolerance).
+The packed copies live only as long as the ``PackedLinears``, which ``HFStepper`` makes for one
+rollout (one ``run_episodes`` or ``generate`` call): no update happens inside one, so a policy
+that trains between rollouts is packed afresh each time. Each call also compares the weight's
+storage, version counter and shape with its copy's and repacks when they differ (a load or a
+``copy_`` bumps the counter; a fused optimizer step or a write through ``.data`` does not, which
+is why the copies are never kept across rollouts).
+Calls that need gradients, or run on another device or dtype, take ``F.linear`` unchanged.
+Memory: one more copy of the packed weights while a rollout decodes. The arithmetic is the same
+product in another summation order: outputs differ from ``F.linear`` by float rounding
+(``tests/test_packed_linear.py`` bounds it; recorded log-probabilities still equal a fresh
+forward to ``tests/test_rollout.py``'s tolerance).
 """
 
 from __future__ import annotations

@@ -160,3 +160,14 @@ def test_eval_refuses_a_world_without_rehearsal(capsys, tmp_path):
                    "--out", str(out)])
     assert rc == 2 and "--world oracle answers rehearsed plans" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_settings_refuse_a_plan_count_below_one():
+    """n is checked with the other settings (a review had left the check unreachable)."""
+    for strategy in ("parallel", "sequential"):
+        with pytest.raises(ValueError, match="n must be"):
+            RehearsalSettings(strategy=strategy, n=0)
+    with pytest.raises(ValueError, match="n must be"):
+        RehearsalSettings(strategy="none", n=-1)
+    assert RehearsalSettings(strategy="none", n=0).plan_mode == "rehearse"
+    assert RehearsalSettings(world="oracle", n=1).plan_mode == "real"

@@ -81,14 +81,14 @@ class RehearsalSettings:
         if (self.world == "hybrid") != (self.lookup is not None):
             raise ValueError("world='hybrid' needs a lookup (a ResponseMemory of the train "
                              "split), and only it takes one")
+        if self.n < 0 or (self.strategy != "none" and self.n < 1):
+            raise ValueError("n must be >= 1 for a rehearsal strategy")
 
     @property
     def plan_mode(self) -> str:
         """The rollout mode of the plans: ``real`` for the oracle (each plan in its own fresh
         copy of the environment), else ``rehearse`` (the lookup answers in the hybrid)."""
         return "real" if self.world == "oracle" else "rehearse"
-        if self.n < 0 or (self.strategy != "none" and self.n < 1):
-            raise ValueError("n must be >= 1 for a rehearsal strategy")
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,6 @@ def fake_server() -> Iterator[tuple[str, FakeOpenAI]]:
         httpd.server_close()
 
 
-
-
 # -- tasks and environments ------------------------------------------------------------------
 
 def test_tasks_come_from_the_named_environment():

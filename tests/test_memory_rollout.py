@@ -24,9 +24,6 @@ def tiny(tmp_path_factory):
     return load_model(build_tiny(texts, tmp_path_factory.mktemp("tiny") / "m", seed=0))
 
 
-
-
-
 def test_the_note_precedes_each_rehearsed_response_and_is_context(tiny, train_memory):
     model, tok = tiny
     eng = Engine(model, tok, RolloutConfig(mode="rehearse", memory=train_memory, memory_k=2))

@@ -62,7 +62,7 @@ def test_grad_or_another_dtype_takes_f_linear():
     y.sum().backward()
     assert packs.packed_calls == 0 and x.grad is not None and layer.weight.grad is not None
     with torch.no_grad():
-        packs.forward(layer, torch.randn(4, 16, dtype=torch.float64).float())
+        packs.forward(layer, torch.randn(4, 16))
         assert packs.packed_calls == 1
         layer64 = layer.double()
         packs.forward(layer64, torch.randn(4, 16, dtype=torch.float64))

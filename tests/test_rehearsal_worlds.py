@@ -32,9 +32,6 @@ def trained():
     return load_model(MODEL)
 
 
-
-
-
 def _known_call(memory, task_id):
     """A (tool, arguments, answer) that another scenario made: the lookup answers it."""
     own = scenario_key(task_id)

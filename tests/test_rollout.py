@@ -23,15 +23,33 @@ def tiny(tmp_path_factory):
     return load_model(path)
 
 
-def test_cached_logprobs_equal_a_full_forward(tiny):
+@pytest.mark.parametrize("path", ["default", "plain", "eager"])
+def test_cached_logprobs_equal_a_full_forward(tiny, path, monkeypatch):
     """Lockstep decoding over one kept cache (left padding, masks, forced text in between)
-    gives the same log-probabilities as encoding each finished sequence whole."""
+    gives the same log-probabilities as encoding each finished sequence whole, on every decode
+    path: the defaults; plain ``F.linear`` with no cache compaction; and every linear layer
+    packed (``packed_linear``) with the cache compacted at every chance (``kv_cache.compact``)."""
+    import envace.model.backends.hf as hf
+    import envace.model.backends.kv_cache as kv
+    import envace.model.backends.packed_linear as pl
+
     model, tok = tiny
+    compactions = []
+    if path == "plain":
+        monkeypatch.setattr(hf, "COMPACT_BELOW", 0.0)
+    if path == "eager":
+        monkeypatch.setattr(pl, "MIN_ELEMENTS", 0)
+        monkeypatch.setattr(hf, "COMPACT_BELOW", 1.0)
+        monkeypatch.setattr(hf, "COMPACT_MIN_WIDTH", 1)
+        real = kv.compact
+        monkeypatch.setattr(kv, "compact", lambda c, m: compactions.append(1) or real(c, m))
     b1 = get_task("multi_turn_base_1")
     tasks = [derive_turn_task(get_task("multi_turn_base_0"), 1), b1,
              get_task("multi_turn_base_10"), b1, b1]
     eps = run_episodes(model, tok, tasks, RolloutConfig(mode="real", max_new_tokens=24,
-                                                        max_turns=2, max_context=3000, seed=1))
+                                                        max_turns=2, max_context=3000, seed=1,
+                                                        packed_linear=path != "plain"))
+    assert bool(compactions) == (path == "eager")
     # rows of different lengths were batched (finished rows left the batch early) and the three
     # rows of one prompt, encoded once, went their own ways
     assert len({len(e.ids) for e in eps}) > 1
@@ -149,8 +167,6 @@ def test_untrained_policy_ends_cleanly_with_reasons(tiny):
 def _engine(tiny, mode="rehearse"):
     model, tok = tiny
     return Engine(model, tok, RolloutConfig(mode=mode, max_turns=5))
-
-
 
 
 def test_state_machine_rehearse_then_act_then_next_turn(tiny):

@@ -38,6 +38,9 @@ from collections.abc import Sequence
 
 import torch
 
+from envace.model.backends import kv_cache
+from envace.model.backends.packed_linear import PackedLinears, available
+
 
 def _cache_kw() -> str:
     """transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns)."""
@@ -108,8 +111,6 @@ class HFStepper:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1,
                  packed: bool = True, compact_below: float | None = None) -> None:
-        from envace.model.backends.packed_linear import PackedLinears, available
-
         self.model = model
         # linear layers on weights packed once for oneDNN (``packed_linear``), CPU only
         on_cpu = next(model.parameters()).device.type == "cpu"
@@ -153,12 +154,10 @@ class HFStepper:
         assert self.cache is not None and self.mask is not None and self.next_pos is not None
         self.cache.batch_select_indices(idx.to(self.device))
         self.mask, self.next_pos = self.mask[idx.to(self.mask.device)], self.next_pos[idx]
-        self.real = None if self.real is None else self.real[idx]
+        self.real = self.real[idx] if self.real is not None else None
         return None if logits is None else logits[idx.to(logits.device)]
 
     def _prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        from envace.model.backends.kv_cache import block_cache
-
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -166,7 +165,7 @@ class HFStepper:
             ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        self.cache = block_cache()
+        self.cache = kv_cache.block_cache()
         self.mask = mask.to(self.device)
         with self._kernels():
             out = self.model(input_ids=ids.to(self.device), attention_mask=self.mask,
@@ -181,13 +180,11 @@ class HFStepper:
         """Drop padding from the cache (``kv_cache.compact``) once that makes it at most
         `compact_below` of its width: the row with the most real tokens sets the new width.
         The real counts live on the CPU (``self.real``): deciding costs no device sync."""
-        from envace.model.backends.kv_cache import compact
-
         assert self.mask is not None and self.real is not None
         width = self.mask.shape[1]
         if (self.compact_below > 0 and width >= COMPACT_MIN_WIDTH and len(self.real)
                 and int(self.real.max()) <= self.compact_below * width):
-            self.mask = compact(self.cache, self.mask)
+            self.mask = kv_cache.compact(self.cache, self.mask)
             self.compactions += self.mask.shape[1] < width
 
     def _kernels(self) -> contextlib.AbstractContextManager:
@@ -235,7 +232,7 @@ class HFStepper:
                              use_cache=True,
                              logits_to_keep=1 if width == 1 else keep.to(self.device))
         self.next_pos = self.next_pos + n
-        self.real = self.real + n if self.real is not None else None
+        self.real = self.real + n
         self.forward_tokens += int(n.sum())
         col = torch.zeros(len(chunks), dtype=torch.long) if width == 1 \
             else torch.searchsorted(keep, last)

@@ -240,10 +240,13 @@ class ResponseMemory:
         scored.sort(key=lambda s: (s[0], s[1]))
         return [entry for _, _, entry in scored[:k]]
 
-    def exact(self, tool: str, arguments: Any, task_id: str | None = None) -> str | None:
+    def exact(self, tool: str, arguments: Any, task_id: str | None = None,
+              messages: Sequence[dict[str, Any]] = ()) -> str | None:
         """The lookup's answer to the identical call (`audit.reference` ``lookup``: the most
         common response, ties to the first seen), from other scenarios than `task_id`'s; None
-        when no other scenario made this call."""
+        when no other scenario made this call. `messages` (the conversation so far) is ignored:
+        the lookup keys on the call alone (a rollout asks every world it is given the same
+        way: `audit.ranker.Ranker.exact` reads them)."""
         own = None if task_id is None else scenario_key(task_id)
         seen = [r for scen, r in self._calls.get((tool, canonical_arguments(arguments)), ())
                 if scen != own]

@@ -13,9 +13,10 @@ rewritten after every setting (bench/results/<name>.json), so a stopped sweep ke
 ``--resume`` reads that file back and runs only the settings it lacks (same tasks and lengths).
 ``--worlds`` says who answers the plans' calls (``envace.model.rehearsal.WORLDS``): the policy
 (``self``, the method), the ``hybrid`` (the lookup's exact train-split answer where it has one,
-the policy elsewhere) or the ``oracle`` (a private copy of the real environment per plan: what a
-perfect world model would give the commit, an upper bound). Every world is compared with the
-same no-rehearsal run.
+the policy elsewhere), the ``ranker`` (``audit.ranker``: the learned pick among the train
+split's real responses and their copy-edits) or the ``oracle`` (a private copy of the real
+environment per plan: what a perfect world model would give the commit, an upper bound).
+Every world is compared with the same no-rehearsal run.
 """
 
 from __future__ import annotations
@@ -63,7 +64,13 @@ def main() -> None:
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-sweep-"))
     rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed, "settings": {}}
-    lookup = ResponseMemory.from_train_split("bfcl") if "hybrid" in args.worlds else None
+    lookups: dict[str, Any] = {}
+    if "hybrid" in args.worlds:
+        lookups["hybrid"] = ResponseMemory.from_train_split("bfcl")
+    if "ranker" in args.worlds:
+        from audit.ranker import Ranker
+
+        lookups["ranker"] = Ranker.from_train_split("bfcl")
     if args.resume:
         res["settings"] = previous_settings(args.name, res)
     head = ["model", "strategy", "N", "world", "success", "95% CI", f"{args.reward} reward",
@@ -84,7 +91,7 @@ def main() -> None:
                 s = RehearsalSettings(strategy=strategy, n=n,
                                       max_new_tokens=args.max_new_tokens,
                                       max_turns=args.max_turns, seed=args.seed, world=world,
-                                      lookup=lookup if world == "hybrid" else None)
+                                      lookup=lookups.get(world))
                 r = evaluate_with_rehearsal(model, tok, tasks, s,
                                             out / key.replace("/", "-"),
                                             reward=args.reward, model_name=path)

@@ -88,13 +88,38 @@ def test_the_hybrid_never_answers_from_the_tasks_own_scenario(trained, train_mem
 
 
 def test_settings_refuse_a_world_they_cannot_run():
-    assert WORLDS == ("self", "hybrid", "oracle")
+    assert WORLDS == ("self", "hybrid", "ranker", "oracle")
     with pytest.raises(ValueError, match="world"):
         RehearsalSettings(world="dream")
     with pytest.raises(ValueError, match="lookup"):
         RehearsalSettings(world="hybrid")  # no lookup to answer with
     with pytest.raises(ValueError, match="lookup"):
+        RehearsalSettings(world="ranker")  # no ranker to answer with
+    with pytest.raises(ValueError, match="lookup"):
         RehearsalSettings(world="self", lookup=object())
+
+
+def test_the_ranker_world_answers_from_the_conversation(trained, train_memory):
+    """`--world ranker`: the learned ranker (fitted on the real train split) answers a plan's
+    call, forced in like the hybrid's answer, with what it picks for this conversation."""
+    from audit.ranker import fit_ranker
+    from envace.core.envs.tasks import split_tasks
+    from envace.core.export import export_real
+
+    ranker = fit_ranker(train_memory, export_real(split_tasks("train")))
+    model, tok = trained
+    task = get_task("multi_turn_base_0")
+    eng = Engine(model, tok, RolloutConfig(mode="rehearse", lookup=ranker))
+    row = eng.start(task)
+    odd = {"folder": "no-training-call-has-this-folder"}
+    play(eng, row, chat.format_call("cd", odd), "act")
+    msg = row.messages[-1]
+    want = ranker.exact("cd", odd, task.id, row.messages[:-1])
+    assert want is not None and msg["content"] == want
+    assert msg["rehearsed"] is True and msg["lookup"] is True
+    assert row.gen == "act" and {r for _, r, _ in row.queue} == {CONTEXT}
+    settings = RehearsalSettings(strategy="parallel", n=1, world="ranker", lookup=ranker)
+    assert settings.plan_mode == "rehearse"
 
 
 def test_oracle_plans_run_in_private_copies_and_the_commit_in_its_own(trained):

@@ -47,10 +47,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="rehearse with a memory: before each rehearsed response, a note of "
                         "the K most similar calls of the environment's train split and their "
                         "real responses (never the task's own scenario; 0: off)")
-    p.add_argument("--world", default="self", choices=["self", "hybrid", "oracle"],
+    p.add_argument("--world", default="self", choices=["self", "hybrid", "ranker", "oracle"],
                    help="who answers the rehearsed plans' calls: self (the policy: the "
                         "method), hybrid (the lookup's exact answer from the environment's "
-                        "train split where it has one, the policy elsewhere) or oracle (a "
+                        "train split where it has one, the policy elsewhere), ranker (the "
+                        "learned ranker's pick among the train split's real responses and "
+                        "their copy-edits, audit.ranker) or oracle (a "
                         "private copy of the real environment per plan: an upper bound, not "
                         "a method)")
     p.add_argument("--out", help="output folder (default "
@@ -102,10 +104,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _lookup(args: argparse.Namespace) -> object | None:
-    """The train split's lookup for ``--world hybrid`` (refused without rehearsal)."""
+    """The train split's lookup for ``--world hybrid``, its ranker for ``--world ranker``
+    (refused without rehearsal)."""
     if args.world != "self" and args.rehearsal == "none":
         raise ValueError(f"--world {args.world} answers rehearsed plans: --rehearsal parallel "
                          "or sequential")
+    if args.world == "ranker":
+        from audit.ranker import Ranker
+
+        return Ranker.from_train_split(args.env)
     if args.world != "hybrid":
         return None
     from audit.memory import ResponseMemory

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from audit.ranker import RANKER_K
 from envace.core.layout import AUDIT
 from envace.evaluation.model_probe import context_length, probe_model
 
@@ -43,8 +44,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
                        description=__doc__.split("\n")[0])
     p.add_argument("inputs", nargs="+", help="real trajectories (envace data export-real)")
-    p.add_argument("--model", required=True,
-                   help="a model folder or smollm2; with --endpoint, the served model's name")
+    p.add_argument("--model",
+                   help="a model folder or smollm2; with --endpoint, the served model's name "
+                        "(required unless --ranker)")
     p.add_argument("--endpoint", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--out", required=True)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -86,6 +88,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="with --choose: the similar calls' responses with this call's differing "
                         "argument values copied in are candidates too (what the audit's edit "
                         "reference answers with the most similar one)")
+    g.add_argument("--ranker", metavar="TRAIN.jsonl",
+                   help="instead of a model: the learned ranker (audit.ranker), fitted on this "
+                        "train-split file, picks among its real responses and their copy-edits "
+                        f"by features of the call and the conversation so far (k={RANKER_K})")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -108,7 +114,15 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
         return f"no such reference file: {reference}"
-    for flag in ("memory", "hybrid", "choose"):
+    if getattr(args, "ranker", None):
+        used = [f"--{f.replace('_', '-')}" for f in ("model", "endpoint", "memory", "hybrid",
+                                                      "choose", "memory_k")
+                if getattr(args, f, None)]
+        if used:
+            return f"--ranker is a world model of its own: not with {', '.join(used)}"
+    elif not getattr(args, "model", None):
+        return "give --model (a model folder, smollm2 or a served name) or --ranker TRAIN.jsonl"
+    for flag in ("memory", "hybrid", "choose", "ranker"):
         given = getattr(args, flag, None)
         if given and not Path(given).is_file():
             return f"no such --{flag} file: {given}"
@@ -199,6 +213,43 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
     return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
 
 
+def run_ranker_probe(args: argparse.Namespace) -> int:
+    """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch)."""
+    from audit.memory import ResponseMemory
+    from audit.output import UsageError
+    from audit.pipeline import AuditOptions
+    from audit.probe import run_probe
+    from audit.ranker import fit_ranker
+
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        memory = ResponseMemory.from_file(args.ranker)
+        ranker = fit_ranker(memory, args.ranker)
+    except (UsageError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=not args.quiet,
+                        reference=getattr(args, "reference", None))
+    tally: dict[str, int] = {}
+    try:
+        summary = run_probe(list(args.inputs), args.out, None, opts, args.limit,
+                            label=f"ranker(k={ranker.k})", answer_batch=ranker.batch(tally),
+                            histories=HISTORY_CHOICES[args.history], task_ids=True,
+                            extra=lambda: {"world_model": {"ranker": ranker.block(tally)}})
+    except UsageError as exc:
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    c = summary["counts"]
+    if not args.quiet:
+        rate = summary.get("divergence_rate")
+        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
+              f"(skipped {c['skipped']}) with the ranker: divergence {shown}; wrote {args.out}")
+        _print_history(summary)
+    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
+
+
 def _print_history(summary: dict[str, Any]) -> None:
     """One line of the real-vs-own decomposition, when the probe ran both histories."""
     block = summary.get("history") or {}
@@ -224,6 +275,8 @@ def run_probe_cli(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if getattr(args, "endpoint", None):
         return run_endpoint_probe(args)
+    if getattr(args, "ranker", None):
+        return run_ranker_probe(args)
     from dataclasses import replace
 
     from audit.memory import note_chars

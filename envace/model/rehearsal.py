@@ -7,7 +7,9 @@
 - ``sequential``: plan i sees plans 0..i-1 and a self-critique the policy wrote after each.
 - Who answers a plan's calls (``world``): ``self``, the policy (the method: its own world
   model); ``hybrid``, the lookup's exact training answer where it has one and the policy
-  elsewhere (``audit.memory``; the train split only, never the task's own scenario); ``oracle``,
+  elsewhere (``audit.memory``; the train split only, never the task's own scenario); ``ranker``,
+  the learned ranker's pick among the train split's real responses and their copy-edits
+  (``audit.ranker``; the policy only for a tool the train split never called); ``oracle``,
   a fresh private copy of the task's real environment per plan: an upper bound on what any
   world model could give the commit, not a method (the copies are discarded; the commit's
   environment is its own, and ``budget.sandbox_env_calls`` counts what the copies executed).
@@ -45,7 +47,7 @@ from envace.core.envs.tasks import Task
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
 
-WORLDS = ("self", "hybrid", "oracle")
+WORLDS = ("self", "hybrid", "ranker", "oracle")
 HEADER = "Rehearsal memory (private plans imagined before acting; their responses may be wrong):"
 FOOTER = "Use what helps, then act for real."
 CRITIQUE_ASK = "Before acting for real: in one or two sentences, what could go wrong with the plan?"
@@ -69,18 +71,22 @@ class RehearsalSettings:
     memory: Any = None
     memory_k: int = 3
     # who answers the plans' calls (WORLDS): the policy itself; the hybrid (the lookup's exact
-    # training answer where it has one, `lookup`, the policy elsewhere); or the oracle
+    # training answer where it has one, `lookup`, the policy elsewhere); the ranker
+    # (`audit.ranker.Ranker` as `lookup`); or the oracle
     world: str = "self"
-    lookup: Any = None  # `audit.memory.ResponseMemory` of the train split, for world="hybrid"
+    # world="hybrid": `audit.memory.ResponseMemory` of the train split; world="ranker":
+    # `audit.ranker.Ranker` fitted on it (anything with `exact(tool, args, task_id, messages)`)
+    lookup: Any = None
 
     def __post_init__(self) -> None:
         if self.strategy not in ("none", "parallel", "sequential"):
             raise ValueError("strategy must be none, parallel or sequential")
         if self.world not in WORLDS:
             raise ValueError(f"world={self.world!r}: one of {', '.join(WORLDS)}")
-        if (self.world == "hybrid") != (self.lookup is not None):
-            raise ValueError("world='hybrid' needs a lookup (a ResponseMemory of the train "
-                             "split), and only it takes one")
+        if (self.world in ("hybrid", "ranker")) != (self.lookup is not None):
+            raise ValueError(f"world={self.world!r}: only hybrid and ranker take a lookup (a "
+                             "ResponseMemory of the train split, or a Ranker fitted on it), "
+                             "and both need one")
         if self.n < 0 or (self.strategy != "none" and self.n < 1):
             raise ValueError("n must be >= 1 for a rehearsal strategy")
 

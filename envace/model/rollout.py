@@ -238,7 +238,7 @@ class Engine:
             return
         call_id, name, args = row.pending[0]
         step = int(call_id[1:])
-        known = (self.cfg.lookup.exact(name, args, row.task.id)
+        known = (self.cfg.lookup.exact(name, args, row.task.id, row.messages)
                  if self.cfg.mode == "rehearse" and self.cfg.lookup is not None else None)
         if self.cfg.mode == "rehearse" and known is None:
             self._memory_note(row, name, args)

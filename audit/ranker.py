@@ -8,7 +8,7 @@ What it is (issue #17). The audit's best reference, ``edit``, answers an identic
 with its most common response and any other call with the most similar training call's response,
 the call's differing argument values copied in. On BFCL's train split another candidate among
 those a memory holds is right on about a fifth of the calls ``edit`` misses (leave-scenario-out:
-65.5 % of calls have a right candidate among the ones below, ``edit`` is right on 57.3 %), and
+66.9 % of calls have a right candidate among the ones below, ``edit`` is right on 57.3 %), and
 whether a candidate fits often shows in the conversation: the values it holds were or were not
 said before the call. This world model learns, from the train split alone, to pick among:
 

@@ -247,16 +247,26 @@ class ResponseMemory:
         when no other scenario made this call. `messages` (the conversation so far) is ignored:
         the lookup keys on the call alone (a rollout asks every world it is given the same
         way: `audit.ranker.Ranker.exact` reads them)."""
-        own = None if task_id is None else scenario_key(task_id)
-        seen = [r for scen, r in self._calls.get((tool, canonical_arguments(arguments)), ())
-                if scen != own]
+        seen = self.identical_responses(tool, arguments, task_id)
         return most_common_response(seen) if seen else None
+
+    def identical_responses(self, tool: str, arguments: Any,
+                            task_id: str | None = None) -> list[str]:
+        """Every response the identical call got, in file order, from other scenarios than
+        `task_id`'s ([] when no other scenario made it)."""
+        own = None if task_id is None else scenario_key(task_id)
+        return [r for scen, r in self._calls.get((tool, canonical_arguments(arguments)), ())
+                if scen != own]
+
+    def tool_responses(self, tool: str, task_id: str | None = None) -> list[str]:
+        """Every response of `tool`, in file order, from other scenarios than `task_id`'s."""
+        own = None if task_id is None else scenario_key(task_id)
+        return [r for scen, r in self._tools.get(tool, ()) if scen != own]
 
     def majority(self, tool: str, task_id: str | None = None) -> str | None:
         """The tool's most common training response (`audit.reference` ``majority``, the
         lookup's fallback), from other scenarios than `task_id`'s; None for an unseen tool."""
-        own = None if task_id is None else scenario_key(task_id)
-        seen = [r for scen, r in self._tools.get(tool, ()) if scen != own]
+        seen = self.tool_responses(tool, task_id)
         return most_common_response(seen) if seen else None
 
 

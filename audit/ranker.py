@@ -53,7 +53,7 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from audit.canonical import canonical_text
-from audit.memory import Request, ResponseMemory, TaskBatchAnswer, scenario_key
+from audit.memory import Request, ResponseMemory, TaskBatchAnswer
 from audit.reference import EMPTY, canonical_arguments, substitute
 from envace.core.schema import read_trajectories
 
@@ -122,10 +122,9 @@ def candidate_rows(memory: ResponseMemory, tool: str, arguments: Any, task_id: s
     """(canonical text, response, source, features in `FEATURES` order) of every candidate for
     one call (module doc), ``edit``'s answer first; the source is the first of `SOURCES` that
     gave it. [] for a tool the memory has never seen. Pure."""
-    own = None if task_id is None else scenario_key(task_id)
     query = canonical_arguments(arguments)
-    identical = [r for scen, r in memory._calls.get((tool, query), ()) if scen != own]
-    by_tool = [r for scen, r in memory._tools.get(tool, ()) if scen != own]
+    identical = memory.identical_responses(tool, arguments, task_id)
+    by_tool = memory.tool_responses(tool, task_id)
     if not by_tool:
         return []
     tool_counts = Counter(canonical_text(r) for r in by_tool)
@@ -196,13 +195,17 @@ def training_calls(trajectories: Iterable[Any]) -> Iterable[tuple[str, str, dict
                                                                  str]]:
     """(task id, tool, arguments, history text, real response) of every answered, well-formed,
     real call: the history is the conversation up to the assistant message that makes the call,
-    as the teacher-forced probe shows it."""
+    then the responses to that message's earlier calls, as the teacher-forced probe shows it
+    (`audit.probe.probe_steps`)."""
     for traj in trajectories:
         dumped = [m.dump() for m in traj.messages]
-        for st in traj.tool_steps():
+        steps = traj.tool_steps()
+        for st in steps:
             if st.arguments is None or st.response is None or st.response.rehearsed:
                 continue
-            history = history_text(dumped[:st.message_index + 1])
+            earlier = [s.response.dump() for s in steps if s.message_index == st.message_index
+                       and s.step < st.step and s.response is not None]
+            history = history_text(dumped[:st.message_index + 1] + earlier)
             yield traj.task_id, st.tool, dict(st.arguments), history, st.response.content or ""
 
 
@@ -228,11 +231,21 @@ class Ranker:
         best = max(range(len(rows)), key=lambda i: (probs[i], -i))
         return rows[best][1], rows[best][2]
 
+    @property
+    def source(self) -> str | None:
+        """The train file it was fitted on (what an evaluation's summary records)."""
+        return self.memory.source
+
     def exact(self, tool: str, arguments: Any, task_id: str | None = None,
               messages: Sequence[dict[str, Any]] = ()) -> str | None:
         """The rollout's world hook (`envace eval --world ranker`): the pick for this call in
-        this conversation; None for a tool the memory has never seen (the policy answers)."""
-        text, source = self.choose(tool, arguments, task_id, messages)
+        this conversation; None where no other scenario than `task_id`'s ever called the tool
+        (the policy answers). A rollout's system messages (the rehearsal memory of imagined
+        plans, memory notes) are left out of the conversation it reads: it was fitted on real
+        conversations, where a system message only names new tools. Earlier rehearsed
+        responses stay in, as they stay in ``envace probe --history own``."""
+        said = [m for m in messages if m.get("role") != "system"]
+        text, source = self.choose(tool, arguments, task_id, said)
         return None if source == "none" else text
 
     @classmethod
@@ -250,6 +263,9 @@ class Ranker:
 
     def __call__(self, messages: list[dict[str, Any]], tools: Any, tool: str,
                  arguments: dict[str, Any]) -> str:
+        """As a plain `WorldModel`: no task id, so no scenario is left out of the candidates
+        (right for dev and test tasks, whose scenarios train never holds; for a train task use
+        `batch` or `exact` with its id)."""
         return self.choose(tool, arguments, None, messages)[0]
 
     def batch(self, tally: dict[str, int] | None = None) -> TaskBatchAnswer:

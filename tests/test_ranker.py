@@ -34,6 +34,7 @@ from audit.ranker import (
     fit_ranker,
     history_text,
     response_values,
+    training_calls,
 )
 from audit.reference import build_reference
 from envace.core.schema import Trajectory, read_trajectories
@@ -164,6 +165,33 @@ def test_fit_learns_what_the_conversation_says(tmp_path):
         fit_ranker(ResponseMemory([e for t in one for e in _entries(t)], "toy"), one)
 
 
+def test_fit_history_holds_the_earlier_calls_of_the_same_message():
+    """A message with two calls: the second call's history has the first call's response, as
+    the probe shows it; the rollout hook leaves system messages out and keeps the rest."""
+    traj = Trajectory.model_validate({
+        "id": "toy-2", "task_id": "multi_turn_base_5", "env": {"name": "toy", "task": "t"},
+        "source": "real", "messages": [
+            {"role": "user", "content": "two at once"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "a", "arguments": {}}},
+                {"id": "c1", "type": "function", "function": {"name": "b", "arguments": {}}}]},
+            {"role": "tool", "content": "FIRSTANSWER", "tool_call_id": "c0", "name": "a"},
+            {"role": "tool", "content": "SECOND", "tool_call_id": "c1", "name": "b"}]})
+    (_, _, _, h0, r0), (_, _, _, h1, r1) = training_calls([traj])
+    assert (r0, r1) == ("FIRSTANSWER", "SECOND")
+    assert "FIRSTANSWER" not in h0 and "FIRSTANSWER" in h1 and "SECOND" not in h1
+    trajs = [_toy(f"multi_turn_base_{i}", n) for i, n in
+             enumerate(["alice"] * 12 + ["bob"] * 6 + ["carol"] * 6)]
+    ranker = fit_ranker(ResponseMemory([e for t in trajs for e in _entries(t)], "toy"), trajs)
+    said = [{"role": "user", "content": "Hello."},
+            {"role": "system", "content": "Rehearsal memory: I am carol."}]
+    assert json.loads(ranker.exact("whoami", {}, "multi_turn_base_99", said)) == {"user": "alice"}
+    said[1]["role"] = "user"
+    assert json.loads(ranker.exact("whoami", {}, "multi_turn_base_99", said)) == {"user": "carol"}
+    assert ranker.exact("never_called", {}, "multi_turn_base_99", said) is None
+    assert ranker.source == "toy"
+
+
 def _entries(traj: Trajectory) -> list[Entry]:
     return [Entry(s.tool, dict(s.arguments), s.response.content, traj.task_id)
             for s in traj.tool_steps()]
@@ -192,6 +220,17 @@ def test_probe_cli_ranker(files, tmp_path):
                               str(files["train"]), "--model", "smollm2", *extra],
                              capture_output=True, text=True)
         assert bad.returncode == 2 and why in bad.stderr
+    for served in (["--api", "chat"], ["--concurrency", "0"], ["--max-new-tokens", "9"]):
+        bad = subprocess.run([*base, "--out", str(tmp_path / "no"), "--ranker",
+                              str(files["train"]), *served], capture_output=True, text=True)
+        assert bad.returncode == 2 and f"not with {served[0]}" in bad.stderr
+    assert block["train_split_inputs"] == 0
+    insample = subprocess.run([*base[:4], str(files["train"]), "--limit", "2", "--quiet",
+                               "--out", str(tmp_path / "in"), "--ranker", str(files["train"])],
+                              capture_output=True, text=True)
+    assert insample.returncode == 0 and "in-sample" in insample.stderr
+    wm = json.loads((tmp_path / "in" / "summary.json").read_text())["world_model"]["ranker"]
+    assert wm["train_split_inputs"] == 40  # the input file's trajectories, before --limit
     neither = subprocess.run([*base, "--out", str(tmp_path / "no")], capture_output=True,
                              text=True)
     assert neither.returncode == 2 and "give --model" in neither.stderr

@@ -33,6 +33,9 @@ from envace.core.layout import AUDIT
 from envace.evaluation.model_probe import context_length, probe_model
 
 MEMORY_K = 3
+#: options of a generating or served model, refused with --ranker when changed
+SERVED_DEFAULTS = {"max_new_tokens": 256, "api": "completions", "concurrency": 4,
+                   "timeout": 60.0, "retries": 3}
 HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
@@ -49,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "(required unless --ranker)")
     p.add_argument("--endpoint", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--out", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=SERVED_DEFAULTS["max_new_tokens"])
     p.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
     p.add_argument("--reference", help="training trajectories: skill against reference models")
     p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS))
@@ -93,11 +96,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "train-split file, picks among its real responses and their copy-edits "
                         f"by features of the call and the conversation so far (k={RANKER_K})")
     e = p.add_argument_group("served model (--endpoint)")
-    e.add_argument("--api", default="completions", choices=["completions", "chat"],
+    e.add_argument("--api", default=SERVED_DEFAULTS["api"], choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
-    e.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
-    e.add_argument("--timeout", type=float, default=60.0, help="seconds per request attempt")
-    e.add_argument("--retries", type=int, default=3,
+    e.add_argument("--concurrency", type=int, default=SERVED_DEFAULTS["concurrency"],
+                   help="requests in flight at most")
+    e.add_argument("--timeout", type=float, default=SERVED_DEFAULTS["timeout"],
+                   help="seconds per request attempt")
+    e.add_argument("--retries", type=int, default=SERVED_DEFAULTS["retries"],
                    help="retries of a timeout, 5xx or malformed answer (backoff 0.5 s, x2)")
     p.set_defaults(func=run_probe_cli, prog=f"envace {name}")
 
@@ -120,6 +125,10 @@ def _check_usage(args: argparse.Namespace) -> str | None:
                 if getattr(args, f, None)]
         if used:
             return f"--ranker is a world model of its own: not with {', '.join(used)}"
+        served = [f"--{k.replace('_', '-')}" for k, default in SERVED_DEFAULTS.items()
+                  if getattr(args, k, default) != default]
+        if served:
+            return f"--ranker generates nothing and asks no server: not with {', '.join(served)}"
     elif not getattr(args, "model", None):
         return "give --model (a model folder, smollm2 or a served name) or --ranker TRAIN.jsonl"
     for flag in ("memory", "hybrid", "choose", "ranker"):
@@ -228,6 +237,11 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    fitted = _train_tasks_in(list(args.inputs))
+    if fitted:
+        print(f"{prog}: warning: {fitted} input trajectories are train-split tasks the ranker "
+              "was fitted on: their figures are in-sample (probe dev or test tasks)",
+              file=sys.stderr)
     opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=not args.quiet,
                         reference=getattr(args, "reference", None))
@@ -236,7 +250,8 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
         summary = run_probe(list(args.inputs), args.out, None, opts, args.limit,
                             label=f"ranker(k={ranker.k})", answer_batch=ranker.batch(tally),
                             histories=HISTORY_CHOICES[args.history], task_ids=True,
-                            extra=lambda: {"world_model": {"ranker": ranker.block(tally)}})
+                            extra=lambda: {"world_model": {"ranker": {
+                                **ranker.block(tally), "train_split_inputs": fitted}}})
     except UsageError as exc:
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
@@ -248,6 +263,16 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
               f"(skipped {c['skipped']}) with the ranker: divergence {shown}; wrote {args.out}")
         _print_history(summary)
     return EXIT_SKIPPED if c["skipped"] else EXIT_OK
+
+
+def _train_tasks_in(paths: list[str]) -> int:
+    """How many readable trajectories of `paths` are train-split tasks of their environment."""
+    from audit.memory import split_violations
+    from envace.core.schema import read_trajectories
+
+    tasks = [(str(i.trajectory.env.get("name")), i.trajectory.task_id)
+             for p in paths for i in read_trajectories(p) if i.trajectory is not None]
+    return len(tasks) - len(split_violations(tasks))
 
 
 def _print_history(summary: dict[str, Any]) -> None:

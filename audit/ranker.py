@@ -54,7 +54,7 @@ from rapidfuzz import fuzz
 
 from audit.canonical import canonical_text
 from audit.memory import Request, ResponseMemory, TaskBatchAnswer
-from audit.reference import EMPTY, canonical_arguments, substitute
+from audit.reference import EMPTY, canonical_arguments, most_common_response, substitute
 from envace.core.schema import read_trajectories
 
 #: similar training calls whose responses (and copy-edits) are candidates
@@ -130,7 +130,7 @@ def candidate_rows(memory: ResponseMemory, tool: str, arguments: Any, task_id: s
     tool_counts = Counter(canonical_text(r) for r in by_tool)
     identical_counts = Counter(canonical_text(r) for r in identical)
     similar = memory.similar(tool, arguments, task_id, k)
-    exact = memory.exact(tool, arguments, task_id)
+    exact = most_common_response(identical) if identical else None  # memory.exact's answer
     args = arguments if isinstance(arguments, dict) else {}
     edit_answer = exact if exact is not None else (
         substitute(similar[0].response, similar[0].arguments, args) if similar and args
@@ -155,9 +155,7 @@ def candidate_rows(memory: ResponseMemory, tool: str, arguments: Any, task_id: s
         add(exact, "exact", from_exact=1)
     for r in identical:
         add(r, "exact")
-    majority = memory.majority(tool, task_id)
-    if majority is not None:
-        add(majority, "majority", from_majority=1)
+    add(most_common_response(by_tool), "majority", from_majority=1)  # memory.majority's
     for rank, e in enumerate(similar):
         ratio = fuzz.ratio(query, e.key)
         add(e.response, "similar", raw_rank=rank, rank=rank, similarity=ratio)

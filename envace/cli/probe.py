@@ -178,7 +178,6 @@ def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> An
 def run_endpoint_probe(args: argparse.Namespace) -> int:
     """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
     from audit.output import UsageError
-    from audit.pipeline import AuditOptions
     from envace.evaluation.endpoint_probe import _progress, probe_endpoint
     from envace.model.endpoint import EndpointClient, EndpointError
 
@@ -196,9 +195,7 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
     except (ValueError, EndpointError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=False,
-                        reference=getattr(args, "reference", None))
+    opts = _audit_options(args, progress=False)
     try:
         summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
                                  args.limit, progress=None if args.quiet else _progress,
@@ -226,7 +223,6 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
     """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch)."""
     from audit.memory import ResponseMemory
     from audit.output import UsageError
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from audit.ranker import fit_ranker
 
@@ -242,9 +238,7 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
         print(f"{prog}: warning: {fitted} input trajectories are train-split tasks the ranker "
               "was fitted on: their figures are in-sample (probe dev or test tasks)",
               file=sys.stderr)
-    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=not args.quiet,
-                        reference=getattr(args, "reference", None))
+    opts = _audit_options(args, progress=not args.quiet)
     tally: dict[str, int] = {}
     try:
         summary = run_probe(list(args.inputs), args.out, None, opts, args.limit,
@@ -255,12 +249,26 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
+    return _finish(args, summary, " with the ranker")
+
+
+def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
+    """The `audit.pipeline.AuditOptions` of the scoring flags."""
+    from audit.pipeline import AuditOptions
+
+    return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
+                        verdict_threshold=args.threshold, progress=progress,
+                        reference=getattr(args, "reference", None))
+
+
+def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -> int:
+    """The closing line of a local probe (unless --quiet) and its exit code."""
     c = summary["counts"]
     if not args.quiet:
         rate = summary.get("divergence_rate")
         shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
         print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
-              f"(skipped {c['skipped']}) with the ranker: divergence {shown}; wrote {args.out}")
+              f"(skipped {c['skipped']}){what}: divergence {shown}; wrote {args.out}")
         _print_history(summary)
     return EXIT_SKIPPED if c["skipped"] else EXIT_OK
 
@@ -290,7 +298,6 @@ def _print_history(summary: dict[str, Any]) -> None:
 
 def run_probe_cli(args: argparse.Namespace) -> int:
     """`envace probe` / `envace-audit probe`: probe, write the audit directory; exit code."""
-    from audit.pipeline import AuditOptions
     from envace.model.models import default_cache_dir, load_model, resolve_model
 
     prog = getattr(args, "prog", "envace-audit probe")
@@ -307,7 +314,6 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     from audit.memory import note_chars
     from audit.output import UsageError
 
-    reference = getattr(args, "reference", None)
     try:
         grounding = load_grounding(args)
         path = resolve_model(args.model, default_cache_dir())
@@ -320,9 +326,7 @@ def run_probe_cli(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(auto_threads())
     model, tokenizer = load_model(path)
-    opts = AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=not args.quiet,
-                        reference=reference)
+    opts = _audit_options(args, progress=not args.quiet)
     context = context_length(path, model)
     # the note takes at most one character per token of the prompt budget (audit.memory)
     grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
@@ -333,11 +337,4 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     except UsageError as exc:  # a refused --out: one line and 2, as documented
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
-    c = summary["counts"]
-    if not args.quiet:
-        rate = summary.get("divergence_rate")
-        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
-        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
-              f"(skipped {c['skipped']}): divergence {shown}; wrote {args.out}")
-        _print_history(summary)
-    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
+    return _finish(args, summary)

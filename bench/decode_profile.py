@@ -15,7 +15,13 @@ Two measurements on one thread, same model the rollout engine decodes with:
    bandwidth (``bench.rollout_engine.copy_bandwidth``). Each timing cycles through enough
    distinct weights (64 MiB) that every call reads its weight from memory, as a decode step does.
    A shape whose time is well above its floor is bound by the GEMM kernel at small M (its
-   GFLOP/s says how close to the core's arithmetic it runs), not by memory bandwidth.
+   GFLOP/s says how close to the core's arithmetic it runs), not by memory bandwidth;
+3. a roofline: the core's own arithmetic peak on one thread (a large square GEMM, fp32 and bf16),
+   so each shape's time is read against max(its bytes at the copy bandwidth, its FLOPs at that
+   peak), the rows at which an fp32 linear layer turns from bandwidth- to compute-bound (the
+   ridge), and the step the measured kernels alone would take with no other op at all (packed
+   linear layers at ``--batch`` rows plus the profiled attention): the best share of the
+   ceiling these kernels allow, whatever the Python around them.
 
 Writes bench/results/decode_profile.json (machine, load, both tables) and prints them.
 """
@@ -94,6 +100,40 @@ def gemm_rows(model: Any, rows: int, bandwidth: float, reps: int) -> list[dict[s
     return out
 
 
+def peak_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """The core's attainable arithmetic on one thread: best of `reps` n x n x n GEMMs (warm)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = min(_us(lambda: a @ b, 1) for _ in range(reps))
+    return 2 * n ** 3 / best / 1e3
+
+
+def roofline(gemms: list[dict[str, Any]], rows: int, bandwidth: float, peaks: dict[str, float],
+             attention_ms: float, ceiling_ms: float) -> dict[str, Any]:
+    """Per-step floors from the shapes at `rows` rows: the weights' bytes at `bandwidth`, their
+    FLOPs at the fp32 `peaks`, and the kernels-only step (measured packed or plain linear times,
+    as the engine picks, plus the profiled attention), each against the fp32 ceiling."""
+    at = [g for g in gemms if g["rows"] == rows]
+    flops = sum(2 * rows * g["shape"][0] * g["shape"][1] * g["per_step"] for g in at)
+    linear_ms = sum(g["per_step"] * (g["fp32_packed_us"] if g["packed"] and g["fp32_packed_us"]
+                                     else g["fp32_us"]) for g in at) / 1e3
+    for g in at:
+        us = g["fp32_packed_us"] if g["packed"] and g["fp32_packed_us"] else g["fp32_us"]
+        g["fp32_roofline_us"] = max(g["fp32_floor_us"],
+                                    2 * rows * g["shape"][0] * g["shape"][1] / peaks["fp32"] / 1e3)
+        g["fp32_vs_roofline"] = us / g["fp32_roofline_us"]
+    kernels_ms = linear_ms + attention_ms
+    return {"rows": rows, "peak_gflops": peaks,
+            "ridge_rows_fp32": peaks["fp32"] * 4 / (2 * bandwidth),
+            "ridge_rows_bf16": peaks["bf16"] * 2 / (2 * bandwidth),
+            "linear_gflop_per_step": flops / 1e9,
+            "linear_compute_floor_ms": flops / peaks["fp32"] / 1e6,
+            "weights_bandwidth_floor_ms": ceiling_ms,
+            "linear_kernels_ms": linear_ms, "attention_ms": attention_ms,
+            "kernels_only_ms": kernels_ms, "kernels_only_share_of_ceiling": ceiling_ms / kernels_ms,
+            "linear_share_of_peak": flops / linear_ms / 1e6 / peaks["fp32"]}
+
+
 def out_row(out: list[dict[str, Any]], base: dict[str, Any], rows: int) -> dict[str, Any]:
     """The row of `out` for this shape at `rows` rows (created from `base` if new)."""
     for r in out:
@@ -145,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         steps = {k: profile_steps(model, args.batch, args.prompt, args.steps, packed=k == "packed")
                  for k in ("plain", "packed")}
         gemms = gemm_rows(model, args.batch, bw, args.reps)
+        peaks = {"fp32": peak_gflops(torch.float32), "bf16": peak_gflops(torch.bfloat16)}
     ceiling_ms = sum(p.numel() * 4 for p in model.parameters()) / (bw * 1e9) * 1e3
+    attention_ms = sum(o["self_ms_per_step"] for o in steps["packed"][0]
+                       if "attention" in o["op"])
+    roof = roofline(gemms, args.batch, bw, peaks, attention_ms, ceiling_ms)
     op_rows = []
     for kernel, (ops, ms) in steps.items():
         print(f"{args.model} ({kernel} linear): {ms * 1e3:.1f} ms per unprofiled decode step at "
@@ -169,11 +213,22 @@ def main(argv: list[str] | None = None) -> int:
               "fp32 packed us", "fp32/floor", "packed/floor", "fp32 GFLOP/s", "packed GFLOP/s",
               "bf16 us", "bf16 packed us"]
     print(table(g_rows, g_head))
+    print(f"roofline, one thread: fp32 peak {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f}; "
+          f"an fp32 linear layer turns compute-bound above {roof['ridge_rows_fp32']:.1f} rows "
+          f"(bf16 {roof['ridge_rows_bf16']:.1f}). At {args.batch} rows the linear layers' "
+          f"{roof['linear_gflop_per_step']:.2f} GFLOP per step take "
+          f"{roof['linear_compute_floor_ms']:.1f} ms at peak against the weights' "
+          f"{ceiling_ms:.1f} ms at the copy bandwidth; the kernels run them at "
+          f"{roof['linear_share_of_peak']:.0%} of peak ({roof['linear_kernels_ms']:.1f} ms). "
+          f"Those kernels plus attention ({attention_ms:.1f} ms) and nothing else: "
+          f"{roof['kernels_only_ms']:.1f} ms, {roof['kernels_only_share_of_ceiling']:.1%} of the "
+          "ceiling at most")
     path = write_result(args.name, {
         **run_record("bench.decode_profile", argv, load_start),
         "model": args.model, "batch": args.batch, "prompt": args.prompt, "threads": 1,
         "copy_bandwidth_gb_s": bw, "fp32_ceiling_ms_per_step": ceiling_ms,
         "unprofiled_ms_per_step": {k: v[1] * 1e3 for k, v in steps.items()},
+        "roofline": roof,
         "top_ops": {k: v[0] for k, v in steps.items()}, "gemms": gemms,
         "tables": {"ops": op_rows, "gemms": {"header": g_head, "rows": g_rows}}})
     print(f"wrote {path}")

@@ -193,3 +193,13 @@ def test_settings_refuse_a_plan_count_below_one():
         RehearsalSettings(strategy="none", n=-1)
     assert RehearsalSettings(strategy="none", n=0).plan_mode == "rehearse"
     assert RehearsalSettings(world="oracle", n=1).plan_mode == "real"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_eval_refuses_cuda_without_a_gpu(capsys, tmp_path):
+    from envace import cli
+
+    out = tmp_path / "never"
+    rc = cli.main(["eval", "--model", str(MODEL), "--device", "cuda", "--out", str(out)])
+    assert rc == 2 and "torch sees no GPU" in capsys.readouterr().err
+    assert not out.exists()

@@ -2,7 +2,7 @@
 
     envace eval --model PATH [--env bfcl|agentdojo] --split dev [--tasks 40] [--seeds 2]
                 [--unit turn|task] [--rehearsal none|parallel|sequential] [--n 2] [--out DIR]
-                [--world self|hybrid|oracle]
+                [--world self|hybrid|ranker|oracle]
 
 `--env` picks the environment (default bfcl): its split, its real backend and its task check
 (BFCL's state check; AgentDojo's own checker of each user task, which is a single user turn, so
@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--out", help="output folder (default "
                    "runs/eval-[<env>-]<split>-<rehearsal>-n<N>[-<world>])")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model generates: auto (the GPU when there is one, as "
+                        "`envace train` does), cpu or cuda")
     p.set_defaults(func=run)
 
 
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from envace.model.rehearsal import RehearsalSettings
 
     try:
+        device = _device(args.device)
         check_task_env(args.env)
         path = resolve_model(args.model, default_cache_dir(),
                              texts=_texts() if args.model == "tiny" else None)
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"envace eval: {exc}", file=sys.stderr)
         return 2
     model, tok = load_model(path)
+    model.to(device)
     tasks = select_tasks(args.split, args.unit, args.tasks, tok, args.max_context,
                          args.max_new_tokens, args.seed, env=args.env)
     env = "" if args.env == "bfcl" else f"{args.env}-"
@@ -101,6 +106,16 @@ def run(args: argparse.Namespace) -> int:
           f"{s['attempts']} attempts; rehearsal tokens/task {s['budget']['rehearsal_tokens']:.0f}"
           f" -> {out / RUN.eval_summary}")
     return 0
+
+
+def _device(name: str) -> str:
+    """`--device` resolved: auto is cuda when torch sees a GPU; cuda without one is refused."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no GPU here (use --device cpu or auto)")
+    return "cuda" if name == "auto" and torch.cuda.is_available() else (
+        "cpu" if name == "auto" else name)
 
 
 def _lookup(args: argparse.Namespace) -> object | None:

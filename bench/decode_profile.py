@@ -10,6 +10,9 @@ Two measurements on one thread, same model the rollout engine decodes with:
    one, the block-grown KV cache), with plain ``F.linear`` and with the oneDNN-packed linear
    layers the engine uses by default (``envace.model.backends.packed_linear``): the unprofiled
    time per step against the fp32 bandwidth ceiling, and the top ops by self CPU time per step;
+   both through the model's own forward, and (``fused``) packed with the one-token steps the
+   engine takes by default (``envace.model.backends.fused_decode``: no module tree, q/k/v and
+   gate/up as one product each);
 2. every linear layer shape of the model at M = ``--batch`` rows (and at M = 2 for contrast),
    plain and packed, fp32 and bf16, against its floor: the weight bytes at this machine's copy
    bandwidth (``bench.rollout_engine.copy_bandwidth``). Each timing cycles through enough
@@ -143,15 +146,15 @@ def out_row(out: list[dict[str, Any]], base: dict[str, Any], rows: int) -> dict[
     return out[-1]
 
 
-def profile_steps(model: Any, batch: int, prompt: int, steps: int, packed: bool = True
-                  ) -> tuple[list[Any], float]:
+def profile_steps(model: Any, batch: int, prompt: int, steps: int, packed: bool = True,
+                  fused: bool = False) -> tuple[list[Any], float]:
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, model.config.vocab_size - 1, (batch, prompt), generator=g).tolist()
     # rows of different lengths, as in a rollout: the attention mask is not all ones, so
     # attention takes the masked kernel a rollout takes
-    st = HFStepper(model, 0, packed=packed)
+    st = HFStepper(model, 0, packed=packed, fused=fused)
     lg = st.prefill([r[: prompt - 7 * i] for i, r in enumerate(ids)])
     for _ in range(3):
         lg = st.step(lg.argmax(-1).tolist(), [True] * batch)
@@ -182,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     bw = copy_bandwidth(1)
     with torch.no_grad():
-        steps = {k: profile_steps(model, args.batch, args.prompt, args.steps, packed=k == "packed")
-                 for k in ("plain", "packed")}
+        steps = {k: profile_steps(model, args.batch, args.prompt, args.steps,
+                                  packed=k != "plain", fused=k == "fused")
+                 for k in ("plain", "packed", "fused")}
         gemms = gemm_rows(model, args.batch, bw, args.reps)
         peaks = {"fp32": peak_gflops(torch.float32), "bf16": peak_gflops(torch.bfloat16)}
     ceiling_ms = sum(p.numel() * 4 for p in model.parameters()) / (bw * 1e9) * 1e3
@@ -192,12 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     roof = roofline(gemms, args.batch, bw, peaks, attention_ms, ceiling_ms)
     op_rows = []
     for kernel, (ops, ms) in steps.items():
-        print(f"{args.model} ({kernel} linear): {ms * 1e3:.1f} ms per unprofiled decode step at "
+        print(f"{args.model} ({kernel}): {ms * 1e3:.1f} ms per unprofiled decode step at "
               f"batch {args.batch}, {ceiling_ms / (ms * 1e3):.1%} of the fp32 bandwidth ceiling "
               f"({ceiling_ms:.1f} ms)")
         op_rows += [[kernel, o["op"][:48], f"{o['calls_per_step']:.0f}",
                      f"{o['self_ms_per_step']:.2f}"] for o in ops]
-    print(table(op_rows, ["linear", "op (profiled)", "calls/step", "self ms/step"]))
+    print(table(op_rows, ["step", "op (profiled)", "calls/step", "self ms/step"]))
 
     def f(v: float | None, spec: str = ".0f") -> str:
         return "-" if v is None else format(v, spec)

@@ -133,6 +133,8 @@ class Probe:
                              kw.get("logits_to_keep", 0))
 
     def _fused(self, dec: Any, ids: Any, mask: Any, pos: Any, cache: Any) -> Any:
+        if dec.model is not self.model:  # another model's fused steps are not this probe's
+            return self.orig_fused(dec, ids, mask, pos, cache)
         out = self._observe(lambda: SimpleNamespace(
             logits=self.orig_fused(dec, ids, mask, pos, cache)[:, None]), ids[:, None], mask,
             False, 1)
@@ -281,15 +283,19 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
                                                          "max_new_tokens": 2}))  # warm-up
     probe = Probe(gen, tok, tasks, guide, cfg)
     t = time.perf_counter()
-    ours = run_episodes(model, tok, tasks, cfg)
+    try:
+        ours = run_episodes(model, tok, tasks, cfg)
+    finally:
+        probe.close()  # unwrap, even on failure; a fresh probe for the reference
     t_ours = time.perf_counter() - t
-    probe.close()  # unwrap; a fresh probe for the reference
     if reencode:
         ref_probe = Probe(gen, tok, tasks, guide, cfg)
         t = time.perf_counter()
-        ref, ref_forward = reencode_episodes(gen, tok, tasks, cfg)
+        try:
+            ref, ref_forward = reencode_episodes(gen, tok, tasks, cfg)
+        finally:
+            ref_probe.close()
         t_ref = time.perf_counter() - t
-        ref_probe.close()
     else:  # no reference run (--no-reencode): its columns are empty
         ref, ref_forward, t_ref = [], 0, float("nan")
     g_ours = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ours)

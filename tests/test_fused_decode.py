@@ -16,31 +16,50 @@ from envace.model.backends.hf import HFStepper
 VOCAB = 97
 
 
+KINDS = ["llama", "llama-yarn", "qwen2", "qwen3"]
+
+
 def _random_model(kind: str, seed: int = 0) -> torch.nn.Module:
-    """A small randomly initialised decoder of one family (pure shapes, no training)."""
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
+    """A small randomly initialised decoder of one family (pure shapes, no training), with the
+    features a wrong fused step would drop showing in its logits: head_dim unlike hidden/heads,
+    biases on every projection that has one, an untied head, a scaled rotary, norm weights
+    away from 1 (at 1 an RMSNorm commutes with the rotation)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        GPT2Config,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=True)
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 16}
     configs = {
-        "llama": lambda: LlamaConfig(**common, head_dim=16),
-        "qwen2": lambda: Qwen2Config(**common),  # q/k/v biases
-        "qwen3": lambda: Qwen3Config(**common, head_dim=16),  # q_norm, k_norm
+        "llama": lambda: LlamaConfig(**common, head_dim=24, attention_bias=True,
+                                     mlp_bias=True, tie_word_embeddings=False),
+        "llama-yarn": lambda: LlamaConfig(**common, head_dim=16, rope_parameters=yarn,
+                                          tie_word_embeddings=True),
+        "qwen2": lambda: Qwen2Config(**common, head_dim=24, tie_word_embeddings=False),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=24, attention_bias=True,
+                                     tie_word_embeddings=True),  # q_norm, k_norm
         "qwen2-window": lambda: Qwen2Config(**common, use_sliding_window=True,
                                             sliding_window=8, max_window_layers=0),
         "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4),
     }
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(configs[kind]())
-    with torch.no_grad():  # biases are zero at init: make them count
+    with torch.no_grad():  # biases are zero and norms one at init: make them count
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
+            elif "norm" in name:
+                p.normal_(1, 0.3)
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_families_are_fusable(kind):
     assert fusable(_random_model(kind))
 
@@ -58,19 +77,27 @@ def test_other_models_take_their_own_forward(kind):
 
 
 def _run(model: torch.nn.Module, prompts: list[list[int]], plan: list[list[list[int]]],
-         fused: bool, packed: bool) -> list[torch.Tensor]:
-    s = HFStepper(model, 0, fused=fused, packed=packed, compact_below=0.75)
+         fused: bool, packed: bool, below: float) -> tuple[list[torch.Tensor], list, int]:
+    s = HFStepper(model, 0, fused=fused, packed=packed, compact_below=below)
     out = [s.prefill(prompts)]
     for chunks in plan:
         out.append(s.extend(chunks))
     assert (s.fused_steps > 0) == (fused and any(max(map(len, c)) == 1 for c in plan))
-    return out
+    kv = [(layer.keys.clone(), layer.values.clone()) for layer in s.cache.layers]
+    return out, kv, s.compactions
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_fused_steps_give_the_models_logits(kind, data):
+def test_fused_steps_give_the_models_logits_and_cache(kind, data, monkeypatch):
+    """Fused and unfused steppers fed the same prompts, one-token steps (some rows waiting)
+    and forced chunks give the same logits and the same cache, with the cache compacted or
+    not and the stacked q/k/v and gate/up products packed for oneDNN or not."""
+    import envace.model.backends.hf as hf
+    import envace.model.backends.packed_linear as pl
+
     model = _random_model(kind)
     b = data.draw(st.integers(1, 4))
     token = st.integers(1, VOCAB - 1)
@@ -85,10 +112,19 @@ def test_fused_steps_give_the_models_logits(kind, data):
             rows[0] = [data.draw(token)]
         plan.append(rows)
     packed = data.draw(st.booleans())
-    ref = _run(model, prompts, plan, fused=False, packed=packed)
-    got = _run(model, prompts, plan, fused=True, packed=packed)
+    below = data.draw(st.sampled_from([0.0, 0.75, 1.0]))
+    with monkeypatch.context() as m:
+        m.setattr(hf, "COMPACT_MIN_WIDTH", 1)  # small test caches compact too
+        if data.draw(st.booleans()):
+            m.setattr(pl, "MIN_ELEMENTS", 0)  # every layer and stack on the packed kernel
+        ref, ref_kv, ref_compactions = _run(model, prompts, plan, False, packed, below)
+        got, got_kv, compactions = _run(model, prompts, plan, True, packed, below)
+    assert compactions == ref_compactions
     for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, atol=2e-5, rtol=1e-4)
+    for (rk, rv), (gk, gv) in zip(ref_kv, got_kv, strict=True):
+        torch.testing.assert_close(gk, rk, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(gv, rv, atol=2e-5, rtol=1e-4)
 
 
 def test_the_tiny_model_decodes_the_same_tokens_fused():
@@ -112,18 +148,42 @@ def test_the_tiny_model_decodes_the_same_tokens_fused():
     torch.testing.assert_close(seqs[True][1], seqs[False][1], atol=1e-4, rtol=1e-4)
 
 
-def test_a_weight_changed_in_place_is_joined_again():
-    """The stacked q/k/v and gate/up copies follow the weights: after an in-place change the
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_a_weight_or_bias_changed_in_place_is_stacked_again(which):
+    """The stacked q/k/v and gate/up copies follow the parameters: after an in-place change the
     fused step gives the changed model's logits, not the stale copy's."""
-    model = _random_model("llama")
+    model = _random_model("qwen2")  # q/k/v biases
     fused, plain = (HFStepper(model, 0, fused=f, packed=True) for f in (True, False))
     for s in (fused, plain):
         s.prefill([[1, 2, 3, 4], [5, 6]])
         s.step([7, 8], [True, True])
     before = fused.fused._cat
     with torch.no_grad():
-        model.model.layers[1].mlp.up_proj.weight.mul_(1.5)
-        model.model.layers[0].self_attn.k_proj.weight.add_(0.1)
+        if which == "weight":
+            model.model.layers[1].mlp.up_proj.weight.mul_(1.5)
+            model.model.layers[0].self_attn.k_proj.weight.add_(0.1)
+        else:
+            model.model.layers[0].self_attn.k_proj.bias.add_(1.0)
     got, want = (s.step([9, 10], [True, True]) for s in (fused, plain))
     assert fused.fused._cat is not before
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_a_hooked_or_adapted_model_takes_its_own_forward():
+    """The fused step never calls the layer, attention or MLP modules: a model with a hook or a
+    projection that is not a plain nn.Linear (an adapter's subclass) is not fused."""
+    class Adapted(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    model = _random_model("llama")
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda m, i, o: o * 0)
+    assert not fusable(model)
+    handle.remove()
+    assert fusable(model)
+    old = model.model.layers[1].self_attn.v_proj
+    model.model.layers[1].self_attn.v_proj = Adapted(old.in_features, old.out_features)
+    assert not fusable(model)
+    model.model.layers[1].self_attn.v_proj = old
+    model.model.layers[1].mlp.forward = lambda x: x  # an instance-level forward
+    assert not fusable(model)

@@ -3,10 +3,9 @@ Python round-trips per token).
 
 A transformers forward of one token per row goes through the whole module tree every step:
 the model, every decoder layer, attention, MLP and norm module, keyword plumbing, output
-classes and mask construction, some 12,000 small op calls per SmolLM2 step
-(``bench/decode_profile.py``). At batch 8 those ops cost about a quarter of the step; for the
-tiny preset, whose matrices are small, most of it. ``FusedDecoder`` computes the same step from
-the same parameters with the ops the arithmetic needs and nothing else:
+classes and mask construction. ``FusedDecoder`` computes the same step from the same parameters
+with the ops the arithmetic needs and nothing else (what it buys, measured: docs/profiling.md,
+"Fused one-token steps"):
 
     dec = FusedDecoder(model, linear)            # linear(layer, x): F.linear or packed
     logits = dec(ids, mask, pos, cache)          # [B] one token per row -> [B, V]
@@ -36,7 +35,10 @@ Linear = Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]
 
 def fusable(model: torch.nn.Module) -> bool:
     """Whether `model` is a decoder ``FusedDecoder`` computes exactly: a Llama, Qwen2 or Qwen3
-    causal LM with full attention, SiLU MLPs, no tensor-parallel split and no extra heads."""
+    causal LM with full attention, SiLU MLPs and no tensor-parallel split, every layer built of
+    the stock modules (plain ``nn.Linear`` projections, no subclass such as an adapter's) and no
+    hook or instance-level ``forward`` anywhere in it (the fused step never calls the decoder
+    layer, attention or MLP modules, so it would skip them)."""
     from envace.model.backends.hf import windowed
 
     c = getattr(model, "config", None)
@@ -47,15 +49,24 @@ def fusable(model: torch.nn.Module) -> bool:
             or getattr(c, "hidden_act", "silu") != "silu":
         return False
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
+    if not all(hasattr(inner, n) for n in needed) \
+            or type(getattr(model, "lm_head", None)) is not torch.nn.Linear:
         return False
-    layer = inner.layers[0]
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return attn is not None and mlp is not None and all(
-        isinstance(getattr(attn, n, None), torch.nn.Linear)
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
-        isinstance(getattr(mlp, n, None), torch.nn.Linear)
-        for n in ("gate_proj", "up_proj", "down_proj"))
+    for layer in inner.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or not all(
+                type(getattr(attn, n, None)) is torch.nn.Linear
+                for n in ("q_proj", "k_proj", "v_proj", "o_proj")) or not all(
+                type(getattr(mlp, n, None)) is torch.nn.Linear
+                for n in ("gate_proj", "up_proj", "down_proj")):
+            return False
+    from torch.nn.modules import module as nn_module
+
+    if any(getattr(nn_module, g, None) for g in (
+            "_global_forward_hooks", "_global_forward_pre_hooks")):
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__
+                   for m in model.modules())
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -83,8 +94,8 @@ class FusedDecoder:
         self.linear: Linear = linear or (lambda layer, x: F.linear(x, layer.weight, layer.bias))
         # q/k/v and gate/up as two products per layer instead of five, on weights concatenated
         # (and packed for oneDNN where it has the dtype) once per decoder: a decoder lives as
-        # long as one rollout's stepper, in which no update happens; a weight whose storage or
-        # version counter moved is concatenated again all the same (`_fresh`)
+        # long as one rollout's stepper, in which no update happens; a weight or
+        # bias whose storage or version counter moved is stacked again all the same (`_fresh`)
         self.concat = concat
         self._cat: list[tuple[Callable[[torch.Tensor], torch.Tensor], ...]] = []
         self._key: tuple[tuple[int, int], ...] = ()
@@ -95,7 +106,8 @@ class FusedDecoder:
             layer.mlp.gate_proj, layer.mlp.up_proj)]
 
     def _fresh(self) -> list[tuple[Callable[[torch.Tensor], torch.Tensor], ...]]:
-        key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in self._sources())
+        key = tuple((t.data_ptr(), t._version) for lin in self._sources()
+                    for t in (lin.weight, lin.bias) if t is not None)
         if key != self._key:
             self._cat = [(_joined(layer.self_attn.q_proj, layer.self_attn.k_proj,
                                   layer.self_attn.v_proj),

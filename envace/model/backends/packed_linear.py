@@ -89,9 +89,9 @@ class PackedLinears:
     def linear(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """What ``layer(x)`` computes inside ``active()``: the packed kernel for this model's
         large layers, ``F.linear`` for the others (``fused_decode`` calls layers directly)."""
-        if id(layer) in self._members:
+        if id(layer) in self._members and "forward" not in layer.__dict__:
             return self.forward(layer, x)
-        return F.linear(x, layer.weight, layer.bias)
+        return layer(x) if "forward" in layer.__dict__ else F.linear(x, layer.weight, layer.bias)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from envace.model.backends.kv_cache import windowed
+
 FAMILIES = ("llama", "qwen2", "qwen3")
 Linear = Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]
 
@@ -39,8 +41,6 @@ def fusable(model: torch.nn.Module) -> bool:
     the stock modules (plain ``nn.Linear`` projections, no subclass such as an adapter's) and no
     hook or instance-level ``forward`` anywhere in it (the fused step never calls the decoder
     layer, attention or MLP modules, so it would skip them)."""
-    from envace.model.backends.hf import windowed
-
     c = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     if c is None or inner is None or getattr(c, "model_type", None) not in FAMILIES:

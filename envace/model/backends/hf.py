@@ -41,6 +41,7 @@ import torch
 
 from envace.model.backends import kv_cache
 from envace.model.backends.fused_decode import FusedDecoder, fusable
+from envace.model.backends.kv_cache import windowed
 from envace.model.backends.packed_linear import PackedLinears, available
 
 
@@ -96,16 +97,6 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
                 c.copy_(p)
     _COPIES[model] = (version, clone)
     return clone
-
-
-def windowed(model: torch.nn.Module) -> bool:
-    """Whether any attention layer of `model` uses a sliding window."""
-    c = getattr(model, "config", None)
-    types = list(getattr(c, "layer_types", None) or [])
-    if types:
-        return any("sliding" in str(t) for t in types)
-    return bool(getattr(c, "sliding_window", None)) and getattr(c, "use_sliding_window", True) \
-        is not False
 
 
 class HFStepper:

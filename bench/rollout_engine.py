@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compact-below", nargs="+", type=float, default=[DEFAULT_COMPACT],
                     help="compact the KV cache when less than this share of it is real tokens "
                          f"(default {DEFAULT_COMPACT}; 0: never); several: each in turn")
-    ap.add_argument("--fused", nargs="+", choices=["on", "off"], default=["on"],
-                    help="one-token steps fused (on, the default: envace.model.backends."
-                         "fused_decode) and/or through the model's own forward (off); several: "
+    ap.add_argument("--fused", nargs="+", choices=["on", "off"], default=["off"],
+                    help="one-token steps fused (on: envace.model.backends.fused_decode) and/or "
+                         "through the model's own forward (off, the engine's default); several: "
                          "each in turn")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the variants this many times, interleaved; a variant's row is "

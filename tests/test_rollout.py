@@ -27,8 +27,8 @@ def tiny(tmp_path_factory):
 def test_cached_logprobs_equal_a_full_forward(tiny, path, monkeypatch):
     """Lockstep decoding over one kept cache (left padding, masks, forced text in between)
     gives the same log-probabilities as encoding each finished sequence whole, on every decode
-    path: the defaults (one-token steps fused, ``fused_decode``); the model's own forward with
-    plain ``F.linear`` and no cache compaction; and every linear layer
+    path: the defaults with one-token steps fused (``fused_decode``); the model's own forward
+    with plain ``F.linear`` and no cache compaction; and every linear layer
     packed (``packed_linear``) with the cache compacted at every chance (``kv_cache.compact``)."""
     import envace.model.backends.hf as hf
     import envace.model.backends.kv_cache as kv

@@ -77,7 +77,7 @@ class RolloutConfig:
     # the transformers backend's one-token steps walk a Llama/Qwen decoder's weights directly
     # (`backends.fused_decode`: the same arithmetic without the module tree); False: the
     # model's own forward for every step
-    fused_decode: bool = True
+    fused_decode: bool = False
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes

@@ -22,8 +22,9 @@ The cache grows in blocks and is written in place (``kv_cache.BlockLayer``: no p
 of the whole cache) and drops its padding once that cuts its width by a quarter
 (``kv_cache.compact``: rows append chunks of different lengths, and attention reads every padded
 slot; never for a sliding-window model); linear layers
-run on weights packed once for oneDNN (``packed_linear``); one-token steps of a Llama or Qwen
-decoder skip the transformers module tree (``fused_decode``); the attention mask stays on the
+run on weights packed once for oneDNN (``packed_linear``); with ``fused=True`` one-token steps
+of a Llama or Qwen decoder skip the transformers module tree (``fused_decode``; off by default:
+two interleaved benchmark runs disagreed on whether it is faster); the attention mask stays on the
 model's device, and the vocabulary
 projection runs only at the positions whose logits are used (``logits_to_keep``): the last one
 of a prefill, each row's last appended token of an ``extend``.
@@ -104,7 +105,7 @@ class HFStepper:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1,
                  packed: bool = True, compact_below: float | None = None,
-                 fused: bool = True) -> None:
+                 fused: bool = False) -> None:
         self.model = model
         # linear layers on weights packed once for oneDNN (``packed_linear``), CPU only
         on_cpu = next(model.parameters()).device.type == "cpu"

@@ -48,7 +48,7 @@ def _timed(body: Callable[[], list[torch.Tensor]], steps: int) -> tuple[float, f
 
 def ours(model: Any, ids: torch.Tensor, steps: int) -> Run:
     def run() -> tuple[float, float, torch.Tensor]:
-        st = HFStepper(model, 0, fused=False)  # the model's own eager forward, as measured
+        st = HFStepper(model, 0)
         first = st.prefill(ids.tolist())
 
         def body() -> list[torch.Tensor]:

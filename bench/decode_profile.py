@@ -10,9 +10,6 @@ Two measurements on one thread, same model the rollout engine decodes with:
    one, the block-grown KV cache), with plain ``F.linear`` and with the oneDNN-packed linear
    layers the engine uses by default (``envace.model.backends.packed_linear``): the unprofiled
    time per step against the fp32 bandwidth ceiling, and the top ops by self CPU time per step;
-   both through the model's own forward, and (``fused``) packed with the one-token steps the
-   engine takes by default (``envace.model.backends.fused_decode``: no module tree, q/k/v and
-   gate/up as one product each);
 2. every linear layer shape of the model at M = ``--batch`` rows (and at M = 2 for contrast),
    plain and packed, fp32 and bf16, against its floor: the weight bytes at this machine's copy
    bandwidth (``bench.rollout_engine.copy_bandwidth``). Each timing cycles through enough
@@ -115,7 +112,8 @@ def roofline(gemms: list[dict[str, Any]], rows: int, bandwidth: float, peaks: di
              attention_ms: float, ceiling_ms: float) -> dict[str, Any]:
     """Per-step floors from the shapes at `rows` rows: the weights' bytes at `bandwidth`, their
     FLOPs at the fp32 `peaks`, and the kernels-only step (measured packed or plain linear times,
-    as the engine picks, plus the profiled attention), each against the fp32 ceiling."""
+    as the engine picks, plus the profiled attention), each against the fp32 ceiling. Adds each
+    shape's ``fp32_roofline_us`` and ``fp32_vs_roofline`` to its row of `gemms`."""
     at = [g for g in gemms if g["rows"] == rows]
     flops = sum(2 * rows * g["shape"][0] * g["shape"][1] * g["per_step"] for g in at)
     linear_ms = sum(g["per_step"] * (g["fp32_packed_us"] if g["packed"] and g["fp32_packed_us"]
@@ -146,15 +144,15 @@ def out_row(out: list[dict[str, Any]], base: dict[str, Any], rows: int) -> dict[
     return out[-1]
 
 
-def profile_steps(model: Any, batch: int, prompt: int, steps: int, packed: bool = True,
-                  fused: bool = False) -> tuple[list[Any], float]:
+def profile_steps(model: Any, batch: int, prompt: int, steps: int, packed: bool = True
+                  ) -> tuple[list[Any], float]:
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, model.config.vocab_size - 1, (batch, prompt), generator=g).tolist()
     # rows of different lengths, as in a rollout: the attention mask is not all ones, so
     # attention takes the masked kernel a rollout takes
-    st = HFStepper(model, 0, packed=packed, fused=fused)
+    st = HFStepper(model, 0, packed=packed)
     lg = st.prefill([r[: prompt - 7 * i] for i, r in enumerate(ids)])
     for _ in range(3):
         lg = st.step(lg.argmax(-1).tolist(), [True] * batch)
@@ -185,9 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     bw = copy_bandwidth(1)
     with torch.no_grad():
-        steps = {k: profile_steps(model, args.batch, args.prompt, args.steps,
-                                  packed=k != "plain", fused=k == "fused")
-                 for k in ("plain", "packed", "fused")}
+        steps = {k: profile_steps(model, args.batch, args.prompt, args.steps, packed=k == "packed")
+                 for k in ("plain", "packed")}
         gemms = gemm_rows(model, args.batch, bw, args.reps)
         peaks = {"fp32": peak_gflops(torch.float32), "bf16": peak_gflops(torch.bfloat16)}
     ceiling_ms = sum(p.numel() * 4 for p in model.parameters()) / (bw * 1e9) * 1e3

@@ -33,9 +33,7 @@ and ``ratio_forward_fp32_bytes`` the fp32 bytes the same model has; several dtyp
 the same tasks. ``--kernels packed plain`` runs the linear layers on oneDNN-packed weights (the
 default, ``envace.model.backends.packed_linear``) and on plain ``F.linear`` in turn; ``ratios``
 holds each variant's speed over the first one run; ``--compact-below 0.75 0`` likewise with and
-without dropping the cache's padding (``envace.model.backends.kv_cache.compact``); ``--fused on
-off`` with one-token steps fused and through the model's own forward
-(``envace.model.backends.fused_decode``). ``--repeats R``
+without dropping the cache's padding (``envace.model.backends.kv_cache.compact``). ``--repeats R``
 runs all variants R times, interleaved (this shared machine's speed moves from minute to minute):
 a variant's row is its median repeat and ``ratios`` the median of the per-repeat ratios, each
 repeat's kept beside it. Writes
@@ -53,7 +51,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -64,7 +61,6 @@ from bench.machine import table, write_result
 from envace.core.envs.tasks import split_tasks
 from envace.core.export import real_trajectory
 from envace.model import chat
-from envace.model.backends.fused_decode import FusedDecoder
 from envace.model.backends.hf import CACHE_KW, GEN_DTYPES, HFStepper, generation_model, sample
 from envace.model.models import default_cache_dir, load_model, read_marker, resolve_model
 from envace.model.rollout import (
@@ -101,10 +97,6 @@ class Probe:
         self.targets = [{k: [chat.encode_text(tok, text[k](m)) + [self.end] for m in real
                              if m["role"] == k] for k in kinds} for real in reals]
         model.forward = self  # type: ignore[method-assign]
-        # one-token steps of a fused decoder (``fused_decode``) never call model.forward
-        self.orig_fused = FusedDecoder.__call__
-        FusedDecoder.__call__ = (  # type: ignore[method-assign]
-            lambda dec, ids, mask, pos, cache: probe._fused(dec, ids, mask, pos, cache))
         self.orig_select = DynamicCache.batch_select_indices
         probe = self
         DynamicCache.batch_select_indices = (  # type: ignore[method-assign]
@@ -128,22 +120,10 @@ class Probe:
         return row
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
-        return self._observe(lambda: self.orig(*args, **kw), kw["input_ids"],
-                             kw["attention_mask"], kw[CACHE_KW].get_seq_length() == 0,
-                             kw.get("logits_to_keep", 0))
-
-    def _fused(self, dec: Any, ids: Any, mask: Any, pos: Any, cache: Any) -> Any:
-        if dec.model is not self.model:  # another model's fused steps are not this probe's
-            return self.orig_fused(dec, ids, mask, pos, cache)
-        out = self._observe(lambda: SimpleNamespace(
-            logits=self.orig_fused(dec, ids, mask, pos, cache)[:, None]), ids[:, None], mask,
-            False, 1)
-        return out.logits[:, 0]
-
-    def _observe(self, run: Any, ids: Any, mask: Any, prefill: bool, keep: Any) -> Any:
-        """Time one forward (`run`) and steer the rows writing a real message."""
+        ids, mask = kw["input_ids"], kw["attention_mask"]
+        prefill = kw[CACHE_KW].get_seq_length() == 0
         t = time.perf_counter()
-        out = run()
+        out = self.orig(*args, **kw)
         dt = time.perf_counter() - t
         if prefill:
             self.prefill_s += dt
@@ -167,7 +147,8 @@ class Probe:
             kind, k, pos = row["cur"]
             msgs = self.targets[row["task"]].get(kind, [])
             if k < len(msgs) and pos < len(msgs[k]):
-                logits = out.logits[i, _kept_column(keep, ids.shape[1], last[i])]
+                logits = out.logits[i, _kept_column(kw.get("logits_to_keep", 0), ids.shape[1],
+                                                    last[i])]
                 logits[:] = torch.finfo(logits.dtype).min
                 logits[msgs[k][pos]] = 0.0
         return out
@@ -180,7 +161,6 @@ class Probe:
 
     def close(self) -> None:
         del self.model.forward
-        FusedDecoder.__call__ = self.orig_fused  # type: ignore[method-assign]
         DynamicCache.batch_select_indices = self.orig_select  # type: ignore[method-assign]
 
 
@@ -212,8 +192,7 @@ def reencode_episodes(model: Any, tok: Any, tasks: list, cfg: RolloutConfig
         live = [r for r in rows if r.done is None]
         if not live:
             break
-        stepper = HFStepper(model, eng.pad, packed=cfg.packed_linear,  # fresh cache each time
-                            fused=cfg.fused_decode)
+        stepper = HFStepper(model, eng.pad, packed=cfg.packed_linear)  # fresh cache each time
         logits = stepper.prefill([r.ids for r in live])
         writing = [True] * len(live)
         while True:
@@ -335,15 +314,12 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
     }
 
 
-def variant_key(name: str, dtype: str, kernel: str, below: float = DEFAULT_COMPACT,
-                fused: str = "on") -> str:
+def variant_key(name: str, dtype: str, kernel: str, below: float = DEFAULT_COMPACT) -> str:
     """``smollm2``, ``smollm2@bfloat16``, ``smollm2+plain``, ``smollm2@bfloat16+plain``,
-    ``smollm2+compact0`` (a cache compaction threshold other than the default),
-    ``smollm2+unfused`` (one-token steps through the model's own forward)."""
+    ``smollm2+compact0`` (a cache compaction threshold other than the default)."""
     return (name + ("" if dtype == "same" else f"@{dtype}")
             + ("" if kernel == "packed" else f"+{kernel}")
-            + ("" if below == DEFAULT_COMPACT else f"+compact{below:g}")
-            + ("" if fused == "on" else "+unfused"))
+            + ("" if below == DEFAULT_COMPACT else f"+compact{below:g}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,10 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compact-below", nargs="+", type=float, default=[DEFAULT_COMPACT],
                     help="compact the KV cache when less than this share of it is real tokens "
                          f"(default {DEFAULT_COMPACT}; 0: never); several: each in turn")
-    ap.add_argument("--fused", nargs="+", choices=["on", "off"], default=["off"],
-                    help="one-token steps fused (on: envace.model.backends.fused_decode) and/or "
-                         "through the model's own forward (off, the engine's default); several: "
-                         "each in turn")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the variants this many times, interleaved; a variant's row is "
                          "its median repeat and `ratios` the median of per-repeat ratios")
@@ -392,22 +364,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only:
         plan = {k: getattr(args, k) or v for k, v in PLAN[name].items()}
         path, note = model_path(name, getattr(args, name))
-        variants = [(d, k, c, f) for d in args.gen_dtype for k in args.kernels
-                    for c in args.compact_below for f in args.fused]
+        variants = [(d, k, c) for d in args.gen_dtype for k in args.kernels
+                    for c in args.compact_below]
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeats):  # variants interleaved: a slow minute hits one repeat
-            for dtype, kernel, below, fused in variants:
+            for dtype, kernel, below in variants:
                 hf.COMPACT_BELOW = below
                 cfg = RolloutConfig(mode="rehearse", temperature=0.0,
                                     max_new_tokens=plan["max_new_tokens"],
                                     max_turns=plan["max_turns"], max_context=4096, seed=0,
-                                    gen_dtype=dtype, packed_linear=kernel == "packed",
-                                    fused_decode=fused == "on")
-                key = variant_key(name, dtype, kernel, below, fused)
+                                    gen_dtype=dtype, packed_linear=kernel == "packed")
+                key = variant_key(name, dtype, kernel, below)
                 print(f"[{key} #{rep + 1}] {path} ({note}): {plan}", flush=True)
                 runs.setdefault(key, []).append(
                     {"note": note, "plan": plan, "linear_kernel": kernel, "compact_below": below,
-                     "fused_decode": fused == "on",
                      **bench_model(path, long[:plan["tasks"]], cfg, bw, plan["guide"],
                                    reencode=not args.no_reencode)})
         for key, got in runs.items():  # the repeat with the median decode rate stands for it

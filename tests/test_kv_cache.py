@@ -27,7 +27,7 @@ def _run(model, ops, prompts, reference: bool, monkeypatch) -> list[torch.Tensor
     with monkeypatch.context() as m:
         if reference:
             m.setattr(kv, "block_cache", DynamicCache)
-        s = HFStepper(model, 0, fused=False)  # the model's forward into the cache under test
+        s = HFStepper(model, 0)
         out = [s.prefill(prompts)]
         rows = len(prompts)
         for op in ops:

@@ -27,8 +27,7 @@ def tiny(tmp_path_factory):
 def test_cached_logprobs_equal_a_full_forward(tiny, path, monkeypatch):
     """Lockstep decoding over one kept cache (left padding, masks, forced text in between)
     gives the same log-probabilities as encoding each finished sequence whole, on every decode
-    path: the defaults with one-token steps fused (``fused_decode``); the model's own forward
-    with plain ``F.linear`` and no cache compaction; and every linear layer
+    path: the defaults; plain ``F.linear`` with no cache compaction; and every linear layer
     packed (``packed_linear``) with the cache compacted at every chance (``kv_cache.compact``)."""
     import envace.model.backends.hf as hf
     import envace.model.backends.kv_cache as kv
@@ -49,8 +48,7 @@ def test_cached_logprobs_equal_a_full_forward(tiny, path, monkeypatch):
              get_task("multi_turn_base_10"), b1, b1]
     eps = run_episodes(model, tok, tasks, RolloutConfig(mode="real", max_new_tokens=24,
                                                         max_turns=2, max_context=3000, seed=1,
-                                                        packed_linear=path != "plain",
-                                                        fused_decode=path != "plain"))
+                                                        packed_linear=path != "plain"))
     assert bool(compactions) == (path == "eager")
     # rows of different lengths were batched (finished rows left the batch early) and the three
     # rows of one prompt, encoded once, went their own ways

@@ -74,10 +74,6 @@ class RolloutConfig:
     # (`backends.packed_linear`; CPU fp32/bf16, same product in another summation order);
     # False: plain F.linear, which repacks every weight at every call
     packed_linear: bool = True
-    # the transformers backend's one-token steps walk a Llama/Qwen decoder's weights directly
-    # (`backends.fused_decode`: the same arithmetic without the module tree); False: the
-    # model's own forward for every step
-    fused_decode: bool = False
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
@@ -381,8 +377,7 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
-    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad, packed=cfg.packed_linear,
-                          fused=cfg.fused_decode)
+    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad, packed=cfg.packed_linear)
                 for m in models]
     # the batch holds only live rows (``live``: their indices); a row over the context limit is
     # never encoded, a finished row leaves the batch

@@ -129,11 +129,6 @@ class TrainConfig:
         True, "backend=hf: training rollouts' large linear layers run on weights packed once per "
         "rollout for oneDNN (CPU, fp32/bf16; docs/profiling.md has what it buys); false: plain "
         "F.linear. The same product in another summation order")
-    rollout_fused_decode: bool = opt(
-        False, "backend=hf: training rollouts' one-token steps of a Llama/Qwen decoder walk its "
-        "weights directly instead of the transformers module tree (envace.model.backends."
-        "fused_decode; the same arithmetic). Off by default: two interleaved benchmark runs "
-        "disagreed on whether it is faster (docs/profiling.md)")
     temperature: float = opt(1.0, "sampling temperature in training")
     top_p: float = opt(1.0, "nucleus sampling in training")
     max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)")

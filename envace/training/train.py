@@ -283,8 +283,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank,
                          memory=policy.memory, memory_k=cfg.memory_k,
                          gen_dtype=cfg.rollout_dtype,
-                         packed_linear=cfg.rollout_packed_linear,
-                         fused_decode=cfg.rollout_fused_decode)
+                         packed_linear=cfg.rollout_packed_linear)
     with timer.section("rollout"):
         episodes = rollout_groups(policy, groups, cfg.group_size, rcfg, timer)
     t_roll = time.perf_counter()

@@ -22,9 +22,7 @@ The cache grows in blocks and is written in place (``kv_cache.BlockLayer``: no p
 of the whole cache) and drops its padding once that cuts its width by a quarter
 (``kv_cache.compact``: rows append chunks of different lengths, and attention reads every padded
 slot; never for a sliding-window model); linear layers
-run on weights packed once for oneDNN (``packed_linear``); with ``fused=True`` one-token steps
-of a Llama or Qwen decoder skip the transformers module tree (``fused_decode``; off by default:
-two interleaved benchmark runs disagreed on whether it is faster); the attention mask stays on the
+run on weights packed once for oneDNN (``packed_linear``); the attention mask stays on the
 model's device, and the vocabulary
 projection runs only at the positions whose logits are used (``logits_to_keep``): the last one
 of a prefill, each row's last appended token of an ``extend``.
@@ -41,8 +39,6 @@ from collections.abc import Sequence
 import torch
 
 from envace.model.backends import kv_cache
-from envace.model.backends.fused_decode import FusedDecoder, fusable
-from envace.model.backends.kv_cache import windowed
 from envace.model.backends.packed_linear import PackedLinears, available
 
 
@@ -100,23 +96,25 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
     return clone
 
 
+def windowed(model: torch.nn.Module) -> bool:
+    """Whether any attention layer of `model` uses a sliding window."""
+    c = getattr(model, "config", None)
+    types = list(getattr(c, "layer_types", None) or [])
+    if types:
+        return any("sliding" in str(t) for t in types)
+    return bool(getattr(c, "sliding_window", None)) and getattr(c, "use_sliding_window", True) \
+        is not False
+
+
 class HFStepper:
     """One batched decoding state: cache, attention mask, positions."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, decode_threads: int = 1,
-                 packed: bool = True, compact_below: float | None = None,
-                 fused: bool = False) -> None:
+                 packed: bool = True, compact_below: float | None = None) -> None:
         self.model = model
         # linear layers on weights packed once for oneDNN (``packed_linear``), CPU only
         on_cpu = next(model.parameters()).device.type == "cpu"
         self.packs = PackedLinears(model) if packed and on_cpu and available() else None
-        # one-token steps computed from the weights directly (``fused_decode``) where the
-        # model is a decoder it computes, on CPU (never run on a GPU yet: there the model's own
-        # forward); chunks wider than one token take the model's forward
-        self.fused = FusedDecoder(model, self.packs.linear if self.packs else None,
-                                  concat=self.packs is not None) \
-            if fused and on_cpu and fusable(model) else None
-        self.fused_steps = 0  # forwards the fused step took (tests, benchmarks)
         self.decode_threads = decode_threads
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
@@ -226,14 +224,6 @@ class HFStepper:
         self.mask = torch.cat([self.mask, new_mask.to(self.device)], dim=1)
         pos = self.next_pos[:, None] + torch.arange(width)[None, :]
         last = (n - 1).clamp(min=0)
-        if width == 1 and self.fused is not None:
-            logits = self.fused(ids[:, 0].to(self.device), self.mask, pos[:, 0].to(self.device),
-                                self.cache)
-            self.fused_steps += 1
-            self.next_pos = self.next_pos + n
-            self.real = self.real + n
-            self.forward_tokens += int(n.sum())
-            return logits.float()
         # the vocabulary projection only where a row's next-token logits are read
         keep = torch.unique(last)  # sorted
         with self._kernels():

@@ -132,13 +132,3 @@ def compact(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
         else:
             layer.keys, layer.values = k, v
     return mask.gather(-1, order.to(mask.device))
-
-
-def windowed(model: torch.nn.Module) -> bool:
-    """Whether any attention layer of `model` uses a sliding window."""
-    c = getattr(model, "config", None)
-    types = list(getattr(c, "layer_types", None) or [])
-    if types:
-        return any("sliding" in str(t) for t in types)
-    return bool(getattr(c, "sliding_window", None)) and getattr(c, "use_sliding_window", True) \
-        is not False

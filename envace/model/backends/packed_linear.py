@@ -56,7 +56,6 @@ class PackedLinears:
     def __init__(self, model: torch.nn.Module) -> None:
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear
                        and m.weight.numel() >= MIN_ELEMENTS]
-        self._members = {id(m) for m in self.layers}
         self._packs: dict[int, tuple[tuple[int, int, tuple[int, ...]], torch.Tensor]] = {}
         self._ok = {dt: available(dt) for dt in _DTYPES}
         self.packed_calls = 0  # calls that took the packed kernel (tests, benchmarks)
@@ -85,13 +84,6 @@ class PackedLinears:
         self.packed_calls += 1
         return torch.ops.mkldnn._linear_pointwise(x, self.packed(layer), layer.bias,
                                                   "none", [], "")
-
-    def linear(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """What ``layer(x)`` computes inside ``active()``: the packed kernel for this model's
-        large layers, ``F.linear`` for the others (``fused_decode`` calls layers directly)."""
-        if id(layer) in self._members and "forward" not in layer.__dict__:
-            return self.forward(layer, x)
-        return layer(x) if "forward" in layer.__dict__ else F.linear(x, layer.weight, layer.bias)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

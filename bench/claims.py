@@ -20,8 +20,13 @@ counted twice), the per-seed differences listed and how many are positive. With 
 seeds the interval is wide, as it should be: a two-level bootstrap (an earlier version) is never
 wider than the range of the seed means, which with three seeds understates the spread; one seed
 gives no across-seed interval. ``--versus A:B`` compares two modes seed by seed on the same
-tasks the same way (A − B). Rehearsal fidelity on dev (the share of rehearsed responses
-diverging from reality) is reported per seed with its trajectory-bootstrap interval. Writes
+tasks the same way (A − B). Rehearsal fidelity on the evaluated split (the share of rehearsed
+responses diverging from reality) is reported per seed with its trajectory-bootstrap interval,
+and each run's training reward, first against last third of its steps (`train_reward`; across
+seeds the same t interval over the seeds' differences): on a fixed pool (``train_tasks=32
+eval_split=train``) that says whether the optimizer learns what it trains on, in the conditions
+it trains in. The columns name the split the runs were evaluated on (``eval_split`` in each
+run's ``config.yaml``: ``dev``, or ``train`` for a pool). Writes
 ``bench/results/<name>.json`` (machine, load, every figure) and prints the tables.
 """
 
@@ -35,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning import eval_split, fidelity, per_task
+from bench.learning import boot_diff, eval_split, fidelity, per_task, step_rewards
 from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 
@@ -58,6 +63,23 @@ def exact_paired_ci(worse: int, better: int, tasks: int,
         return -u, u
     ci = stats.binomtest(better, m).proportion_ci(confidence_level=level, method="exact")
     return m / tasks * (2 * ci.low - 1), m / tasks * (2 * ci.high - 1)
+
+
+def train_reward(run: Path) -> dict[str, Any]:
+    """The run's training reward, first against last third of its steps (the rewards its own
+    rollouts earned: the real environment's for `grpo`, its own rehearsals' for `envace`), with
+    a bootstrap interval of the difference resampling episodes (`bench.learning.boot_diff`);
+    {} for a run without rollouts."""
+    per_step = [x for x in step_rewards(run) if x]
+    if not per_step:
+        return {}
+    k = max(1, len(per_step) // 3)
+    first = [r for step in per_step[:k] for r in step]
+    last = [r for step in per_step[-k:] for r in step]
+    lo, hi = boot_diff(first, last)
+    return {"steps": len(per_step), "first_third": float(np.mean(first)),
+            "last_third": float(np.mean(last)),
+            "diff": float(np.mean(last) - np.mean(first)), "lo": lo, "hi": hi}
 
 
 def task_ci(diffs: list[float], n_boot: int = 5000, seed: int = 0,
@@ -174,6 +196,13 @@ def _div(f: dict[str, Any]) -> str:
     return f"{f['divergence_rate']:.0%} [{lo:.0%}, {hi:.0%}]"
 
 
+def _train(tr: dict[str, Any]) -> str:
+    if not tr:
+        return "–"
+    return (f"{tr['first_third']:.3f} → {tr['last_third']:.3f} "
+            f"[{tr['lo']:+.3f}, {tr['hi']:+.3f}]")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="glob of the step-0 runs, one per seed")
@@ -205,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     for s, p in base.items():
         v = evals[s]
         rows.append(["start (step 0)", s, len(v), f"{np.mean([x[0] for x in v.values()]):.3f}",
-                     f"{np.mean([x[1] for x in v.values()]):.1%}", "", _div(fidelity(p))])
+                     f"{np.mean([x[1] for x in v.values()]):.1%}", "", _div(fidelity(p)), ""])
     summary_rows = []
     tasks: dict[str, dict[int, dict[str, tuple[float, float]]]] = {}
     for label, runs in modes.items():
         seeds: dict[str, Any] = {}
         diffs: tuple[list[list[float]], list[list[float]]] = ([], [])
+        trains: list[list[float]] = []
         tasks[label] = {}
         for s, p in sorted(runs.items()):
             if s not in evals:
@@ -220,19 +250,23 @@ def main(argv: list[str] | None = None) -> int:
             dr, ds = paired(evals[s], cur, 0), paired(evals[s], cur, 1)
             diffs[0].append(dr)
             diffs[1].append(ds)
-            fid = fidelity(p)
-            seeds[str(s)] = {"run": str(p), "tasks": len(dr),
+            fid, tr = fidelity(p), train_reward(p)
+            if tr:
+                trains.append([tr["diff"]])
+            seeds[str(s)] = {"run": str(p), "tasks": len(dr), "eval_split": eval_split(p),
                              "reward": float(np.mean([cur[t][0] for t in cur])),
                              "success": float(np.mean([cur[t][1] for t in cur])),
                              "reward_diff": task_ci(dr),
                              "success_diff": task_ci(ds),
-                             "dev_fidelity": fid}
+                             "eval_fidelity": fid, "train_reward": tr}
             rows.append([label, s, len(dr), f"{seeds[str(s)]['reward']:.3f}",
                          f"{seeds[str(s)]['success']:.1%}",
-                         _fmt(seeds[str(s)]["reward_diff"]), _div(fid)])
+                         _fmt(seeds[str(s)]["reward_diff"]), _div(fid), _train(tr)])
         rd, sd = across_seeds(diffs[0]), across_seeds(diffs[1])
-        res["modes"][label] = {"seeds": seeds, "reward_diff": rd, "success_diff": sd}
-        summary_rows.append([label, rd["seeds"], _seeds(rd), _fmt(rd), _fmt(sd)])
+        td = across_seeds(trains)
+        res["modes"][label] = {"seeds": seeds, "reward_diff": rd, "success_diff": sd,
+                               "train_reward_diff": td}
+        summary_rows.append([label, rd["seeds"], _seeds(rd), _fmt(rd), _fmt(sd), _fmt(td)])
     for v in args.versus:
         a, _, b = v.partition(":")
         common = sorted(set(tasks[a]) & set(tasks[b]))
@@ -242,11 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                             "per_seed_tasks": {
                                 str(s): task_ci(paired(tasks[b][s], tasks[a][s], 0))
                                 for s in common}}
-        summary_rows.append([f"{a} − {b}", len(common), _seeds(rd), _fmt(rd), _fmt(sd)])
-    print(table(rows, ["policy", "seed", "tasks", "dev reward", "dev success",
-                       "reward − start, 95% CI (tasks)", "rehearsed diverging on dev"]))
+        summary_rows.append([f"{a} − {b}", len(common), _seeds(rd), _fmt(rd), _fmt(sd), ""])
+    on = "/".join(sorted({eval_split(p) for p in base.values()}))
+    res["eval_split"] = on
+    print(table(rows, ["policy", "seed", "tasks", f"{on} reward", f"{on} success",
+                       "reward − start, 95% CI (tasks)", f"rehearsed diverging on {on}",
+                       "training reward, first → last third"]))
     print(table(summary_rows, ["comparison", "seeds", "reward difference per seed",
-                               "mean, 95% t interval over seeds", "success difference"]))
+                               "mean, 95% t interval over seeds", "success difference",
+                               "training reward, last − first third"]))
     res.update(run_record("bench.claims", argv, load_start))
     res["table"] = {"per_seed": rows, "summary": summary_rows}
     print("->", write_result(args.name, res))

@@ -7,7 +7,9 @@
   with three seeds, and absent with one seed or with equal seed means;
 - `main` on run directories written here (pure data: an evaluation file and a config each):
   pairs each run with the start of its own seed, compares two modes on the same tasks, refuses
-  a glob that matches nothing or two runs of one seed.
+  a glob that matches nothing or two runs of one seed; labels its columns with the split the
+  runs were evaluated on (a pool: ``train``) and reports each run's training reward, first
+  against last third of its steps (known answers; {} without rollouts).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.claims import across_seeds, exact_paired_ci, main, task_ci
+from bench.claims import across_seeds, exact_paired_ci, main, task_ci, train_reward
 
 DIFFS = st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=8), min_size=1, max_size=4)
 
@@ -93,11 +95,15 @@ def test_across_seeds_known_answers():
     assert task_ci([])["mean"] is None
 
 
-def _run(root, name, seed, rewards):
+def _run(root, name, seed, rewards, split="dev", steps=()):
     run = root / name
-    (run / "eval" / "dev").mkdir(parents=True)
-    (run / "config.yaml").write_text(f"seed: {seed}\neval_split: dev\nmode: grpo\n")
-    (run / "eval" / "dev" / "trajectories.jsonl").write_text("".join(
+    (run / "eval" / split).mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\neval_split: {split}\nmode: grpo\n")
+    for i, step in enumerate(steps):  # training rollouts, one reward per episode
+        (run / "rollouts").mkdir(exist_ok=True)
+        (run / "rollouts" / f"step_{i}.jsonl").write_text(
+            "".join(json.dumps({"reward": r}) + "\n" for r in step))
+    (run / "eval" / split / "trajectories.jsonl").write_text("".join(
         json.dumps({"task_id": t, "reward": r, "meta": {"success": r >= 1.0}}) + "\n"
         for t, r in rewards.items()))
     return run
@@ -155,3 +161,35 @@ def test_main_refuses_bad_globs(tmp_path):
     with pytest.raises(SystemExit):
         main(["--base", str(tmp_path / "base-s*"), "--mode", f"A={tmp_path}/base-s*",
               "--versus", "A:Z"])
+
+
+def test_train_reward_known_answer(tmp_path):
+    # six steps: the first third is steps 0-1, the last steps 4-5
+    steps = [[0.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.5, 0.5], [1.0, 1.0], [1.0, 0.5]]
+    run = _run(tmp_path, "r", 0, {"t": 0.0}, steps=steps)
+    got = train_reward(run)
+    assert got["steps"] == 6
+    assert got["first_third"] == pytest.approx(0.25) and got["last_third"] == pytest.approx(0.875)
+    assert got["diff"] == pytest.approx(0.625) and got["lo"] <= 0.625 <= got["hi"]
+    assert train_reward(_run(tmp_path, "none", 0, {"t": 0.0})) == {}
+
+
+def test_main_on_a_pool_names_the_split_and_trains(tmp_path, monkeypatch, capsys):
+    from bench import machine
+
+    monkeypatch.setattr(machine, "RESULTS", tmp_path / "results")
+    for s in (0, 1):
+        tasks = {f"t{s}_{i}": 0.0 for i in range(4)}
+        _run(tmp_path, f"base-s{s}", s, tasks, split="train")
+        _run(tmp_path, f"a-s{s}", s, {t: 0.5 for t in tasks}, split="train",
+             steps=[[0.0], [0.0], [0.0], [0.2 + 0.2 * s]])
+    assert main(["--base", str(tmp_path / "base-s*"), "--mode", f"A={tmp_path}/a-s*",
+                 "--name", "p"]) == 0
+    got = json.loads((tmp_path / "results" / "p.json").read_text())
+    assert got["eval_split"] == "train"
+    a = got["modes"]["A"]
+    assert a["seeds"]["0"]["eval_split"] == "train"
+    assert a["seeds"]["1"]["train_reward"]["diff"] == pytest.approx(0.4)
+    assert a["train_reward_diff"]["per_seed"] == pytest.approx([0.2, 0.4])
+    out = capsys.readouterr().out
+    assert "train reward" in out and "dev reward" not in out

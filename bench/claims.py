@@ -109,6 +109,9 @@ def task_ci(diffs: list[float], n_boot: int = 5000, seed: int = 0,
     return out
 
 
+_TIE = 1e-9
+
+
 def across_seeds(diffs_by_seed: list[list[float]], level: float = 0.95) -> dict[str, Any]:
     """The mean over seeds of each seed's mean difference, with a Student t interval over the
     seed means (df = seeds − 1): seeds are the independent units, and each seed's mean already
@@ -119,9 +122,11 @@ def across_seeds(diffs_by_seed: list[list[float]], level: float = 0.95) -> dict[
     from scipy import stats
 
     per_seed = [float(np.mean(d)) for d in diffs_by_seed if len(d)]
+    # a seed mean within rounding of zero (0.1 + 0.2 - 0.3 is 5.6e-17) counts as neither sign
     out: dict[str, Any] = {"mean": None, "lo": None, "hi": None, "seeds": len(per_seed),
                            "per_seed": per_seed,
-                           "positive_seeds": sum(m > 0 for m in per_seed),
+                           "positive_seeds": sum(m > _TIE for m in per_seed),
+                           "negative_seeds": sum(m < -_TIE for m in per_seed),
                            "interval": f"t over seed means, df = seeds - 1, {level:.0%}"}
     if not per_seed:
         return out
@@ -186,7 +191,7 @@ def _fmt(ci: dict[str, Any]) -> str:
 
 def _seeds(ci: dict[str, Any]) -> str:
     return " ".join(f"{m:+.3f}" for m in ci["per_seed"]) + \
-        f" ({ci['positive_seeds']}/{ci['seeds']} > 0)"
+        f" ({ci['positive_seeds']} up, {ci.get('negative_seeds', 0)} down of {ci['seeds']})"
 
 
 def _div(f: dict[str, Any]) -> str:

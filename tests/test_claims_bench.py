@@ -69,7 +69,9 @@ def test_across_seeds_properties(diffs):
     means = [sum(d) / len(d) for d in diffs]
     assert got["mean"] == pytest.approx(sum(means) / len(means))
     assert got["per_seed"] == pytest.approx(means)
-    assert got["positive_seeds"] == sum(m > 0 for m in means)
+    assert got["positive_seeds"] == sum(m > 1e-9 for m in means)
+    assert got["negative_seeds"] == sum(m < -1e-9 for m in means)
+    assert got["positive_seeds"] + got["negative_seeds"] <= got["seeds"]
     if len(diffs) == 1:
         assert got["lo"] is None and got["hi"] is None
     elif got["lo"] is None:  # no spread: the seed means are equal (up to underflow)
@@ -93,6 +95,11 @@ def test_across_seeds_known_answers():
     assert spread["lo"] < 0.0 and spread["hi"] > 0.6  # wider than the seeds' range
     assert across_seeds([[], []])["mean"] is None
     assert task_ci([])["mean"] is None
+    # a seed level with its start whose float mean is a rounding residue (0.1 + 0.2 - 0.3 is
+    # 5.6e-17) counts as neither up nor down
+    tie = across_seeds([[0.1, 0.2, -0.3], [0.1], [-0.2]])
+    assert tie["per_seed"][0] != 0.0
+    assert (tie["positive_seeds"], tie["negative_seeds"]) == (1, 1)
 
 
 def _run(root, name, seed, rewards, split="dev", steps=()):

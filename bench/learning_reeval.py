@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from bench.learning import boot_diff, paired_ci, step_rewards
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 from envace.evaluation.evaluate import EvalSettings, evaluate
 from envace.model.models import load_model
@@ -59,6 +60,7 @@ def main() -> None:
                     help="sample as the run's evaluation did (real environment, evaluation "
                          "temperature) or as its training rollouts were drawn")
     args = ap.parse_args()
+    load_start = os.getloadavg()
     out = Path(tempfile.mkdtemp(prefix="envace-reeval-"))
     res, rows = {"seeds": args.seeds, "conditions": args.conditions, "runs": {}}, []
     for run in map(Path, args.runs):
@@ -99,8 +101,11 @@ def main() -> None:
                      f"{r['success_start']:.1%} -> {r['success_trained']:.1%}",
                      f"[{sci[0]:+.1%}, {sci[1]:+.1%}]"])
         print(table(rows[-1:], HEAD), flush=True)
+        # written after every run: a long sweep that dies keeps the runs it finished
+        path = write_result(args.name, {**res, **run_record("bench.learning_reeval", None,
+                                                              load_start)})
     print(table(rows, HEAD))
-    print("->", write_result(args.name, res))
+    print("->", path)
 
 
 def settings(cfg: TrainConfig, seeds: int, conditions: str) -> EvalSettings:

@@ -9,7 +9,9 @@ evaluation tasks (``eval_split``; with ``train_tasks`` the training pool itself)
 run started from and its last checkpoint, ``--seeds`` samples per task each (same seeds for both),
 and reports the mean reward and success of each, with the paired
 bootstrap 95 % interval of the per-task difference. Also: the training reward of the first and
-last third of the steps. Writes bench/results/<name>.json.
+last third of the steps. Several runs of one mode (seeds) are also summarised together under
+``across_runs``: a t interval over the runs' mean differences (``bench.claims.across_seeds``).
+Writes bench/results/<name>.json, after every run.
 
 ``--conditions eval`` (default): as the run's own evaluation, in the real environment at the
 evaluation temperature. ``--conditions train``: as its training rollouts were drawn (``envace`` /
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.claims import across_seeds
 from bench.learning import boot_diff, paired_ci, step_rewards
 from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
@@ -63,6 +66,7 @@ def main() -> None:
     load_start = os.getloadavg()
     out = Path(tempfile.mkdtemp(prefix="envace-reeval-"))
     res, rows = {"seeds": args.seeds, "conditions": args.conditions, "runs": {}}, []
+    diffs: dict[str, dict[str, list[list[float]]]] = {}
     for run in map(Path, args.runs):
         cfg = load_config(TrainConfig, run / RUN.config, [], drop_removed=True)
         s = settings(cfg, args.seeds, args.conditions)
@@ -94,6 +98,12 @@ def main() -> None:
              "train_reward_last_third": float(np.mean(last)),
              "train_reward_diff_ci": boot_diff(first, last)}
         res["runs"][str(run)] = r
+        # runs of one mode (seeds) together: a t interval over the runs' mean differences
+        d = diffs.setdefault(cfg.mode, {"reward": [], "success": []})
+        d["reward"].append([y - x for x, y in zip(ra, rb, strict=True)])
+        d["success"].append([y - x for x, y in zip(sa, sb, strict=True)])
+        res["across_runs"] = {m: {k: across_seeds(v) for k, v in dm.items()}
+                              for m, dm in diffs.items() if len(dm["reward"]) > 1}
         ci, sci = r["reward_diff_ci"], r["success_diff_ci"]
         rows.append([run.name, r["mode"], r["tasks"], args.seeds,
                      f"{r['reward_start']:.3f} -> {r['reward_trained']:.3f}",
@@ -105,7 +115,16 @@ def main() -> None:
         path = write_result(args.name, {**res, **run_record("bench.learning_reeval", None,
                                                               load_start)})
     print(table(rows, HEAD))
+    for m, a in res.get("across_runs", {}).items():
+        print(f"{m}, {a['reward']['seeds']} runs ({a['reward']['interval']}): reward difference "
+              f"{_ci(a['reward'], '+.3f')}, success {_ci(a['success'], '+.1%')}")
     print("->", path)
+
+
+def _ci(ci: dict, fmt: str) -> str:
+    if ci["lo"] is None:
+        return format(ci["mean"], fmt)
+    return f"{ci['mean']:{fmt}} [{ci['lo']:{fmt}}, {ci['hi']:{fmt}}]"
 
 
 def settings(cfg: TrainConfig, seeds: int, conditions: str) -> EvalSettings:

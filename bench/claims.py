@@ -191,7 +191,7 @@ def _fmt(ci: dict[str, Any]) -> str:
 
 def _seeds(ci: dict[str, Any]) -> str:
     return " ".join(f"{m:+.3f}" for m in ci["per_seed"]) + \
-        f" ({ci['positive_seeds']} up, {ci.get('negative_seeds', 0)} down of {ci['seeds']})"
+        f" ({ci['positive_seeds']} up, {ci['negative_seeds']} down of {ci['seeds']})"
 
 
 def _div(f: dict[str, Any]) -> str:

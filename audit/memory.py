@@ -114,11 +114,11 @@ class Entry:
 def _train_ids(env: str) -> set[str] | None:
     """The train split's task ids of environment `env`; None when it has no committed splits."""
     if env == "bfcl":
-        from envace.core.envs.tasks import split_ids
+        from envace.core.envs.bfcl.tasks import split_ids
 
         return set(split_ids("train"))
     if env == "agentdojo":
-        from envace.core.envs.agentdojo_tasks import split_ids as agentdojo_ids
+        from envace.core.envs.agentdojo.tasks import split_ids as agentdojo_ids
 
         return set(agentdojo_ids("train"))
     return None
@@ -191,8 +191,8 @@ class ResponseMemory:
     def from_train_split(cls, env: str) -> ResponseMemory:
         """The memory of environment `env`'s train split, exported from its tasks (what
         `memory_k` of `envace train` and `--memory-k` of `envace rollout/eval` show)."""
+        from envace.core.envs.bfcl.tasks import split_tasks
         from envace.core.envs.task_envs import env_tasks
-        from envace.core.envs.tasks import split_tasks
         from envace.core.export import export_env, export_real
 
         trajs = (export_real(split_tasks("train")) if env == "bfcl"

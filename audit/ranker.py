@@ -250,8 +250,8 @@ class Ranker:
     def from_train_split(cls, env: str) -> Ranker:
         """The ranker of environment `env`'s train split, exported from its tasks (what
         ``envace eval --world ranker`` uses)."""
+        from envace.core.envs.bfcl.tasks import split_tasks
         from envace.core.envs.task_envs import env_tasks
-        from envace.core.envs.tasks import split_tasks
         from envace.core.export import export_env, export_real
 
         trajs = list(export_real(split_tasks("train")) if env == "bfcl"

@@ -23,7 +23,7 @@ from audit.population import assign_depths, is_rehearsed
 from audit.scorers import ScoreContext, score_step
 from audit.settings import AuditSettings, Override
 from envace.core.envs.base import Environment, make_env
-from envace.core.envs.tasks import UnknownTask
+from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import Trajectory
 
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history

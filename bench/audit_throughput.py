@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.bfcl_replay import run_bfcl
 from bench.machine import table, write_result
-from envace.core.envs.tasks import load_tasks
+from envace.core.envs.bfcl.tasks import load_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 

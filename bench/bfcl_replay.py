@@ -14,9 +14,9 @@ import statistics
 import time
 
 from bench.machine import table, write_result
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import load_tasks
-from envace.core.envs.verify import ground_truth_calls
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import load_tasks
+from envace.core.envs.bfcl.verify import ground_truth_calls
 
 
 def run_ours(tasks, calls) -> tuple[float, float, int]:

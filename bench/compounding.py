@@ -39,7 +39,7 @@ from envace.core.layout import AUDIT
 
 
 def _sample(n: int, min_calls: int, seed: int) -> list[Any]:
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 
     trajs = [t for t in export_real(split_tasks("dev")) if len(t.tool_steps()) >= min_calls]
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     grounding = None
     if args.hybrid:
         from audit.memory import MemoryOptions, ResponseMemory
-        from envace.core.envs.tasks import split_tasks
+        from envace.core.envs.bfcl.tasks import split_tasks
         from envace.core.export import export_real
 
         train = keep / "train.jsonl"

@@ -385,7 +385,7 @@ def probe(path: Path, require_cuda: bool) -> int:
     try:
         from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
-        from envace.core.envs.tasks import BACKENDS
+        from envace.core.envs.bfcl.tasks import BACKENDS
         for name in BACKENDS:
             importlib.import_module(CLASS_FILE_PATH_MAPPING[name])
     except Exception as exc:

@@ -45,7 +45,7 @@ from audit.pipeline import AuditOptions
 from audit.reference import build_reference, skill_with_ci
 from audit.scorers import ScoreContext, score_step
 from bench.machine import RESULTS, table, write_result
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import TrajectoryWriter

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         loso["readable_ceiling"] = readable_ceiling(Path(tmp) / "train.jsonl")
     data: dict[str, Any] = {"env": args.env}
     if args.env == "agentdojo":
-        from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION
+        from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION
 
         data["agentdojo_version"] = DEFAULT_VERSION
     data.update({

@@ -58,8 +58,8 @@ from transformers import DynamicCache
 
 import envace.model.backends.hf as hf
 from bench.machine import table, write_result
-from envace.core.envs.tasks import split_tasks
-from envace.core.export import real_trajectory
+from envace.core.envs.bfcl.export import real_trajectory
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.model import chat
 from envace.model.backends.hf import CACHE_KW, GEN_DTYPES, HFStepper, generation_model, sample
 from envace.model.models import default_cache_dir, load_model, read_marker, resolve_model

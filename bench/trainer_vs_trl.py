@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.trainer_vs_trl                      # 6 steps each, a few minutes
     .venv/bin/python -m bench.trainer_vs_trl --steps 2 --completion 16   # smoke
 
-Single turn, one prompt -> one completion: per-turn train tasks (``envace.core.turns``) with prompts
+Single turn, one prompt -> one completion: per-turn train tasks (``envace.core.envs.bfcl.turns``)
+with prompts
 of at most ``--max-prompt`` tokens; step s uses prompts [sP, (s+1)P) on both sides (P
 ``--prompts``), group 4, temperature 1, top_p 1, at most ``--completion`` new tokens stopped by
 ``<|im_end|>``, reward = action F1 of the parsed calls against the ground truth
@@ -59,8 +60,8 @@ def peak_rss() -> int:
 
 def select_tasks(args: argparse.Namespace, tok: Any) -> list[Any]:
     """steps * prompts per-turn train tasks with short prompts, in a fixed seeded order."""
-    from envace.core.envs.tasks import split_tasks
-    from envace.core.turns import turn_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
+    from envace.core.envs.bfcl.turns import turn_tasks
     from envace.model import chat
 
     tasks = turn_tasks(split_tasks("train"))

@@ -69,7 +69,7 @@ def model_path(name: str) -> tuple[Path, str]:
 
 
 def _tasks(plan: dict[str, Any], min_calls: int) -> dict[str, list]:
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
 
     long = [t for t in split_tasks("dev") if sum(len(g) for g in t.ground_truth) >= min_calls]
     return {"greedy": long[:plan["greedy"]["tasks"]],

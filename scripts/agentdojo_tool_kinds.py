@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from envace.core.envs.agentdojo import TOOL_KINDS_FILE, AgentDojoEnv
-from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION, SUITES, default_environment, suites
+from envace.core.envs.agentdojo.env import TOOL_KINDS_FILE, AgentDojoEnv
+from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, SUITES, default_environment, suites
 
 PROBES: dict[str, list[tuple[str, dict]]] = {
     "workspace": [

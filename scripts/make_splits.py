@@ -23,8 +23,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from envace.core.envs.tasks import CATEGORIES, load_tasks
-from envace.core.export import real_trajectory
+from envace.core.envs.bfcl.export import real_trajectory
+from envace.core.envs.bfcl.tasks import CATEGORIES, load_tasks
 
 SEED = 0
 PATTERN = ["train"] * 14 + ["dev"] * 3 + ["test"] * 3
@@ -129,7 +129,7 @@ def _write_readme(section: str, bfcl: bool) -> None:
 
 def assign_agentdojo() -> dict[str, str]:
     """Task id -> split: per suite, a seeded shuffle; the first 15 % dev, the next 15 % test."""
-    from envace.core.envs.agentdojo_tasks import SUITES, load_tasks
+    from envace.core.envs.agentdojo.tasks import SUITES, load_tasks
 
     tasks = load_tasks()
     out = {}
@@ -143,8 +143,8 @@ def assign_agentdojo() -> dict[str, str]:
 
 
 def main_agentdojo() -> None:
-    from envace.core.envs.agentdojo_tasks import SPLIT_DIR, SUITES, load_tasks
-    from envace.core.export import agentdojo_trajectory
+    from envace.core.envs.agentdojo.export import real_trajectory as agentdojo_trajectory
+    from envace.core.envs.agentdojo.tasks import SPLIT_DIR, SUITES, load_tasks
 
     tasks = load_tasks()
     split_of = assign_agentdojo()

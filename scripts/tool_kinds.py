@@ -5,7 +5,7 @@
 A tool is WRITE if any of its ground-truth calls over the 800 tasks changed the backend state
 (state hash before != after); READ if it was called and never did. Tools never called in the
 ground truth are left out: the adapter falls back to a verb list for them
-(envace/core/envs/bfcl.py).
+(envace/core/envs/bfcl/env.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from envace.core.envs.bfcl import TOOL_KINDS_FILE, BFCLEnv
-from envace.core.envs.tasks import load_tasks
-from envace.core.envs.verify import ground_truth_calls
+from envace.core.envs.bfcl.env import TOOL_KINDS_FILE, BFCLEnv
+from envace.core.envs.bfcl.tasks import load_tasks
+from envace.core.envs.bfcl.verify import ground_truth_calls
 
 # Changes state that the hash does not see (a private attribute) but later responses depend on.
 OVERRIDES = {"cd": "write"}  # GorillaFileSystem._current_dir

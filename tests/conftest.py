@@ -26,7 +26,7 @@ def examples() -> Path:
 def small_real_files(tmp_path_factory) -> dict[str, Path]:
     """Real trajectories (ground truth executed) of the first 40 train and 4 dev tasks, as
     ``{"train": path, "dev": path}`` JSONL files."""
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
     from envace.core.schema import TrajectoryWriter
 
@@ -44,7 +44,7 @@ def small_real_files(tmp_path_factory) -> dict[str, Path]:
 def train_memory():
     """The BFCL train split's memory of real responses (`audit.memory.ResponseMemory`)."""
     from audit.memory import ResponseMemory
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 
     return ResponseMemory.from_trajectories(export_real(split_tasks("train")), "train split")

@@ -24,8 +24,9 @@ from audit.cli import main as audit_main
 from audit.pipeline import AuditOptions, run_audit
 from audit.replay import AuditSettings, replay_trajectory
 from envace.cli import main as envace_main
-from envace.core.envs.agentdojo import AgentDojoEnv, tool_kinds
-from envace.core.envs.agentdojo_tasks import (
+from envace.core.envs.agentdojo.env import AgentDojoEnv, tool_kinds
+from envace.core.envs.agentdojo.export import real_trajectory as agentdojo_trajectory
+from envace.core.envs.agentdojo.tasks import (
     FROZEN_NOW,
     SUITES,
     default_environment,
@@ -35,10 +36,10 @@ from envace.core.envs.agentdojo_tasks import (
     split_ids,
     suites,
 )
-from envace.core.envs.agentdojo_verify import check_calls
+from envace.core.envs.agentdojo.verify import check_calls
 from envace.core.envs.base import ToolKind, make_env
-from envace.core.envs.tasks import UnknownTask
-from envace.core.export import agentdojo_trajectory, export_env
+from envace.core.envs.task_common import UnknownTask
+from envace.core.export import export_env
 from envace.core.schema import Trajectory, TrajectoryWriter, load_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from audit.replay import AuditSettings, replay_trajectory
-from envace.core.envs.agentdojo_tasks import get_task, split_ids
+from envace.core.envs.agentdojo.tasks import get_task, split_ids
+from envace.core.envs.bfcl.tasks import get_task as bfcl_task
 from envace.core.envs.task_envs import check_task_env, env_record, env_tasks, task_environment
-from envace.core.envs.tasks import get_task as bfcl_task
 from envace.core.rewards import REWARDS, task_reward
 from envace.model import chat
 from envace.model.models import load_model
@@ -97,8 +97,8 @@ def test_rewards_dispatch_to_agentdojos_checker_and_ground_truth():
 
 def test_bfcl_rewards_are_unchanged_by_an_answer_text():
     task = bfcl_task("multi_turn_base_0")
-    from envace.core.envs.bfcl import BFCLEnv
-    from envace.core.envs.verify import ground_truth_calls
+    from envace.core.envs.bfcl.env import BFCLEnv
+    from envace.core.envs.bfcl.verify import ground_truth_calls
 
     env = BFCLEnv()
     env.reset(task)

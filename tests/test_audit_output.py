@@ -29,7 +29,7 @@ from audit.pipeline import run_audit
 from audit.probe import run_probe
 from audit.rescore import rescore
 from audit.settings import AuditOptions, AuditSettings
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import Trajectory, TrajectoryWriter

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from audit.pipeline import AuditOptions, run_audit
-from envace.core.envs.tasks import load_tasks, split_tasks
+from envace.core.envs.bfcl.tasks import load_tasks, split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter, load_trajectories
 

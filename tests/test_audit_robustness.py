@@ -26,7 +26,7 @@ import pytest
 from audit.cli import main
 from audit.output import OutputDir, OutputRefused
 from audit.pipeline import AuditOptions, run_audit
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envace.core.envs.base import ToolKind, UnknownEnvironment, make_env
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.callparse import CallParseError, format_call, parse_call_source
-from envace.core.envs.tasks import UnknownTask, get_task, load_tasks
-from envace.core.envs.verify import check_calls, ground_truth_calls
+from envace.core.envs.bfcl.callparse import CallParseError, format_call, parse_call_source
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import UnknownTask, get_task, load_tasks
+from envace.core.envs.bfcl.verify import check_calls, ground_truth_calls
 
 
 def test_800_tasks_with_tools_and_ground_truth():

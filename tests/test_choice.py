@@ -29,7 +29,7 @@ from audit.choice import candidates, choice_batch, pick
 from audit.memory import Entry, MemoryOptions, ResponseMemory, scenario_key
 from audit.pipeline import reference_triples
 from audit.reference import build_reference, substitute
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.worldmodel import Unanswered
 

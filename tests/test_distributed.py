@@ -120,7 +120,7 @@ def test_two_process_update_equals_one_process_update(tmp_path, aggregation):
 # -- accelerate launch, end to end ------------------------------------------------------------
 
 def _tiny(tmp_path: Path) -> Path:
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
     from envace.model import chat
     from envace.model.models import build_tiny

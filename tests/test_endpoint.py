@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 from envace.model.endpoint import EndpointClient, EndpointError, normalize_base, request_for

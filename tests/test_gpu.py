@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from envace.core.envs.tasks import get_task
-from envace.core.turns import derive_turn_task
+from envace.core.envs.bfcl.tasks import get_task
+from envace.core.envs.bfcl.turns import derive_turn_task
 from envace.model.models import load_model
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, RolloutConfig, run_episodes
 from envace.training import grpo

@@ -15,7 +15,7 @@ from audit.history import decompose, pair_verdicts
 from audit.intervals import IntervalSpec
 from audit.probe import probe_trajectory
 from audit.replay import AuditSettings
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 
 HARD = 1  # the step index at which the scripted model errs whatever its history

@@ -9,8 +9,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module", [
-    "audit", "envace", "envace.core.schema", "envace.core.envs.bfcl",
-    "envace.core.envs.verify", "envace.core.export", "envace.cli"])
+    "audit", "envace", "envace.core.schema", "envace.core.envs.bfcl.env",
+    "envace.core.envs.bfcl.verify", "envace.core.export", "envace.cli"])
 def test_light_modules_do_not_import_torch(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "

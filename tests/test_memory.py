@@ -37,7 +37,7 @@ from audit.output import UsageError
 from audit.pipeline import AuditOptions, reference_triples
 from audit.probe import run_probe
 from audit.reference import build_reference
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 from envace.core.worldmodel import from_lookup
@@ -140,7 +140,7 @@ def test_split_guard(files, tmp_path):
     mixed.write_text(files["train"].read_text() + files["dev"].read_text())
     with pytest.raises(UsageError, match=r"6 of \d+ trajectories"):
         ResponseMemory.from_file(mixed)
-    from envace.core.envs.agentdojo_tasks import split_ids
+    from envace.core.envs.agentdojo.tasks import split_ids
 
     train, dev = split_ids("train")[0], split_ids("dev")[0]
     assert split_violations([("agentdojo", train), ("bfcl", "multi_turn_base_0@t1")]) == []

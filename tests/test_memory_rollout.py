@@ -7,7 +7,7 @@ import pytest
 
 from audit.memory import ResponseMemory, render_note, scenario_key
 from audit.pipeline import AuditOptions, run_audit
-from envace.core.envs.tasks import get_task, split_tasks
+from envace.core.envs.bfcl.tasks import get_task, split_tasks
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, TrajectoryWriter
 from envace.model import chat

@@ -12,7 +12,7 @@ from audit.pipeline import AuditOptions, reference_triples, run_audit
 from audit.probe import probe_trajectory, run_probe
 from audit.reference import build_reference
 from audit.replay import AuditSettings
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.worldmodel import from_lookup
 

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.core.envs.tasks import get_task
+from envace.core.envs.bfcl.tasks import get_task
 from envace.core.modes import TRAINING_MODES, training_mode
 from envace.model import chat
 from envace.model.rollout import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import get_task
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import get_task
 from envace.model import chat
 from envace.model.models import load_model
 from envace.model.rehearsal import (
@@ -90,7 +90,7 @@ def test_a_malformed_plan_is_bounded_recorded_and_the_commit_happens(trained):
 def test_the_memory_holds_only_what_the_policy_imagined(trained):
     """A per-turn task's earlier turns (real calls, real responses) stay in the conversation;
     the plan lists only the calls the policy made while rehearsing and the responses it wrote."""
-    from envace.core.turns import derive_turn_task
+    from envace.core.envs.bfcl.turns import derive_turn_task
     from envace.model.rehearsal import plan_of
 
     model, tok = trained

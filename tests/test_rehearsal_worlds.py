@@ -10,8 +10,8 @@ import json
 import pytest
 
 from audit.memory import scenario_key
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import get_task
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import get_task
 from envace.model import chat
 from envace.model.models import load_model
 from envace.model.rehearsal import (
@@ -103,7 +103,7 @@ def test_the_ranker_world_answers_from_the_conversation(trained, train_memory):
     """`--world ranker`: the learned ranker (fitted on the real train split) answers a plan's
     call, forced in like the hybrid's answer, with what it picks for this conversation."""
     from audit.ranker import fit_ranker
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 
     ranker = fit_ranker(train_memory, export_real(split_tasks("train")))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envace.core.envs.tasks import get_task, split_tasks
+from envace.core.envs.bfcl.tasks import get_task, split_tasks
+from envace.core.envs.bfcl.turns import derive_turn_task
 from envace.core.export import export_real
-from envace.core.turns import derive_turn_task
 from envace.model import chat
 from envace.model.backends.hf import HFStepper
 from envace.model.models import build_tiny, load_model
@@ -277,7 +277,7 @@ def test_a_per_turn_task_at_a_tools_added_turn_shows_the_new_tools_message(tiny)
     """A miss_func turn that restores withheld tools has no user text of its own: its per-turn
     task must open with the "new tools available" message (it used to show an empty request),
     offer the restored tools, and its episode records the message like a whole task does."""
-    from envace.core.envs.tasks import load_tasks
+    from envace.core.envs.bfcl.tasks import load_tasks
 
     base = next(t for t in load_tasks().values() if t.missed_functions)
     k, names = next(iter(sorted(base.missed_functions.items())))
@@ -292,8 +292,8 @@ def test_a_per_turn_task_at_a_tools_added_turn_shows_the_new_tools_message(tiny)
     assert "New tools available: " + ", ".join(names) in text
     assert row.messages[len(task.history)]["content"].startswith("New tools available")
     # every per-turn task of the train split now shows the policy a request or the new tools
-    from envace.core.envs.tasks import split_tasks
-    from envace.core.turns import turn_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
+    from envace.core.envs.bfcl.turns import turn_tasks
 
     empty = [t.id for t in turn_tasks(split_tasks("train"))
              if not any(m.get("content") for m in t.opening_messages()[len(t.history):])]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from envace.core.envs.tasks import split_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.model.chat import Role, encode_with_roles
 from envace.model.models import build_tiny, load_model

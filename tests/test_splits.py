@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from envace.core.envs.tasks import load_tasks, split_ids
+from envace.core.envs.bfcl.tasks import load_tasks, split_ids
 
 
 def test_no_scenario_crosses_splits_and_all_tasks_covered():

@@ -121,8 +121,8 @@ def tiny_sft():
 
 
 def test_timed_rollouts_are_the_same_episodes_and_fill_the_rollout_sections(tiny_sft):
-    from envace.core.envs.tasks import get_task
-    from envace.core.turns import derive_turn_task
+    from envace.core.envs.bfcl.tasks import get_task
+    from envace.core.envs.bfcl.turns import derive_turn_task
     from envace.model.rollout import RolloutConfig, run_episodes
 
     model, tok = tiny_sft
@@ -167,8 +167,8 @@ def test_timed_update_is_the_same_update_and_fills_its_sections():
 
 
 def test_message_level_rollouts_time_each_request_as_decode(tiny_sft):
-    from envace.core.envs.tasks import get_task
-    from envace.core.turns import derive_turn_task
+    from envace.core.envs.bfcl.tasks import get_task
+    from envace.core.envs.bfcl.turns import derive_turn_task
     from envace.model.backends.base import HFBackend, run_episodes_backend
     from envace.model.rollout import RolloutConfig
 

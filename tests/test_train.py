@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import get_task
-from envace.core.envs.verify import ground_truth_calls
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import get_task
+from envace.core.envs.bfcl.verify import ground_truth_calls
 from envace.core.rewards import action_f1, partial_action_f1, task_reward
 from envace.core.timing import STEP_SECTIONS
 from envace.evaluation.evaluate import pass_at_k

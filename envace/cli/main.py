@@ -19,13 +19,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from envace.core.envs.tasks import CATEGORIES, SPLITS
+from envace.core.envs.bfcl.tasks import CATEGORIES, SPLITS
 
 
 def _cmd_export_real(args: argparse.Namespace) -> int:
     if args.env != "bfcl":
         return _export_other(args)
-    from envace.core.envs.tasks import UnknownTask, get_task, load_tasks, split_tasks
+    from envace.core.envs.bfcl.tasks import UnknownTask, get_task, load_tasks, split_tasks
     from envace.core.export import export_real
 
     if args.tasks:
@@ -49,7 +49,7 @@ def _export_other(args: argparse.Namespace) -> int:
         if args.tasks:
             ids = list(args.tasks)
         elif args.env == "agentdojo":
-            from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION, load_tasks, split_ids
+            from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, load_tasks, split_ids
 
             version = args.benchmark_version or DEFAULT_VERSION
             known = load_tasks(version)
@@ -107,7 +107,7 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 
 def _cmd_splits(args: argparse.Namespace) -> int:
-    from envace.core.envs.tasks import DATA_DIR
+    from envace.core.envs.task_common import DATA_DIR
 
     print((DATA_DIR / "splits" / "README.md").read_text())
     return 0

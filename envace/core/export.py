@@ -1,20 +1,13 @@
-"""Real trajectories: each task's ground-truth calls executed in the real BFCL environment.
+"""Real trajectories: each task's ground-truth calls executed in its real environment.
 
-    envace data export-real --split dev --out dev.jsonl
+    envace data export-real [--env bfcl|agentdojo|NAME] --split dev --out dev.jsonl
 
-Each task becomes one trajectory (`source: "real"`): per turn, the user's message, then one
-assistant message per ground-truth call with the real response as a tool message
-(``rehearsed: false``), then an empty assistant message that ends the turn (the policy learns to
-stop calling tools). A miss_func turn that only restores withheld tools gets a system message
-naming them. These files are the SFT data, the audit's determinism check and the source of the
-reference world models.
-
-Other environments (``export_env``): AgentDojo user tasks (one user turn, the ground-truth calls,
-then the task's expected answer as the final assistant message; ``env`` records the benchmark
-version), and any environment that lists its tasks (``task_ids``, ``task_prompt``,
-``ground_truth``: the optional protocol methods of ``envace.core.envs.base``, e.g. a plugin).
-
-    envace data export-real --env agentdojo --split dev --out dev.jsonl
+Each task becomes one trajectory (``source: "real"``) built by its family
+(``envace/core/envs/<family>/export.py``); an installed plugin that lists its tasks
+(``task_ids``, ``task_prompt``, ``ground_truth``: the optional protocol methods of
+``envace.core.envs.base``) gets one user message, its ground-truth calls and an empty final
+assistant message. These files are the SFT data, the audit's determinism check and the source of
+the reference world models.
 """
 
 from __future__ import annotations
@@ -23,38 +16,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from envace.core.envs.base import Environment, make_env
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import Task
-from envace.core.envs.verify import ground_truth_calls
+from envace.core.envs.family import FAMILIES, family
 from envace.core.schema import Message, Trajectory
 
 
-def real_trajectory(task: Task, env: BFCLEnv | None = None, turn_end: bool = True) -> Trajectory:
-    """Execute a task's ground truth and record it as a real trajectory."""
-    env = env or BFCLEnv()
-    env.reset(task)
-    messages: list[dict[str, Any]] = []
-    step = 0
-    for turn, calls in enumerate(ground_truth_calls(task, env)):
-        messages.extend(task.turn_messages(turn))
-        step = _run_calls(env, calls, messages, step)
-        if turn_end:
-            messages.append({"role": "assistant", "content": ""})
-    return Trajectory(
-        id=f"real-{task.id}",
-        task_id=task.id,
-        env={"name": "bfcl", "task": task.id},
-        source="real",
-        messages=[Message.model_validate(m) for m in messages],
-        tools=task.tools(),
-        reward=1.0,
-        meta={"category": task.category, "scenario": task.scenario,
-              "backends": task.involved_classes},
-    )
-
-
-def _run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
-               messages: list[dict[str, Any]], step: int) -> int:
+def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
+              messages: list[dict[str, Any]], step: int) -> int:
     """Execute calls, appending one assistant message and one tool message per call."""
     for name, args in calls:
         call_id = f"c{step}"
@@ -70,37 +37,12 @@ def _run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
     return step
 
 
-def agentdojo_trajectory(task: Any, env: Any = None, turn_end: bool = True) -> Trajectory:
-    """An AgentDojo task's ground truth as a real trajectory; reward from its own checker."""
-    from envace.core.envs.agentdojo import AgentDojoEnv
-    from envace.core.envs.agentdojo_verify import check_calls
-
-    env = env or AgentDojoEnv(task.version)
-    env.reset(task)
-    messages: list[dict[str, Any]] = task.turn_messages(0)
-    _run_calls(env, task.calls(), messages, 0)
-    if turn_end:
-        messages.append({"role": "assistant", "content": task.ground_truth_output})
-    check = check_calls(task, task.calls(), task.ground_truth_output)
-    return Trajectory(
-        id=f"real-{task.id}",
-        task_id=task.id,
-        env={"name": "agentdojo", "task": task.id, "version": task.version},
-        source="real",
-        messages=[Message.model_validate(m) for m in messages],
-        tools=task.tools(),
-        reward=1.0 if check.valid else 0.0,
-        meta={"category": task.suite, "suite": task.suite, "version": task.version,
-              "difficulty": task.difficulty},
-    )
-
-
 def plugin_trajectory(env: Any, env_name: str, task_id: str, turn_end: bool = True
                       ) -> Trajectory:
     """A listed task's ground truth, for an environment with the optional catalogue methods."""
     env.reset(task_id)
     messages: list[dict[str, Any]] = [{"role": "user", "content": env.task_prompt(task_id)}]
-    _run_calls(env, env.ground_truth(task_id), messages, 0)
+    run_calls(env, env.ground_truth(task_id), messages, 0)
     if turn_end:
         messages.append({"role": "assistant", "content": ""})
     return Trajectory(
@@ -110,16 +52,26 @@ def plugin_trajectory(env: Any, env_name: str, task_id: str, turn_end: bool = Tr
     )
 
 
+def export_real(tasks: Iterable[Any], turn_end: bool = True) -> Iterator[Trajectory]:
+    """Real trajectories of tasks of any built-in family (one environment reused per family
+    and version: a reset restores the task's whole initial state)."""
+    envs: dict[tuple[str, Any], Any] = {}
+    for task in tasks:
+        fam = family(task.env_name)
+        key = (fam.name, getattr(task, "version", None))
+        if key not in envs:
+            envs[key] = fam.new_env(task)
+        yield fam.real_trajectory(task, envs[key], turn_end)
+
+
 def export_env(env_name: str, task_ids: Iterable[str], turn_end: bool = True,
                version: str | None = None) -> Iterator[Trajectory]:
-    """Real trajectories of any environment but BFCL (use :func:`export_real` for BFCL)."""
-    if env_name == "agentdojo":
-        from envace.core.envs.agentdojo import AgentDojoEnv
-        from envace.core.envs.agentdojo_tasks import DEFAULT_VERSION, get_task
-
-        env = AgentDojoEnv(version or DEFAULT_VERSION)
-        for tid in task_ids:
-            yield agentdojo_trajectory(get_task(tid, env.version), env, turn_end=turn_end)
+    """Real trajectories of tasks named by id, of a built-in family or a plugin that lists its
+    tasks; ``version`` picks a benchmark version where the family has several (AgentDojo)."""
+    if env_name in FAMILIES:
+        fam = family(env_name)
+        yield from export_real((fam.get_task(tid, version) for tid in task_ids),
+                               turn_end=turn_end)
         return
     plugin = make_env(env_name)
     missing = [m for m in ("task_prompt", "ground_truth") if not hasattr(plugin, m)]
@@ -129,8 +81,3 @@ def export_env(env_name: str, task_ids: Iterable[str], turn_end: bool = True,
     for tid in task_ids:
         yield plugin_trajectory(plugin, env_name, tid, turn_end=turn_end)
 
-
-def export_real(tasks: Iterable[Task], turn_end: bool = True) -> Iterator[Trajectory]:
-    env = BFCLEnv()
-    for task in tasks:
-        yield real_trajectory(task, env, turn_end=turn_end)

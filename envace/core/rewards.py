@@ -2,7 +2,7 @@
 
 - ``state``: the environment's task check of the committed calls (1 or 0): BFCL's state check
   against the ground truth; for AgentDojo the task's own utility check
-  (``envace.core.envs.agentdojo_verify``: the calls run from the task's initial state, the
+  (``envace/core/envs/agentdojo/verify.py``: the calls run from the task's initial state, the
   episode's final answer text passed as the model output);
 - ``turn_state``: the share of checked turns passed before the first failure (partial credit;
   an AgentDojo task is one turn: the same as ``state``);
@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.verify import check_calls, ground_truth_calls
+from envace.core.envs.family import family
 
 REWARDS = ("state", "turn_state", "action", "action_partial")
 Call = tuple[str, dict[str, Any]]
@@ -80,41 +79,17 @@ def partial_action_f1(model: list[Call], truth: list[Call]) -> float:
     return 2 * p * r / (p + r)
 
 
-def _agentdojo_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
-                      final_text: str) -> dict[str, Any]:
-    from envace.core.envs.agentdojo_verify import check_calls as agentdojo_check
-
-    model = [c for turn in calls_per_turn for c in turn]
-    check = agentdojo_check(task, model, final_text)
-    if kind in ("action", "action_partial"):
-        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
-    else:  # state, turn_state: one turn, so the share of turns passed is the verdict
-        value = check.partial
-    return {"reward": value, "success": check.valid, "detail": check.message}
-
-
 def task_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
                 final_text: str = "") -> dict[str, Any]:
     """{'reward': float, 'success': bool, 'detail': str}; errors become reward 0 with a reason.
 
-    ``final_text``: the episode's last assistant message (AgentDojo's checkers read the answer
-    text of some tasks; BFCL's ignore it)."""
+    The verifier is the task's family's (``task.env_name``, ``envace/core/envs/<family>/
+    verify.py``). ``final_text``: the episode's last assistant message (AgentDojo's checkers read
+    the answer text of some tasks; BFCL's ignore it)."""
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {kind!r}")
     try:
-        if getattr(task, "env_name", "bfcl") == "agentdojo":
-            return _agentdojo_reward(kind, task, calls_per_turn, final_text)
-        check = check_calls(task, calls_per_turn)
-        if kind in ("action", "action_partial"):
-            env = BFCLEnv()
-            env.reset(task)
-            truth = [c for turn in ground_truth_calls(task, env) for c in turn]
-            model = [c for turn in calls_per_turn for c in turn]
-            value = (action_f1 if kind == "action" else partial_action_f1)(model, truth)
-        elif kind == "turn_state":
-            value = check.partial
-        else:
-            value = float(check.valid)
-        return {"reward": value, "success": check.valid, "detail": check.error_type or ""}
+        return family(getattr(task, "env_name", "bfcl")).reward(kind, task, calls_per_turn,
+                                                                final_text)
     except Exception as exc:  # an environment failure is recorded for the episode, not fatal
         return {"reward": 0.0, "success": False, "detail": f"verifier error: {exc}"}

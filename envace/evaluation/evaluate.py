@@ -22,7 +22,7 @@ from typing import Any
 from audit.compounding import wilson_ci
 from audit.intervals import cluster_ratio
 from audit.pipeline import write_json_atomic
-from envace.core.envs.tasks import Task
+from envace.core.envs.bfcl.tasks import Task
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from envace.core.envs.tasks import Task
+from envace.core.envs.bfcl.tasks import Task
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
 

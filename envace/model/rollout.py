@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from envace.core.envs.base import Environment
+from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.task_envs import env_record, task_environment
-from envace.core.envs.tasks import Task
 from envace.core.modes import SOURCE, check_rollout_mode
 from envace.core.schema import Message, Trajectory
 from envace.core.timing import NULL_TIMER, Timer

@@ -315,7 +315,7 @@ def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
         if bad:
             raise ValueError(f"unreadable training records: {'; '.join(bad[:3])}")
         return [i.trajectory for i in items if i.trajectory is not None]
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 
     return list(export_real(split_tasks("train")))

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import yaml
 
+from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.task_envs import env_tasks
-from envace.core.envs.tasks import Task
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.model.models import default_cache_dir, load_model, resolve_model

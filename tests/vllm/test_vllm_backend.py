@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from envace.core.envs.tasks import split_tasks
-from envace.core.turns import turn_tasks
+from envace.core.envs.bfcl.tasks import split_tasks
+from envace.core.envs.bfcl.turns import turn_tasks
 from envace.model import chat
 from envace.model.backends.base import HFBackend, SamplingSpec, run_episodes_backend
 from envace.model.rollout import ACT, REHEARSE, RolloutConfig, run_episodes

@@ -107,7 +107,7 @@ def server(smollm2: Path, tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory) -> Path:
-    from envace.core.envs.tasks import split_tasks
+    from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
     from envace.core.schema import TrajectoryWriter
 

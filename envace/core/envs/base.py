@@ -10,8 +10,10 @@ response against reality goes through this protocol.
     result.content, result.error         # the real response text, and whether it is a failure
     env.state_hash()                     # changes iff the backend state changed
 
-Built-in environments: ``bfcl`` and ``agentdojo``. Other packages add environments through the
-entry-point group ``envace.environments`` (``name = "module:factory"``, see docs/plugins.md):
+Built-in environments: the families of ``envace.core.envs.family`` (``bfcl``, ``agentdojo``;
+one folder each, their contract in ``envace/core/envs/README.md``). Other packages add
+environments through the entry-point group ``envace.environments`` (``name = "module:factory"``,
+see docs/plugins.md):
 :func:`make_env` finds them through ``importlib.metadata`` and loads one only when it is asked
 for, so a plugin that fails to import never breaks the built-ins; asking for it gives a
 :class:`PluginLoadError` that names it. A built-in name cannot be taken by a plugin.
@@ -32,9 +34,12 @@ from enum import StrEnum
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from envace.core.envs.family import FAMILIES
+
 ENTRY_POINT_GROUP = "envace.environments"
-#: Built-in environments and their modules (importing one registers it), in listing order.
-BUILTINS = {"bfcl": "envace.core.envs.bfcl", "agentdojo": "envace.core.envs.agentdojo"}
+#: Built-in environments: the families (``envace.core.envs.family``); importing a family's record
+#: registers its environment.
+BUILTINS = FAMILIES
 
 
 class ToolKind(StrEnum):

@@ -1,7 +1,7 @@
 """Environments that rollout, train and eval run on: their tasks, and the real backend of a task.
 
     tasks = env_tasks("agentdojo", "dev")           # AgentDojoTask objects of the dev split
-    tasks = env_tasks("bfcl", "dev", unit="turn")   # BFCL per-turn tasks (envace.core.turns)
+    tasks = env_tasks("bfcl", "dev", unit="turn")   # BFCL per-turn tasks (bfcl/turns.py)
     env = task_environment(tasks[0])                # a fresh backend, reset to the task
     traj_env = env_record(tasks[0])                 # the trajectory's ``env`` (replay's key)
 
@@ -11,18 +11,19 @@ tasks, benchmark version v1.2.2). The environment is a property of the task (``t
 the rollout engine, the reward and the audit all follow it.
 
 The unit of a task: BFCL tasks are multi-turn, and ``unit="turn"`` makes each user turn a task of
-its own (``envace.core.turns``). AgentDojo user tasks are a single user turn, so each is already
-its own unit: ``turn`` and ``task`` give the same tasks.
+its own (``envace.core.envs.bfcl.turns``). AgentDojo user tasks are a single user turn, so each is
+already its own unit: ``turn`` and ``task`` give the same tasks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from envace.core.envs.base import Environment, env_names, make_env
+from envace.core.envs.base import Environment, env_names
+from envace.core.envs.family import FAMILIES, family
 
 #: Environments with committed splits and a verifier (what rollout, train and eval need).
-TASK_ENVS = ("bfcl", "agentdojo")
+TASK_ENVS = tuple(FAMILIES)
 UNITS = ("turn", "task")
 
 
@@ -45,22 +46,13 @@ def env_tasks(name: str, split: str, unit: str = "task") -> list[Any]:
     check_task_env(name)
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
-    if name == "agentdojo":
-        from envace.core.envs.agentdojo_tasks import split_tasks as agentdojo_split
-
-        return list(agentdojo_split(split))
-    from envace.core.envs.tasks import split_tasks
-    from envace.core.turns import turn_tasks
-
-    tasks = split_tasks(split)
-    return turn_tasks(tasks) if unit == "turn" else tasks
+    return list(family(name).split_tasks(split, unit))
 
 
 def task_environment(task: Any) -> Environment:
     """A fresh real backend of the task's environment, reset to the task (a per-turn BFCL task
     replays its earlier turns; an AgentDojo task loads in its own benchmark version)."""
-    version = getattr(task, "version", None)
-    env = make_env(task.env_name, **({"version": version} if version else {}))
+    env = family(task.env_name).new_env(task)
     env.reset(task)
     return env
 

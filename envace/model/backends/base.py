@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from envace.core.envs.tasks import Task
+    from envace.core.envs.bfcl.tasks import Task
     from envace.core.timing import Timer
     from envace.core.worldmodel import WorldModel
     from envace.model.rollout import Episode, RolloutConfig

@@ -56,7 +56,7 @@ from envace.model.backends.base import Generation, SamplingSpec, run_episodes_ba
 from envace.model.models import weights_version  # noqa: E402
 
 if TYPE_CHECKING:
-    from envace.core.envs.tasks import Task
+    from envace.core.envs.bfcl.tasks import Task
     from envace.core.timing import Timer
     from envace.core.worldmodel import WorldModel
     from envace.model.rollout import Episode, RolloutConfig

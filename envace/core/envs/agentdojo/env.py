@@ -10,7 +10,7 @@ agentdojo silently ignores unknown argument names: an argument the tool does not
 error result. As agentdojo's ``ToolsExecutor`` does, a string argument that reads as a Python
 list literal is parsed to a list first (:func:`ast.literal_eval`, literals only).
 
-Every call runs inside :func:`~envace.core.envs.agentdojo_tasks.deterministic_world` (a frozen clock
+Every call runs inside :func:`~envace.core.envs.agentdojo.tasks.deterministic_world` (a frozen clock
 at 2024-05-15 12:00:00, stable participant order), so a task's trajectory is the same in every
 run and process. The state is the suite environment's ``model_dump(mode="json")``.
 
@@ -28,7 +28,7 @@ import json
 from functools import cache
 from typing import Any
 
-from envace.core.envs.agentdojo_tasks import (
+from envace.core.envs.agentdojo.tasks import (
     DEFAULT_VERSION,
     SUITES,
     AgentDojoTask,
@@ -39,7 +39,7 @@ from envace.core.envs.agentdojo_tasks import (
     suites,
 )
 from envace.core.envs.base import ToolKind, ToolResult, hash_state, register_env
-from envace.core.envs.tasks import DATA_DIR
+from envace.core.envs.task_common import DATA_DIR
 
 TOOL_KINDS_FILE = DATA_DIR / "agentdojo_tool_kinds.json"
 EMPTY_NAME_ERROR = "Empty function name provided. Provide a valid function name."
@@ -142,7 +142,7 @@ class AgentDojoEnv:
 
     # -- catalogue (optional protocol methods: `envace envs`, export) ------------------------
     def task_ids(self) -> list[str]:
-        from envace.core.envs.agentdojo_tasks import load_tasks
+        from envace.core.envs.agentdojo.tasks import load_tasks
 
         return list(load_tasks(self.version))
 

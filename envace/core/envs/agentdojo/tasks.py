@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from envace.core.envs.tasks import DATA_DIR, GroundTruthCall, UnknownTask
+from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
 
 SUITES = ("workspace", "travel", "banking", "slack")
 DEFAULT_VERSION = "v1.2.2"
@@ -164,8 +164,9 @@ def suite_tools(suite: str, version: str = DEFAULT_VERSION) -> list[dict[str, An
 class AgentDojoTask:
     """One AgentDojo user task: one user turn, its ground-truth calls, the expected answer.
 
-    Shaped like :class:`envace.core.envs.tasks.Task` where export, replay, rollout and eval need
-    it (``turns``, ``ground_truth`` per turn, ``turn_messages``, ``opening_messages``, ``tools``,
+    Shaped like :class:`envace.core.envs.bfcl.tasks.Task` where export, replay, rollout and eval
+    need it (``turns``, ``ground_truth`` per turn, ``turn_messages``, ``opening_messages``,
+    ``tools``,
     ``base_id``, ``history``, ``primary_backend``).
     """
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.envs.bfcl import BFCLEnv
-from envace.core.envs.tasks import Task
+from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.tasks import Task
+from envace.core.rewards import action_f1, partial_action_f1
 
 Call = tuple[str, dict[str, Any]]
 
@@ -110,3 +111,22 @@ def _check_turn(model_env: BFCLEnv, truth_env: BFCLEnv, model_calls: list[Call],
         return ("multi_turn:execution_response_mismatch",
                 f"{len(missing)} ground-truth responses never returned, e.g. {missing[0][:120]!r}")
     return None
+
+
+def reward(kind: str, task: Task, calls_per_turn: list[list[Call]],
+           final_text: str = "") -> dict[str, Any]:
+    """The family's verifier (``envace.core.rewards.task_reward`` calls it): ``state`` is the
+    state check, ``turn_state`` its per-turn share, ``action``/``action_partial`` the F1 of the
+    committed calls against the ground truth's (bound to keyword arguments by the backend)."""
+    check = check_calls(task, calls_per_turn)
+    if kind in ("action", "action_partial"):
+        env = BFCLEnv()
+        env.reset(task)
+        truth = [c for turn in ground_truth_calls(task, env) for c in turn]
+        model = [c for turn in calls_per_turn for c in turn]
+        value = (action_f1 if kind == "action" else partial_action_f1)(model, truth)
+    elif kind == "turn_state":
+        value = check.partial
+    else:
+        value = float(check.valid)
+    return {"reward": value, "success": check.valid, "detail": check.error_type or ""}

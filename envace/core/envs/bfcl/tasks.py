@@ -21,6 +21,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
+
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 BACKENDS = (
     "GorillaFileSystem",
@@ -33,25 +35,6 @@ BACKENDS = (
     "VehicleControlAPI",
 )
 SPLITS = ("train", "dev", "test")
-DATA_DIR = Path(__file__).resolve().parents[3] / "data"
-
-
-class UnknownTask(KeyError):
-    """A task id that is not in the registry."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class GroundTruthCall:
-    """One ground-truth call: BFCL's source string and its parsed form."""
-
-    source: str
-    name: str
-    args: tuple[Any, ...]  # positional literals, as written
-    kwargs: dict[str, Any]
-
 
 def tools_added_message(names: list[str]) -> dict[str, str]:
     """The system message of a miss_func turn that restores withheld tools."""
@@ -72,7 +55,7 @@ class Task:
     excluded_functions: list[str] = field(default_factory=list)
     missed_functions: dict[int, list[str]] = field(default_factory=dict)  # turn -> names
     env_name: str = "bfcl"
-    # A per-turn task (envace.core.turns) starts after earlier turns of a base task were done right:
+    # A per-turn task (bfcl/turns.py) starts after earlier turns of a base task were done right:
     base_id: str | None = None  # the task whose initial state it starts from
     history: list[dict[str, Any]] = field(default_factory=list)  # messages of earlier turns
     prefix: list[list[GroundTruthCall]] = field(default_factory=list)  # their ground truth
@@ -165,7 +148,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 @lru_cache(maxsize=1)
 def load_tasks() -> dict[str, Task]:
     """All 800 BFCL v4 multi-turn tasks by id."""
-    from envace.core.envs.callparse import parse_call_source
+    from envace.core.envs.bfcl.callparse import parse_call_source
 
     root = bfcl_data_dir()
     tasks: dict[str, Task] = {}

@@ -12,8 +12,8 @@ state like any other trajectory.
 
 from __future__ import annotations
 
-from envace.core.envs.tasks import Task, load_tasks
-from envace.core.export import real_trajectory
+from envace.core.envs.bfcl.export import real_trajectory
+from envace.core.envs.bfcl.tasks import Task, load_tasks
 
 
 def derive_turn_task(task: Task, k: int) -> Task:

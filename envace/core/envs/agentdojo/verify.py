@@ -1,7 +1,7 @@
 """Task success for AgentDojo user tasks: the task's own checker, on calls run in the adapter.
 
-The calls run in an :class:`~envace.core.envs.agentdojo.AgentDojoEnv` reset to the task; the task's
-checker then gets what agentdojo's ``TaskSuite.run_task_with_pipeline`` gives it: the final
+The calls run in an :class:`~envace.core.envs.agentdojo.env.AgentDojoEnv` reset to the task; the
+task's checker then gets what agentdojo's ``TaskSuite.run_task_with_pipeline`` gives it: the final
 answer text, the environment before and after, and the calls made (``utility_from_traces``
 first; ``utility`` where that says nothing). Some tasks check the answer text, so the final
 assistant message matters as well as the calls.
@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.envs.agentdojo import AgentDojoEnv
-from envace.core.envs.agentdojo_tasks import AgentDojoTask, deterministic_world
+from envace.core.envs.agentdojo.env import AgentDojoEnv
+from envace.core.envs.agentdojo.tasks import AgentDojoTask, deterministic_world
+from envace.core.rewards import action_f1, partial_action_f1
 
 Call = tuple[str, dict[str, Any]]
 
@@ -54,3 +55,17 @@ def check_calls(task: AgentDojoTask, calls: list[Call], final_text: str = "",
     return AgentDojoCheck(valid=bool(verdict), message=message,
                           responses=[r.content for r in results],
                           errors=sum(r.error for r in results))
+
+
+def reward(kind: str, task: AgentDojoTask, calls_per_turn: list[list[Call]],
+           final_text: str = "") -> dict[str, Any]:
+    """The family's verifier: ``state``/``turn_state`` are the task's utility check (one turn,
+    so the share of turns passed is the verdict), ``action``/``action_partial`` the F1 of the
+    committed calls against the task's ground-truth calls."""
+    model = [c for turn in calls_per_turn for c in turn]
+    check = check_calls(task, model, final_text)
+    if kind in ("action", "action_partial"):
+        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
+    else:
+        value = check.partial
+    return {"reward": value, "success": check.valid, "detail": check.message}

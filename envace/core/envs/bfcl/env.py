@@ -25,7 +25,8 @@ from functools import cache, lru_cache
 from typing import Any
 
 from envace.core.envs.base import ToolKind, ToolResult, hash_state, plain, register_env
-from envace.core.envs.tasks import BACKENDS, DATA_DIR, Task, function_docs, get_task, load_tasks
+from envace.core.envs.bfcl.tasks import BACKENDS, Task, function_docs, get_task, load_tasks
+from envace.core.envs.task_common import DATA_DIR
 
 ERROR_PREFIX = "Error during execution: "
 TOOL_KINDS_FILE = DATA_DIR / "bfcl_tool_kinds.json"

@@ -47,6 +47,11 @@ def _scores(rec: dict[str, Any]) -> str:
                       if isinstance(v, int | float) and not isinstance(v, bool))
 
 
+#: The left column's heading: what wrote the recorded response.
+RECORDED_REHEARSED = "Rehearsed (written by the policy)"
+RECORDED_REAL = "Recorded (written by the real environment)"
+
+
 def render_step(rec: dict[str, Any], first_div: int | None, op: str | None = None) -> None:
     """A step's verdict, scores and the two responses side by side with their diff."""
     k = rec.get("step")
@@ -60,12 +65,14 @@ def render_step(rec: dict[str, Any], first_div: int | None, op: str | None = Non
         badge = f" {OP_BADGE[op]}" if op in OP_BADGE else ""
         call = code(call_text(rec.get("tool", "?"), rec.get("arguments")))
         st.markdown(f"**Step {md(k)}** · {call} · {verdict} · {_scores(rec)}{badge}")
-        if rec.get("source_rehearsed") is False:
-            st.caption("This response was written by the real environment (not rehearsed).")
+        real_history = rec.get("source_rehearsed") is False
+        if real_history:
+            st.caption("This response was written by the real environment (not rehearsed): the "
+                       "replay checks that reality repeats it.")
         d = json_diff(rec.get("rehearsed"), rec.get("actual"))
         left, right = st.columns(2)
         with left:
-            st.caption("Rehearsed (written by the policy)")
+            st.caption(RECORDED_REAL if real_history else RECORDED_REHEARSED)
             st.html(d.left_html)
         with right:
             err = " — an error" if rec.get("actual_error") else ""

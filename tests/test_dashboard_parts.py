@@ -194,3 +194,28 @@ print(",".join(bad)); sys.exit(1 if bad else 0)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, f"imports {r.stdout.strip()} {r.stderr[-1500:]}"
+
+
+# ---------------------------------------------------------------- a step's headings
+
+
+def _render_step_app(source_rehearsed: bool) -> None:
+    from dashboard.conversation import render_step
+
+    render_step({"step": 0, "tool": "ls", "arguments": {}, "diverged": False,
+                 "rehearsed": '{"a": 1}', "actual": '{"a": 1}',
+                 "source_rehearsed": source_rehearsed}, None)
+
+
+@pytest.mark.parametrize("rehearsed", [True, False])
+def test_a_steps_left_column_names_who_wrote_the_recorded_response(rehearsed):
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.conversation import RECORDED_REAL, RECORDED_REHEARSED
+
+    at = AppTest.from_function(_render_step_app, args=(rehearsed,), default_timeout=60).run()
+    assert not at.exception
+    captions = [c.value for c in at.caption]
+    want, never = ((RECORDED_REHEARSED, RECORDED_REAL) if rehearsed
+                   else (RECORDED_REAL, RECORDED_REHEARSED))
+    assert want in captions and never not in captions

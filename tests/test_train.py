@@ -20,7 +20,7 @@ from envace.core.envs.bfcl.verify import ground_truth_calls
 from envace.core.rewards import action_f1, partial_action_f1, task_reward
 from envace.core.timing import STEP_SECTIONS
 from envace.evaluation.evaluate import pass_at_k
-from envace.training.train import _restore_checkpoint_row, _truncate_metrics
+from envace.training.train import _restore_checkpoint_row, _truncate_metrics, progress_line
 
 ENVACE = [sys.executable, "-m", "envace.cli"]
 calls = st.lists(st.tuples(st.sampled_from(["cd", "ls", "mv"]),
@@ -456,3 +456,49 @@ def test_split_rollouts_pick_logits_on_their_device():
     assert choose_logits([pol], [True, True, True]) is pol
     meta = [torch.empty(3, 5, device="meta"), torch.empty(3, 5, device="meta")]
     assert choose_logits(meta, [True, False, True]).device.type == "meta"
+
+
+def test_progress_line_says_what_a_missing_figure_means():
+    base = {"reward/mean": 0.25, "success/mean": 0.0, "time/step": 1.0,
+            "adv/act_mean": 0.0, "adv/act_std": 0.0, "adv/rehearse_mean": 0.0,
+            "adv/rehearse_std": 0.0}
+    line = progress_line({**base, "fidelity/divergence_rate": float("nan"), "loss": 0.0}, 0, 3)
+    assert "nan" not in line and "0.0000" not in line
+    assert "no rehearsed call" in line and "no learning signal" in line
+    line = progress_line({**base, "fidelity/divergence_rate": 0.5, "loss": -0.0123,
+                          "adv/act_std": 0.4}, 1, 3)
+    assert "divergence 0.50" in line and "loss -0.0123" in line and "step 2/3" in line
+    # a zero loss with non-zero advantages is a real figure, printed as such
+    line = progress_line({**base, "loss": 0.0, "adv/act_mean": 0.1}, 2, 3)
+    assert "loss 0.0000" in line
+
+
+def test_fitting_tasks_drops_a_prompt_past_the_context_without_the_tokenizers_warning():
+    """A prompt that does not fit is measured and dropped, never run through the model, so the
+    tokenizer's "will result in indexing errors" warning (the demo printed it) must not appear."""
+    import logging
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from envace.core.envs.family import family
+    from envace.training.config import TrainConfig
+    from envace.training.train_setup import fitting_tasks
+
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "data" /
+                                            "models" / "tiny-sft"))
+    # one piece of its prompt (the earlier turns' messages) is 4,169 tokens with desc_chars 40
+    long = family("bfcl").get_task("multi_turn_long_context_109@t1", None)
+    short = family("bfcl").get_task("multi_turn_base_8@t0", None)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = hf_logging.get_logger("transformers")  # transformers' loggers do not propagate
+    logger.addHandler(handler)
+    try:
+        kept = fitting_tasks([long, short], tok,
+                            TrainConfig(max_context_tokens=3072, desc_chars=40))
+    finally:
+        logger.removeHandler(handler)
+    assert [t.id for t in kept] == [short.id]
+    assert not [m for m in seen if "sequence length" in m], seen

@@ -280,11 +280,16 @@ def stop_string() -> str:
 # ---------------------------------------------------------------- tokenizing
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Ids of plain `text`: special-token strings in it stay text (data cannot open a turn)."""
+def encode_text(tokenizer: Any, text: str, measuring: bool = False) -> list[int]:
+    """Ids of plain `text`: special-token strings in it stay text (data cannot open a turn).
+
+    ``measuring``: the ids only measure a text that may be rejected for its length (a prompt
+    that does not fit the context is never run through the model, so the tokenizer's warning
+    that running it "will result in indexing errors" would be false)."""
     if not text:
         return []
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True,
+                          verbose=not measuring)["input_ids"])
 
 
 def marker_id(tokenizer: Any, marker: str) -> int:
@@ -299,9 +304,11 @@ def encode_with_roles(
     tokenizer: Any,
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]] | None = None,
+    measuring: bool = False,
     **kw: Any,
 ) -> tuple[list[int], list[int]]:
-    """`(input_ids, roles)`, one `Role` value per id, tokenizing the pieces one by one."""
+    """`(input_ids, roles)`, one `Role` value per id, tokenizing the pieces one by one
+    (``measuring``: see :func:`encode_text`)."""
     markers = {m: marker_id(tokenizer, m) for m in (IM_START, IM_END)}
     merged: list[tuple[str, Role, bool]] = []  # join text pieces of one role: fewer boundaries
     for piece in render_pieces(messages, tools, **kw):
@@ -312,7 +319,7 @@ def encode_with_roles(
     ids: list[int] = []
     roles: list[int] = []
     for text, role, is_marker in merged:
-        piece_ids = [markers[text]] if is_marker else encode_text(tokenizer, text)
+        piece_ids = [markers[text]] if is_marker else encode_text(tokenizer, text, measuring)
         ids.extend(piece_ids)
         roles.extend([int(role)] * len(piece_ids))
     return ids, roles

@@ -143,7 +143,7 @@ def plan_text(ep: Episode, index: int, response_chars: int) -> str:
 
 
 def _fits(text: str, tokenizer: Any, budget: int) -> bool:
-    return len(chat.encode_text(tokenizer, text)) <= budget
+    return len(chat.encode_text(tokenizer, text, measuring=True)) <= budget
 
 
 def build_memory(plans: list[Plan] | list[str], critiques: list[str], tokenizer: Any,

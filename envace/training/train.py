@@ -455,11 +455,28 @@ def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: 
             _append_jsonl(metrics, record)
             reporter.log(record, step)
             if progress:
-                print(f"[train] step {step + 1}/{cfg.steps} reward {record['reward/mean']:.3f} "
-                      f"success {record['success/mean']:.2f} divergence "
-                      f"{record.get('fidelity/divergence_rate', float('nan')):.2f} "
-                      f"loss {record.get('loss', float('nan')):.4f} "
-                      f"({record['time/step']:.1f} s)", flush=True)
+                print(progress_line(record, step, cfg.steps), flush=True)
+
+
+def progress_line(record: dict[str, Any], step: int, steps: int) -> str:
+    """The console line of one step, saying what a missing figure means instead of ``nan``:
+    no rehearsed call to audit (``grpo`` rolls out in reality), or no update because every
+    group's rewards were equal (GRPO's advantages are then all zero)."""
+    div = record.get("fidelity/divergence_rate")
+    fidelity = ("divergence - (no rehearsed call)" if div is None or div != div
+                else f"divergence {div:.2f}")
+    loss = record.get("loss")
+    flat = all(record.get(f"adv/{r}_{m}", 0.0) == 0.0 for r in ("act", "rehearse")
+               for m in ("mean", "std"))
+    if loss is None or loss != loss:
+        update = "loss -"
+    elif loss == 0.0 and flat:
+        update = "loss 0 (every group's rewards equal: no learning signal)"
+    else:
+        update = f"loss {loss:.4f}"
+    return (f"[train] step {step + 1}/{steps} reward {record['reward/mean']:.3f} "
+            f"success {record['success/mean']:.2f} {fidelity} {update} "
+            f"({record['time/step']:.1f} s)")
 
 
 def _truncate_metrics(path: Path, upto: int) -> None:

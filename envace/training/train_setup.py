@@ -136,7 +136,8 @@ def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[T
         msgs = t.opening_messages()
         if sum(len(str(m.get("content", ""))) for m in msgs) > 8 * room:
             continue  # far too long: no need to tokenize
-        ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0),
+        # measured only: a prompt past the room is dropped here and never reaches the model
+        ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0), measuring=True,
                                         generation_prompt="assistant", desc_chars=cfg.desc_chars)
         if len(ids) <= room:
             out.append(t)

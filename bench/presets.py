@@ -342,8 +342,8 @@ def main() -> None:
     torch.set_num_threads(threads)
 
     from audit.pipeline import reference_triples
-    from envace.model.models import default_cache_dir, resolve_model
-    from envace.training.sft import read_sft_meta, training_texts
+    from envace.model.models import default_cache_dir, read_sft_meta, resolve_model
+    from envace.training.sft import training_texts
 
     train = list(export_real(split_tasks("train")))
     dev = list(export_real(split_tasks("dev")))
@@ -422,7 +422,7 @@ def main() -> None:
         "sampled": steps,
         "probe": {"act_max_new_tokens": args.act_tokens,
                   "rehearse_max_new_tokens": args.rehearse_tokens, "decoding": "greedy",
-                  "history": "real (teacher-forced)", "prompt": "envace.training.sft.prompt_ids"},
+                  "history": "real (teacher-forced)", "prompt": "envace.model.windows.prompt_ids"},
         "references": {"built_from": "train split real trajectories", "on_sampled_steps": ref_rows},
         "models": results,
         "tiny_sft_vs_untrained": comparison,

@@ -124,7 +124,7 @@ def test_bad_mode_message():
         (["mode=simulator"], "simulator_model="),
         (["simulator_model=gpt"], "simulator_model=null or mode=simulator"),
         (["world_model=tiny"], "mode=split"),
-        (["group_size=1"], "group_size>=2"),
+        (["group_size=1"], "group_size >= 2"),
         (["grounded_lambda=1.5"], "[0, 1]"),
         (["mode=grpo", "grounded_lambda=0.5"], "grounded_lambda=0 or mode=envace/split"),
         (["dual_clip=0.5"], "dual_clip > 1"),
@@ -205,7 +205,8 @@ def test_every_field_has_default_and_help():
     for f in dataclasses.fields(TrainConfig):
         assert f.metadata.get("help"), f"{f.name} has no help"
     text = config_help(TrainConfig)
-    assert "group_size (int, default 4)" in text
+    assert "group_size (int, default 4, >= 2)" in text and "top_p (float, default 1.0, in (0, 1])" \
+        in text
     assert "mode (one of 'envace', 'split', 'simulator', 'grpo', default 'envace')" in text
     assert "optim.lr (float, default 0.001)" in config_help(Toy)
 
@@ -224,3 +225,38 @@ def test_resume_check_treats_keys_added_since_as_their_default(tmp_path):
         check_same_config(tmp_path, TrainConfig(lr=3e-4, sharding="fsdp"))
     with pytest.raises(ConfigError, match="lr"):
         check_same_config(tmp_path, TrainConfig(lr=1e-4))
+
+
+def test_every_bound_declared_on_a_field_is_enforced_and_named():
+    """Each opt(ge/gt/le/lt) bound: the value just past it is refused with a message naming the
+    key and the admitted range; the bound itself (where admitted) is accepted."""
+    from envace.training.config_base import range_text
+
+    checked = 0
+    for f in dataclasses.fields(TrainConfig):
+        bounds = f.metadata.get("bounds") or {}
+        for kind, edge in bounds.items():
+            past = edge - 1 if kind in ("ge", "gt") else edge + 1
+            if kind == "gt" or kind == "lt":
+                past = edge
+            value = int(past) if f.type in ("int", int) else float(past)
+            with pytest.raises(ConfigError) as e:
+                load_config(TrainConfig, None, [f"{f.name}={value}"])
+            assert f"{f.name}={value}: set {f.name} {range_text(bounds)}" in str(e.value)
+            checked += 1
+    assert checked >= 30
+
+
+@pytest.mark.parametrize("bounds, inside, outside, text", [
+    ({"ge": 0, "le": 1}, [0, 0.5, 1], [-0.01, 1.01], "in [0, 1]"),
+    ({"gt": 0, "le": 1}, [1e-9, 1], [0, 2], "in (0, 1]"),
+    ({"ge": 0, "lt": 1}, [0, 0.99], [1, -1], "in [0, 1)"),
+    ({"ge": 2}, [2, 10**9], [1, -5], ">= 2"),
+    ({"gt": 1}, [1.0001], [1, 0], "> 1"),
+])
+def test_range_known_answers(bounds, inside, outside, text):
+    from envace.training.config_base import _within, range_text
+
+    assert range_text(bounds) == text
+    assert all(_within(v, bounds) for v in inside)
+    assert not any(_within(v, bounds) for v in outside)

@@ -4,7 +4,9 @@
 - `audit` imports only `envace.core` of envace (and never the dashboard);
 - `dashboard` imports only `envace.core` and `audit`;
 - the runtime (`envace.model`, `envace.training`, `envace.evaluation`, `envace.cli`) may import
-  all three.
+  all three, and has floors of its own: `model` at the bottom, `evaluation` above it, `training`
+  above that (it runs the final evaluation), `cli` on top; no floor imports a higher one (type-only
+  imports under ``TYPE_CHECKING`` included: they are dependencies too).
 
 Statically, every import statement of every module (lazy ones inside functions too) is read
 with `ast`; at run time, every module of the three torch-free packages is imported in a fresh
@@ -32,6 +34,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "dashboard": (*HEAVY, *RUNTIME),
 }
 PAGE_SCRIPTS = ("dashboard/views/", "dashboard/app.py")
+# the runtime's floors, bottom first: a module may import its own floor and those below
+FLOORS = ("envace.model", "envace.evaluation", "envace.training", "envace.cli")
 
 
 def _files(layer: str) -> list[Path]:
@@ -106,3 +110,27 @@ def test_the_checker_sees_a_lazy_import(tmp_path):
     names = _imports(probe, "envace.core.probe")
     assert _hits(names, FORBIDDEN["envace.core"]) == ["envace.training", "envace.training.train",
                                                       "torch"]
+
+
+def _floor(name: str) -> int | None:
+    return next((i for i, f in enumerate(FLOORS) if name == f or name.startswith(f + ".")), None)
+
+
+@pytest.mark.parametrize("floor", FLOORS[:-1])
+def test_no_runtime_floor_imports_a_higher_one(floor):
+    here = FLOORS.index(floor)
+    bad = {}
+    for path in _files(floor):
+        up = sorted(n for n in _imports(path) if (_floor(n) or 0) > here)
+        if up:
+            bad[str(path.relative_to(ROOT))] = up
+    assert not bad, f"{floor} must not import {FLOORS[here + 1:]}: {bad}"
+
+
+def test_the_floor_checker_sees_an_upward_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from envace.training.config import TrainConfig\n")
+    names = _imports(probe, "envace.model.probe")
+    assert sorted(n for n in names if (_floor(n) or 0) > 0) == ["envace.training.config",
+                                                          "envace.training.config.TrainConfig"]

@@ -122,7 +122,7 @@ def test_resume_cli_reads_an_older_run_config(tmp_path, monkeypatch, capsys):
     import argparse
     import types
 
-    from envace.cli.train import add_parser
+    from envace.training.command import add_parser
 
     got: list[TrainConfig] = []
     fake = types.SimpleNamespace(train=lambda cfg, **kw: got.append(cfg))

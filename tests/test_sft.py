@@ -14,18 +14,14 @@ import pytest
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.model.chat import Role, encode_with_roles
-from envace.model.models import build_tiny, load_model
+from envace.model.models import SFT_META, build_tiny, load_model, read_sft_meta
+from envace.model.windows import make_windows, message_blocks, prompt_ids
 from envace.training.sft import (
     ROLE_SETS,
     SFT_LOG,
-    SFT_META,
     SFTSettings,
     build_examples,
     build_trainer,
-    make_windows,
-    message_blocks,
-    prompt_ids,
-    read_sft_meta,
     run_sft,
     sft_messages,
     training_texts,

@@ -482,8 +482,7 @@ def test_fitting_tasks_drops_a_prompt_past_the_context_without_the_tokenizers_wa
     from transformers.utils import logging as hf_logging
 
     from envace.core.envs.family import family
-    from envace.training.config import TrainConfig
-    from envace.training.train_setup import fitting_tasks
+    from envace.model.windows import fitting_tasks
 
     tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "data" /
                                             "models" / "tiny-sft"))
@@ -496,8 +495,7 @@ def test_fitting_tasks_drops_a_prompt_past_the_context_without_the_tokenizers_wa
     logger = hf_logging.get_logger("transformers")  # transformers' loggers do not propagate
     logger.addHandler(handler)
     try:
-        kept = fitting_tasks([long, short], tok,
-                            TrainConfig(max_context_tokens=3072, desc_chars=40))
+        kept = fitting_tasks([long, short], tok, 3072, 96, desc_chars=40)
     finally:
         logger.removeHandler(handler)
     assert [t.id for t in kept] == [short.id]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from envace.model.models import build_tiny, load_model
+from envace.model.trained_logits import scatter_rows, selected_logits, split_forward
 from envace.training import grpo
-from envace.training.trained_logits import scatter_rows, selected_logits, split_forward
 
 
 @pytest.fixture(scope="module")

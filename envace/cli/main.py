@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA: dict[str, str] = {
     "sft": "envace.cli.sft",
     "rollout": "envace.cli.rollout",
-    "train": "envace.cli.train",
+    "train": "envace.training.command",
     "eval": "envace.cli.evaluate",
     "probe": "envace.cli.probe",
 }

@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from envace.core.envs.task_envs import check_task_env
     from envace.model.endpoint import EndpointError
-    from envace.training.config import TrainConfig
+    from envace.model.windows import DESC_CHARS
 
     try:
         check_task_env(args.env)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     sim = None
     if args.mode == "simulator" and endpoint:
         try:
-            sim = endpoint_simulator(endpoint, args, TrainConfig().desc_chars)
+            sim = endpoint_simulator(endpoint, args, DESC_CHARS)
         except (ValueError, EndpointError) as exc:
             print(f"envace rollout: {exc}", file=sys.stderr)
             return 2
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     from envace.core.schema import TrajectoryWriter
     from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rollout import RolloutConfig, run_episodes
-    from envace.training.train_setup import fitting_tasks, make_simulator
+    from envace.model.simulators import local_simulator
+    from envace.model.windows import fitting_tasks
 
     try:
         path = resolve_model(args.model, default_cache_dir()) if args.model != "tiny" else None
@@ -106,14 +107,17 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     model, tok = load_model(path)
-    cfg = TrainConfig(model=str(path), max_new_tokens=args.max_new_tokens,
-                      max_context_tokens=args.max_context)
-    tasks = fitting_tasks(env_tasks(args.env, args.split, args.unit), tok, cfg)
+    tasks = fitting_tasks(env_tasks(args.env, args.split, args.unit), tok, args.max_context,
+                          args.max_new_tokens)
     if args.tasks and len(tasks) > args.tasks:
         tasks = random.Random(args.seed).sample(tasks, args.tasks)
     if args.mode == "simulator" and sim is None:
-        cfg.simulator_model = args.simulator
-        sim = make_simulator(cfg)
+        texts = None
+        if args.simulator == "tiny":  # the tiny preset's tokenizer is trained on train texts
+            from envace.training.sft import load_train_trajectories, training_texts
+
+            texts = training_texts(load_train_trajectories())
+        sim = local_simulator(args.simulator, args.max_new_tokens, DESC_CHARS, texts)
     rcfg = RolloutConfig(mode=args.mode, temperature=args.temperature, top_p=args.top_p,
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                          max_context=args.max_context, seed=args.seed)

@@ -27,6 +27,7 @@ from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.model.rollout import ACT, REHEARSE, RolloutConfig, run_episodes
+from envace.model.windows import fitting_tasks
 
 
 @dataclass
@@ -121,12 +122,8 @@ def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
                  max_new_tokens: int, seed: int, env: str = "bfcl") -> list:
     """The tasks of ``env``'s split that fit the context, at most ``limit`` (seeded sample)."""
     from envace.core.envs.task_envs import env_tasks
-    from envace.training.config import TrainConfig
-    from envace.training.train_setup import fitting_tasks
 
-    tasks = env_tasks(env, split, unit)
-    cfg = TrainConfig(max_context_tokens=max_context, max_new_tokens=max_new_tokens)
-    tasks = fitting_tasks(tasks, tokenizer, cfg)
+    tasks = fitting_tasks(env_tasks(env, split, unit), tokenizer, max_context, max_new_tokens)
     if limit and len(tasks) > limit:
         tasks = random.Random(seed).sample(tasks, limit)
     return tasks

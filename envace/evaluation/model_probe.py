@@ -8,7 +8,7 @@ probed one step at a time on real histories. `envace probe` (`envace.cli.probe`)
 Locally the model rehearses every tool call of the input trajectories (`audit.probe`), greedily,
 until `<|im_end|>` or the token limit; the trajectories are probed in rounds
 (`audit.probe.probe_batched`) and each round's prompts are generated together in length-sorted
-batches. Prompts are cut as the SFT windows are (`envace.training.sft.prompt_ids`) to the
+batches. Prompts are cut as the SFT windows are (`envace.model.windows.prompt_ids`) to the
 model's context length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else
 `DEFAULT_CONTEXT` tokens.
 
@@ -30,7 +30,7 @@ DEFAULT_CONTEXT = 2048
 
 def context_length(model_dir: str | Path, model: Any = None) -> int:
     """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
-    from envace.training.sft import read_sft_meta
+    from envace.model.models import read_sft_meta
 
     seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
     if seq:
@@ -87,7 +87,7 @@ def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int 
     """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
     is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
     together, in length-sorted batches of `batch_size`."""
-    from envace.training.sft import prompt_ids
+    from envace.model.windows import prompt_ids
 
     budget = max(64, context - max_new_tokens)
 
@@ -106,7 +106,7 @@ def sequence_logprobs(model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[
     in order of length, results in input order."""
     import torch
 
-    from envace.training.trained_logits import selected_logits
+    from envace.model.trained_logits import selected_logits
 
     device = next(model.parameters()).device
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
@@ -144,7 +144,7 @@ def response_scorer(model: Any, tokenizer: Any, context: int, max_new_tokens: in
     `model_answers` cuts it; None for a candidate longer than `max_new_tokens` tokens before
     its `<|im_end|>` (the model could not have written it)."""
     from envace.model.chat import encode_text
-    from envace.training.sft import prompt_ids
+    from envace.model.windows import prompt_ids
 
     budget = max(64, context - max_new_tokens)
     stop = tokenizer.convert_tokens_to_ids(IM_END)
@@ -254,7 +254,7 @@ def act_probe(
     batch_size: int = 8,
 ) -> list[dict[str, Any]]:
     """Generate each request's assistant turn; report the parse and the agreement per step."""
-    from envace.training.sft import prompt_ids
+    from envace.model.windows import prompt_ids
 
     budget = max(64, context - max_new_tokens)
     prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)

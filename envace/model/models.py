@@ -317,3 +317,15 @@ def load_model(path: Path | str, dtype: Any = None) -> tuple[Any, Any]:
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+#: The file a folder made by ``envace sft`` holds its settings and data fingerprint in.
+SFT_META = "envace_sft.json"
+
+
+def read_sft_meta(folder: str | Path) -> dict[str, Any]:
+    """The `envace_sft.json` of a trained folder, or {}."""
+    try:
+        return json.loads((Path(folder) / SFT_META).read_text())
+    except (OSError, ValueError):
+        return {}

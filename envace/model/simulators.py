@@ -117,3 +117,13 @@ def connect_endpoint(url: str, model: str = "", *, api: str = "completions",
                                 f"({', '.join(served[:10])}): name the one to use")
         sim = make(served[0])
     return sim
+
+
+def local_simulator(spec: str, max_new_tokens: int, desc_chars: int,
+                    texts: list[str] | None = None) -> ModelSimulator:
+    """A frozen local model as the simulator: a preset or a model folder (``texts``: what a
+    ``tiny`` preset's tokenizer is trained on)."""
+    from envace.model.models import default_cache_dir, load_model, resolve_model
+
+    model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
+    return ModelSimulator(model, tok, max_new_tokens, desc_chars)

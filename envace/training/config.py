@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from envace.core.modes import TRAINING_MODES, modes_help, training_mode
+from envace.model.windows import DESC_CHARS
 from envace.training.config_base import (  # noqa: F401  (re-exported: the callers' one import)
     ConfigError,
     T,
     _unknown,
+    check_ranges,
     check_types,
     coerce,
     config_help,
@@ -80,12 +82,14 @@ class TrainConfig:
     split: str = opt("train", "task split to train on (a file in data/, data/splits/<env>/)")
     train_tasks: int = opt(
         0, "train on a fixed pool of this many tasks of `split` (sampled with the seed); 0: all. "
-        "With eval_split equal to split the evaluation uses the same pool (a memorisation check)")
+        "With eval_split equal to split the evaluation uses the same pool (a memorisation check)",
+        ge=0, why="0 switches it off")
     task_unit: Literal["turn", "task"] = opt(
         "turn", "train on single user turns (denser reward) or on whole multi-turn tasks; "
         "AgentDojo user tasks are a single user turn, so there both give the same tasks"
     )
-    desc_chars: int = opt(60, "tool descriptions in the prompt's tool listing are cut to this")
+    desc_chars: int = opt(DESC_CHARS,
+                          "tool descriptions in the prompt's tool listing are cut to this", ge=0)
     reward: Literal["state", "action", "turn_state", "action_partial"] = opt(
         "state",
         "state: final environment state after executing the committed calls equals ground "
@@ -97,28 +101,30 @@ class TrainConfig:
     )
     grounded_lambda: float = opt(
         0.0, "rehearse reward = (1 - lambda) * task reward + lambda * measured fidelity; 0: paper"
-    )
+    , ge=0, le=1)
     real_obs_coef: float = opt(
         0.0, "weight of a supervised loss on the step's real tool responses: the token-mean "
         "cross-entropy (temperature 1) of the tokens the real environment wrote (each response's "
         "text and its <|im_end|>), added to the loss of the model that learns the rehearse role "
         "(grpo, envace: the policy; split: the world model) and logged apart (loss/real_obs). "
-        "Needs real responses: mode=grpo, or anchor_fraction > 0; 0: off")
+        "Needs real responses: mode=grpo, or anchor_fraction > 0; 0: off", ge=0, why="0: off")
     anchor_fraction: float = opt(
         0.0, "mode=envace/split: the share of each step's prompt groups rolled out with the real "
         "environment answering instead of rehearsing (whole groups, drawn with the step's seed; "
         "anchor_fraction * prompts_per_step of them in expectation). An anchored group is a "
         "group of its own: its act tokens get the policy loss against its own baseline, its "
-        "real responses feed real_obs_coef, it has no rehearse role to train. 0: off")
+        "real responses feed real_obs_coef, it has no rehearse role to train. 0: off", ge=0, le=1)
     memory_k: int = opt(
         0, "rehearse with a memory of real responses: before each rehearsed response (rollouts "
         "and evaluation), a system note of the memory_k most similar calls of that tool in the "
         "environment's train split and what the real environment returned (audit.memory; never "
-        "the task's own scenario; the note stays in the episode as context). 0: off")
+        "the task's own scenario; the note stays in the episode as context). 0: off",
+        ge=0, why="0: off")
 
     # rollouts
-    prompts_per_step: int = opt(16, "tasks sampled per training step")
-    group_size: int = opt(4, "rollouts per task (the GRPO group)")
+    prompts_per_step: int = opt(16, "tasks sampled per training step", ge=1)
+    group_size: int = opt(4, "rollouts per task (the GRPO group)",
+                          ge=2, why="role-wise baselines compare rollouts of the same task")
     rollout_dtype: Literal["same", "bfloat16"] = opt(
         "same", "backend=hf: the dtype training rollouts decode in. same: the policy itself; "
         "bfloat16: a bf16 copy of it, refreshed after every update (faster decode on CPU, "
@@ -129,46 +135,58 @@ class TrainConfig:
         True, "backend=hf: training rollouts' large linear layers run on weights packed once per "
         "rollout for oneDNN (CPU, fp32/bf16; docs/profiling.md has what it buys); false: plain "
         "F.linear. The same product in another summation order")
-    temperature: float = opt(1.0, "sampling temperature in training")
-    top_p: float = opt(1.0, "nucleus sampling in training")
-    max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)")
-    max_turns: int = opt(30, "assistant turns per episode (the reference stops at 30)")
+    temperature: float = opt(1.0, "sampling temperature in training",
+                             gt=0, why="use a small value, not 0")
+    top_p: float = opt(1.0, "nucleus sampling in training", gt=0, le=1)
+    max_new_tokens: int = opt(1024, "token cap per generated message (assistant turn or response)",
+                              ge=1)
+    max_turns: int = opt(30, "assistant turns per episode (the reference stops at 30)", ge=1)
     max_context_tokens: int = opt(20000, "episode ends when its context reaches this many tokens")
 
     # optimisation
-    steps: int = opt(100, "GRPO training steps (one optimizer update each, on fresh rollouts)")
-    lr: float = opt(1e-6, "learning rate (constant after warmup; paper 1e-6)")
-    warmup_steps: int = opt(0, "linear learning-rate warmup steps")
-    weight_decay: float = opt(0.01, "AdamW weight decay")
-    grad_clip: float = opt(1.0, "max global gradient norm; 0 disables clipping")
-    micro_batch_size: int = opt(4, "sequences per forward/backward; gradients accumulate")
-    clip_low: float = opt(0.2, "PPO ratio clip below: ratio >= 1 - clip_low")
-    clip_high: float = opt(0.2, "PPO ratio clip above: ratio <= 1 + clip_high (>0.2: clip-higher)")
-    dual_clip: float | None = opt(3.0, "cap on the loss of negative-advantage tokens; null: off")
-    kl_coef: float = opt(0.0, "weight of the k3 KL to the initial policy; 0: off (paper 1e-4 on)")
+    steps: int = opt(100, "GRPO training steps (one optimizer update each, on fresh rollouts)",
+                     ge=0)
+    lr: float = opt(1e-6, "learning rate (constant after warmup; paper 1e-6)", gt=0)
+    warmup_steps: int = opt(0, "linear learning-rate warmup steps", ge=0)
+    weight_decay: float = opt(0.01, "AdamW weight decay", ge=0)
+    grad_clip: float = opt(1.0, "max global gradient norm; 0 disables clipping",
+                           ge=0, why="0 disables clipping")
+    micro_batch_size: int = opt(4, "sequences per forward/backward; gradients accumulate", ge=1)
+    clip_low: float = opt(0.2, "PPO ratio clip below: ratio >= 1 - clip_low", ge=0, lt=1)
+    clip_high: float = opt(0.2, "PPO ratio clip above: ratio <= 1 + clip_high (>0.2: clip-higher)",
+                           ge=0)
+    dual_clip: float | None = opt(3.0, "cap on the loss of negative-advantage tokens; null: off",
+                                  gt=1, why="3.0 in the paper; null: off")
+    kl_coef: float = opt(0.0, "weight of the k3 KL to the initial policy; 0: off (paper 1e-4 on)",
+                         ge=0)
     aggregation: Literal["token_mean", "seq_mean", "seq_mean_token_sum"] = opt(
         "token_mean", "loss reduction over tokens and sequences (envace.training.grpo.aggregate)"
     )
     scale_by_std: bool = opt(False, "divide advantages by the group std (paper: no)")
 
     # cold start
-    sft_steps: int = opt(0, "supervised cold-start steps on reference trajectories; 0: none")
-    sft_lr: float | None = opt(None, "learning rate of the cold start; null: the preset's")
-    sft_max_minutes: float = opt(5.0, "wall-clock budget of the cold start; 0: none")
+    sft_steps: int = opt(0, "supervised cold-start steps on reference trajectories; 0: none",
+                         ge=0, why="0: no cold start")
+    sft_lr: float | None = opt(None, "learning rate of the cold start; null: the preset's", gt=0)
+    sft_max_minutes: float = opt(5.0, "wall-clock budget of the cold start; 0: none",
+                                 ge=0, why="0: no time budget")
 
     # evaluation, fidelity audit, logging, checkpoints
     eval_split: str = opt("dev", "task split to evaluate on")
-    eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all")
-    eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)")
-    eval_temperature: float = opt(0.6, "sampling temperature in evaluation (reference 0.6)")
-    eval_top_p: float = opt(0.95, "nucleus sampling in evaluation (reference 0.95)")
+    eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all",
+                          ge=0, why="0 switches it off")
+    eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)", ge=1)
+    eval_temperature: float = opt(0.6, "sampling temperature in evaluation (reference 0.6)",
+                                  gt=0, why="use a small value, not 0")
+    eval_top_p: float = opt(0.95, "nucleus sampling in evaluation (reference 0.95)", gt=0, le=1)
     audit_scorers: list[str] = opt(
         ["exact", "json_f1", "error_agreement"],
         "fidelity scorers run on rehearsed responses every step (audit registry names); []: off",
     )
     verdict_scorer: str = opt("exact", "scorer whose verdict decides that a step diverged")
     report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
-    checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end")
+    checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end",
+                                ge=0, why="0 switches it off")
     time_sync: bool = opt(
         False, "on a GPU, wait for queued kernels at every boundary of the step's timed sections "
         "(time/* in metrics.jsonl): each section's seconds are then its own, at the cost of a "
@@ -177,40 +195,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        check_ranges(self)
         require(self.model.strip() != "", "model is empty: set model=tiny, smollm2 or a path")
         self._check_env()
-        require(self.steps >= 0, f"steps={self.steps}: set steps>=0")
-        require(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
-        require(
-            self.group_size >= 2,
-            f"group_size={self.group_size}: role-wise baselines compare rollouts of the same "
-            "task, so set group_size>=2",
-        )
-        require(self.micro_batch_size >= 1, "micro_batch_size must be >= 1")
-        require(self.lr > 0, f"lr={self.lr}: set a positive learning rate")
-        require(self.weight_decay >= 0, "weight_decay must be >= 0")
-        require(self.grad_clip >= 0, "grad_clip must be >= 0 (0 disables clipping)")
-        require(self.warmup_steps >= 0, "warmup_steps must be >= 0")
-        require(0 <= self.clip_low < 1, f"clip_low={self.clip_low}: set 0 <= clip_low < 1")
-        require(self.clip_high >= 0, f"clip_high={self.clip_high}: set clip_high >= 0")
-        require(
-            self.dual_clip is None or self.dual_clip > 1,
-            f"dual_clip={self.dual_clip}: set dual_clip > 1 (3.0 in the paper) or dual_clip=null",
-        )
-        require(self.kl_coef >= 0, f"kl_coef={self.kl_coef}: set kl_coef >= 0")
-        for name in ("temperature", "eval_temperature"):
-            require(getattr(self, name) > 0, f"{name} must be > 0 (use a small value, not 0)")
-        for name in ("top_p", "eval_top_p"):
-            require(0 < getattr(self, name) <= 1, f"{name} must be in (0, 1]")
-        require(self.max_new_tokens >= 1 and self.max_turns >= 1, "max_new_tokens, max_turns >= 1")
         require(
             self.max_new_tokens < self.max_context_tokens,
             f"max_new_tokens={self.max_new_tokens} must be below max_context_tokens="
             f"{self.max_context_tokens}: raise max_context_tokens or lower max_new_tokens",
-        )
-        require(
-            0 <= self.grounded_lambda <= 1,
-            f"grounded_lambda={self.grounded_lambda}: set it in [0, 1]",
         )
         mode = training_mode(self.mode)
         rehearsing = [m.name for m in TRAINING_MODES.values() if m.trains_rehearsals]
@@ -224,7 +215,6 @@ class TrainConfig:
         require(self.rollout_dtype == "same" or self.backend == "hf",
                 f"rollout_dtype={self.rollout_dtype} is for backend=hf; vLLM's engine dtype is "
                 "`dtype`")
-        require(self.memory_k >= 0, f"memory_k={self.memory_k}: 0 (off) or more entries")
         require(
             self.memory_k == 0 or mode.trains_rehearsals,
             f"memory_k={self.memory_k} is shown when the policy rehearses, which mode="
@@ -251,15 +241,6 @@ class TrainConfig:
             f"world_model is only used when mode={'/'.join(split)} (mode={self.mode}): set "
             f"world_model=null or mode={'/'.join(split)}",
         )
-        require(self.sft_steps >= 0, "sft_steps must be >= 0 (0: no cold start)")
-        require(self.sft_lr is None or self.sft_lr > 0,
-                f"sft_lr={self.sft_lr}: set a positive learning rate or null")
-        for name in ("eval_tasks", "checkpoint_every", "train_tasks"):
-            require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 switches it off)")
-        require(self.eval_seeds >= 1, "eval_seeds must be >= 1")
-        require(self.desc_chars >= 0, f"desc_chars={self.desc_chars}: set desc_chars >= 0")
-        require(self.sft_max_minutes >= 0,
-                f"sft_max_minutes={self.sft_max_minutes}: set it >= 0 (0: no time budget)")
         self._check_scorers()
         require(
             not self.audit_scorers or self.verdict_scorer in self.audit_scorers,
@@ -269,10 +250,6 @@ class TrainConfig:
 
     def _check_real_obs(self) -> None:
         """real_obs_coef and anchor_fraction: in range, and real responses to learn from."""
-        require(self.real_obs_coef >= 0,
-                f"real_obs_coef={self.real_obs_coef}: set real_obs_coef >= 0 (0: off)")
-        require(0 <= self.anchor_fraction <= 1,
-                f"anchor_fraction={self.anchor_fraction}: set it in [0, 1]")
         mode = training_mode(self.mode)
         rehearsing = "/".join(m.name for m in TRAINING_MODES.values() if m.rollout == "rehearse")
         real = "/".join(m.name for m in TRAINING_MODES.values() if m.rollout == "real")

@@ -36,12 +36,47 @@ class ConfigError(ValueError):
     """A config value, key or combination is wrong; the message says what to change."""
 
 
-def opt(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with a default and a help string (lists and dicts are copied per use)."""
-    metadata = {"help": help}
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
+        le: float | None = None, lt: float | None = None, why: str = "", **kwargs: Any) -> Any:
+    """A dataclass field with a default, a help string and optional bounds (``ge``/``gt``/``le``/
+    ``lt``, checked by :func:`check_ranges`; ``why``: said when a value is out of them; a None
+    value is never out of range). Lists and dicts are copied per use."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    metadata: dict[str, Any] = {"help": help, "bounds": bounds, "why": why}
     if isinstance(default, list | dict | set) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def range_text(bounds: dict[str, float]) -> str:
+    """``in [0, 1]``, ``in (0, 1]``, ``>= 1``, ...: what the bounds admit."""
+    low = next(((k, bounds[k]) for k in ("ge", "gt") if k in bounds), None)
+    high = next(((k, bounds[k]) for k in ("le", "lt") if k in bounds), None)
+    if low and high:
+        return (f"in {'[' if low[0] == 'ge' else '('}{low[1]:g}, "
+                f"{high[1]:g}{']' if high[0] == 'le' else ')'}")
+    k, v = low or high  # type: ignore[misc]
+    return f"{_BOUNDS[k]} {v:g}"
+
+
+def _within(value: float, bounds: dict[str, float]) -> bool:
+    return all({"ge": value >= v, "gt": value > v, "le": value <= v, "lt": value < v}[k]
+               for k, v in bounds.items())
+
+
+def check_ranges(cfg: Any) -> None:
+    """ConfigError naming the first field whose value is outside the bounds its ``opt``
+    declares (call after :func:`check_types`)."""
+    for f in dataclasses.fields(cfg):
+        bounds = f.metadata.get("bounds")
+        value = getattr(cfg, f.name)
+        if bounds and value is not None and not _within(value, bounds):
+            why = f.metadata.get("why")
+            raise ConfigError(f"{f.name}={value}: set {f.name} {range_text(bounds)}"
+                              + (f" ({why})" if why else ""))
 
 
 def require(ok: bool, message: str) -> None:
@@ -344,7 +379,10 @@ def config_help(cls: type, prefix: str = "") -> str:
             lines.append(config_help(tp, f"{prefix}{name}."))
             continue
         help_text = f.metadata.get("help", "")
-        lines.append(f"  {prefix}{name} ({type_name(tp)}, default {getattr(defaults, name)!r})")
+        bounds = f.metadata.get("bounds")
+        shown = f", {range_text(bounds)}" if bounds else ""
+        lines.append(f"  {prefix}{name} ({type_name(tp)}, default {getattr(defaults, name)!r}"
+                     f"{shown})")
         if help_text:
             lines.append(
                 textwrap.fill(help_text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)

@@ -45,11 +45,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envace.core.schema import Trajectory
-from envace.model.chat import IM_END, IM_START, Role, encode_with_roles, marker_id, render
-from envace.model.models import MARKER, atomic_dir, default_cache_dir, fingerprint, resolve_model
+from envace.model.chat import IM_END, Role, render
+from envace.model.models import (
+    MARKER,
+    SFT_META,
+    atomic_dir,
+    default_cache_dir,
+    fingerprint,
+    read_sft_meta,
+    resolve_model,
+)
+from envace.model.windows import make_windows, message_blocks
 from envace.training.config import opt, require
 
-SFT_META = "envace_sft.json"
 SFT_LOG = "sft_log.jsonl"
 SFT_VERSION = 1  # bump when the data or the training recipe changes meaning
 # which chat roles each `roles` setting trains (the rest of the window is context)
@@ -170,76 +178,6 @@ def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = Non
     return out
 
 
-def message_blocks(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    generation_prompt: str | None = None,
-) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
-    """`(blocks, kinds)`: the encoding cut into turns, each `(ids, roles)`, and each turn's role.
-
-    Block 0 is the system turn (a leading system message is folded into it); then one block per
-    message; with `generation_prompt`, a last block holding the open header. Turns are cut at
-    `<|im_start|>`, which text can never produce (`encode_text` keeps marker strings as text).
-    """
-    ids, roles = encode_with_roles(tokenizer, messages, tools, generation_prompt=generation_prompt)
-    start = marker_id(tokenizer, IM_START)
-    cuts = [i for i, t in enumerate(ids) if t == start] + [len(ids)]
-    blocks = [(ids[a:b], roles[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
-    msgs = list(messages)
-    if msgs and msgs[0].get("role") == "system":
-        msgs = msgs[1:]
-    kinds = ["system"] + [str(m.get("role", "user")) for m in msgs]
-    if generation_prompt:
-        kinds.append(f"prompt:{generation_prompt}")
-    if len(kinds) != len(blocks):
-        raise RuntimeError(f"{len(blocks)} turns encoded for {len(kinds)} messages")
-    return blocks, kinds
-
-
-def _carry(blocks: list, kinds: list[str], start: int) -> list[int]:
-    """Ids of the last user message before `start` (context for a window starting there)."""
-    for i in range(start - 1, 0, -1):
-        if kinds[i] == "user":
-            return list(blocks[i][0])
-    return []
-
-
-def make_windows(
-    blocks: list[tuple[list[int], list[int]]], kinds: list[str], seq_len: int
-) -> list[tuple[list[int], list[int]]]:
-    """Cut one encoded trajectory into training windows of at most `seq_len` tokens.
-
-    Each window: the system turn, then (when it starts after the first message) the last user
-    message before it, both as context, then consecutive whole messages while they fit. A message
-    that does not fit an otherwise empty window is cut at its end. Windows without a trained
-    token are dropped.
-    """
-    sys_ids = list(blocks[0][0])[: seq_len // 2]
-    out: list[tuple[list[int], list[int]]] = []
-    i, n = 1, len(blocks)
-    while i < n:
-        carry = _carry(blocks, kinds, i) if i > 1 else []
-        if len(sys_ids) + len(carry) + len(blocks[i][0]) > seq_len:
-            carry = []
-        ids = sys_ids + carry
-        roles = [int(Role.CONTEXT)] * len(ids)
-        j = i
-        while j < n and len(ids) + len(blocks[j][0]) <= seq_len:
-            ids += blocks[j][0]
-            roles += blocks[j][1]
-            j += 1
-        if j == i:  # one message longer than the room left: keep its start
-            room = seq_len - len(ids)
-            ids += blocks[i][0][:room]
-            roles += blocks[i][1][:room]
-            j = i + 1
-        if any(r != Role.CONTEXT for r in roles):
-            out.append((ids, roles))
-        i = j
-    return out
-
-
 def build_examples(
     tokenizer: Any, trajectories: Sequence[Trajectory], seq_len: int, roles: str = "both",
     memory_k: int = 0,
@@ -276,33 +214,6 @@ def build_examples(
             stats["act_tokens"] += sum(r == Role.ACT and r in trained for r in rls)
             stats["rehearse_tokens"] += sum(r == Role.REHEARSE and r in trained for r in rls)
     return examples, stats
-
-
-def prompt_ids(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
-    generation_prompt: str,
-    max_len: int,
-) -> list[int]:
-    """A generation prompt of at most `max_len` ids, cut as training windows are.
-
-    The system turn, the last user message when it would fall outside, as many of the latest
-    messages as fit, and the open `<|im_start|>{generation_prompt}\\n` header.
-    """
-    blocks, kinds = message_blocks(tokenizer, messages, tools, generation_prompt)
-    header, body = blocks[-1][0], blocks[:-1]
-    sys_ids = list(body[0][0])[: max(0, max_len - len(header)) // 2]
-    room = max_len - len(header) - len(sys_ids)
-    start, used = len(body), 0
-    while start > 1 and used + len(body[start - 1][0]) <= room:
-        start -= 1
-        used += len(body[start][0])
-    carry = _carry(body, kinds, start) if start > 1 else []
-    if used + len(carry) > room:
-        carry = []
-    tail = [t for b in body[start:] for t in b[0]]
-    return sys_ids + carry + tail + list(header)
 
 
 def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
@@ -570,11 +481,3 @@ def mean_loss(model: Any, examples: Sequence[Mapping[str, list[int]]]) -> float:
             count += int(keep.sum())
     model.train(was_training)
     return total / count if count else float("nan")
-
-
-def read_sft_meta(folder: str | Path) -> dict[str, Any]:
-    """The `envace_sft.json` of a trained folder, or {}."""
-    try:
-        return json.loads((Path(folder) / SFT_META).read_text())
-    except (OSError, ValueError):
-        return {}

@@ -39,6 +39,7 @@ from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
 from envace.core.timing import NULL_TIMER, StepTimer, Timer
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
+from envace.model.trained_logits import scatter_rows, selected_logits
 from envace.training import grpo
 from envace.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from envace.training.config import ConfigError, TrainConfig, dump_yaml, to_dict
@@ -64,7 +65,6 @@ from envace.training.train_setup import (
     served_simulator,
     training_pool,
 )
-from envace.training.trained_logits import scatter_rows, selected_logits
 
 
 def _pad(seqs: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:

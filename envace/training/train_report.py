@@ -16,6 +16,7 @@ from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.timing import shares
 from envace.evaluation.evaluate import EvalSettings, evaluate
+from envace.model.windows import fitting_tasks
 from envace.training.config import TrainConfig
 
 
@@ -27,9 +28,8 @@ def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
         pool = training_pool(cfg, tokenizer)
         return pool[:cfg.eval_tasks] if cfg.eval_tasks else pool
     tasks = env_tasks(cfg.env, cfg.eval_split, cfg.task_unit)
-    from envace.training.train_setup import fitting_tasks
-
-    tasks = fitting_tasks(tasks, tokenizer, cfg)
+    tasks = fitting_tasks(tasks, tokenizer, cfg.max_context_tokens, cfg.max_new_tokens,
+                          cfg.desc_chars)
     if cfg.eval_tasks and len(tasks) > cfg.eval_tasks:
         tasks = random.Random(cfg.seed).sample(tasks, cfg.eval_tasks)
     return tasks

@@ -24,6 +24,7 @@ from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.model.models import default_cache_dir, load_model, resolve_model
+from envace.model.windows import fitting_tasks
 from envace.training.checkpoint import save_checkpoint
 from envace.training.config import ConfigError, TrainConfig, to_dict
 from envace.training.distributed import Dist
@@ -121,29 +122,11 @@ def training_pool(cfg: TrainConfig, tokenizer: Any) -> list[Task]:
     """The tasks a run trains on: those of `split` that fit, or a fixed seeded pool of them."""
     import random
 
-    tasks = fitting_tasks(training_tasks(cfg), tokenizer, cfg)
+    tasks = fitting_tasks(training_tasks(cfg), tokenizer, cfg.max_context_tokens,
+                          cfg.max_new_tokens, cfg.desc_chars)
     if cfg.train_tasks and len(tasks) > cfg.train_tasks:
         tasks = random.Random(cfg.seed).sample(tasks, cfg.train_tasks)
     return tasks
-
-
-def fitting_tasks(tasks: list[Task], tokenizer: Any, cfg: TrainConfig) -> list[Task]:
-    """Tasks whose prompt leaves room for at least two messages within the context limit."""
-    from envace.model import chat
-    room = cfg.max_context_tokens - 2 * cfg.max_new_tokens
-    out = []
-    for t in tasks:
-        msgs = t.opening_messages()
-        if sum(len(str(m.get("content", ""))) for m in msgs) > 8 * room:
-            continue  # far too long: no need to tokenize
-        # measured only: a prompt past the room is dropped here and never reaches the model
-        ids, _ = chat.encode_with_roles(tokenizer, msgs, t.tools(turn=0), measuring=True,
-                                        generation_prompt="assistant", desc_chars=cfg.desc_chars)
-        if len(ids) <= room:
-            out.append(t)
-    if not out:
-        raise ValueError(f"no task fits max_context_tokens={cfg.max_context_tokens}: raise it")
-    return out
 
 
 def _train_texts() -> list[str]:
@@ -339,15 +322,14 @@ def served_simulator(cfg: TrainConfig) -> Any | None:
 def make_simulator(cfg: TrainConfig) -> Any:
     """The simulator of mode ``simulator``: a served one (``served_simulator``), or a frozen
     local model (preset or path)."""
-    from envace.model.simulators import ModelSimulator
+    from envace.model.simulators import local_simulator
 
     served = served_simulator(cfg)
     if served is not None:
         return served
     spec = cfg.simulator_model or ""
     texts = _train_texts() if spec == "tiny" else None
-    model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
-    return ModelSimulator(model, tok, cfg.max_new_tokens, cfg.desc_chars)
+    return local_simulator(spec, cfg.max_new_tokens, cfg.desc_chars, texts)
 
 
 def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     command line, with vLLM rollouts; its exit code."""
     import argparse
 
-    from envace.cli.train import add_parser, run
+    from envace.training.command import add_parser, run
 
     parser = argparse.ArgumentParser(prog="python -m envace.training.vllm_train",
                                      description=__doc__.split("\n\n")[0])

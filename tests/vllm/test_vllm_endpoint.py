@@ -127,7 +127,7 @@ def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], b
     from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from envace.model.endpoint import request_for
-    from envace.training.sft import prompt_ids
+    from envace.model.windows import prompt_ids
 
     seen: list[bool] = []
 

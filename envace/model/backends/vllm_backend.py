@@ -43,7 +43,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 # vLLM's CPU engine keeps its OpenMP threads bound to the cores; spinning idle, they slow the
 # trainer's torch ops in the same process about 10x (measured on 2 cores). Only effective before
@@ -60,7 +60,14 @@ if TYPE_CHECKING:
     from envace.core.timing import Timer
     from envace.core.worldmodel import WorldModel
     from envace.model.rollout import Episode, RolloutConfig
-    from envace.training.config import TrainConfig
+
+
+class EngineSettings(Protocol):
+    """What the engines read of a run's config (a ``TrainConfig`` has these fields)."""
+
+    dtype: str
+    seed: int
+    max_context_tokens: int
 
 
 def _cpu_only() -> bool:
@@ -202,7 +209,7 @@ class VLLMRollouts:
         self.seconds_sync = 0.0
 
     @classmethod
-    def for_config(cls, cfg: TrainConfig, model_path: str | os.PathLike | None = None
+    def for_config(cls, cfg: EngineSettings, model_path: str | os.PathLike | None = None
                    ) -> VLLMRollouts:
         """Engine settings from a training config (context limit, dtype, seed)."""
         dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[cfg.dtype]

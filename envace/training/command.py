@@ -1,5 +1,9 @@
 """`envace train`: parse the config (YAML preset + key=value overrides) and run the trainer.
 
+The train command lives with the trainer, not in ``envace.cli``, because two commands share it:
+`envace train` (``envace.cli.main`` registers it) and the vLLM lane's
+``python -m envace.training.vllm_train train`` (the same arguments, checks and exit codes).
+
     envace train                                  # configs/tiny.yaml
     envace train --config configs/smollm2.yaml steps=20 lr=2e-6
     envace train --resume runs/<name>             # the run's own config.yaml, from its checkpoint

@@ -10,7 +10,7 @@ Exit codes: 0 audit written and every record audited; 3 audit written but some r
 skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
 unreadable input or a refused output (nothing written); 130 interrupted (Ctrl-C; nothing
 written); 1 an internal error (a bug). Outputs go to a fresh directory renamed into place when
-complete, never over an input or another tool's files (``audit.output``). The teacher-forced
+complete, never over an input or another tool's files (``audit.store.output``). The teacher-forced
 probe of a model is `envace probe` (it needs the model runtime); `envace-audit probe` says so.
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from envace.core.layout import AUDIT
 
-#: `audit.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested equal)
+#: `audit.worlds.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested
+#: equal)
 BASELINES = ("majority", "lookup", "edit", "echo", "empty")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -31,7 +32,7 @@ SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary
 
 
 def _add_scoring(p: argparse.ArgumentParser) -> None:
-    from audit.scorers import DEFAULT_SCORERS
+    from audit.scoring.scorers import DEFAULT_SCORERS
 
     p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS),
                    help="scorer names (default: %(default)s)")
@@ -41,14 +42,14 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace, **extra: object):
-    from audit.settings import AuditOptions
+    from audit.scoring.settings import AuditOptions
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=not args.quiet, **extra)
 
 
 def _validate_scorers(args: argparse.Namespace) -> str | None:
-    from audit.scorers import list_scorers
+    from audit.scoring.scorers import list_scorers
 
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
@@ -129,12 +130,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_USAGE
     if args.out is not None:
-        from audit.output import OutputDir
+        from audit.store.output import OutputDir
 
         with OutputDir(args.out, [args.a, args.b], kind="compare") as tmp:
             result = compare_audits(args.a, args.b, alpha=args.alpha)
             text = render_compare(result)
-            from audit.output import write_json_atomic
+            from audit.store.output import write_json_atomic
 
             write_json_atomic(tmp / AUDIT.compare_json, result)
             (tmp / AUDIT.compare_md).write_text(text, encoding="utf-8")
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("inputs", nargs="+")
     b.add_argument("--reference", required=True)
     b.add_argument("--model", default="lookup", choices=BASELINES,
-                   help="which reference world model (audit.reference: lookup, edit, ...)")
+                   help="which reference world model (audit.worlds.reference: lookup, edit, ...)")
     b.add_argument("--out", required=True)
     b.add_argument("--workers", type=int, default=1)
     _add_scoring(b)
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from audit.output import UsageError
+    from audit.store.output import UsageError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if [a for a in argv if a != "--quiet"][:1] == ["probe"] and not {"-h", "--help"} & set(argv):

@@ -1,10 +1,10 @@
 """Two audits side by side (two checkpoints, two simulators), with intervals and p-values.
 
 Both audits are read from their ``steps.jsonl`` and reduced to the steps their statistics count
-(``audit.population``: answered rehearsed steps, or the real ones of a determinism check), so an
-audit written before the current summary format compares the same way. Steps of one trajectory
+(``audit.stats.population``: answered rehearsed steps, or the real ones of a determinism check), so
+an audit written before the current summary format compares the same way. Steps of one trajectory
 are not independent, so every difference (divergence rate, each scorer's mean) gets a
-trajectory-bootstrap interval and p-value (``audit.intervals.ratio_difference``):
+trajectory-bootstrap interval and p-value (``audit.stats.intervals.ratio_difference``):
 
 - ``paired_by_trajectory`` when both audits hold the same trajectories (same ids, e.g. two
   simulators or two verdicts over one trajectory file): trajectories are resampled together;
@@ -16,7 +16,7 @@ in one audit only, and the difference on those calls, resampling A's trajectorie
 
 Damaged audits: a line of ``steps.jsonl`` or a field of ``summary.json`` that cannot be used is
 listed in ``skipped_records`` (file, line, reason) and left out; an audit with nothing usable
-raises :class:`audit.output.UsageError`.
+raises :class:`audit.store.output.UsageError`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from audit.compounding import clean, compounding_ratio
-from audit.history import split_histories
-from audit.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
-from audit.output import UsageError
-from audit.population import population
-from audit.records import read_steps, read_summary
+from audit.stats.compounding import clean, compounding_ratio
+from audit.stats.history import split_histories
+from audit.stats.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
+from audit.stats.population import population
+from audit.store.output import UsageError
+from audit.store.records import read_steps, read_summary
 from envace.core.layout import AUDIT
 
 PAIRED = "paired_by_trajectory"

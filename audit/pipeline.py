@@ -5,7 +5,7 @@
 
 Writes (docs/spec/trajectory.md, "Audit output"): ``steps.jsonl`` (one line per tool call),
 ``trajectories.jsonl`` (one line per trajectory), ``summary.json`` and ``report.md`` with PNG
-plots, all into a fresh directory renamed into place when complete (``audit.output``: locked,
+plots, all into a fresh directory renamed into place when complete (``audit.store.output``: locked,
 never over an input or another tool's files). Input is streamed: at most a bounded window of
 trajectories is in flight, and only a compact row per step (no texts) is kept for the
 statistics.
@@ -34,11 +34,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from audit.models import step_line
-from audit.output import AuditWriter, UsageError, write_json_atomic
 from audit.replay import ReplayError, replay_trajectory
-from audit.settings import AuditOptions, Override
-from audit.summary import build_summary, compact
+from audit.scoring.settings import AuditOptions, Override
+from audit.stats.summary import build_summary, compact
+from audit.store.models import step_line
+from audit.store.output import AuditWriter, UsageError, write_json_atomic
 from envace.core.schema import Trajectory, read_trajectories
 
 __all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
@@ -126,7 +126,7 @@ class _Done:
 
 
 def _setup_worker(opts: AuditOptions, triples: list[Triple] | None) -> None:
-    from audit.reference import REFERENCE_NAMES, build_reference
+    from audit.worlds.reference import REFERENCE_NAMES, build_reference
 
     refs: dict[str, Override] = {}
     if triples is not None:
@@ -259,8 +259,8 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
               opts: AuditOptions | None = None) -> dict[str, Any]:
     """Replay, score and summarise; write the audit directory; return the summary.
 
-    Raises :class:`audit.output.UsageError` (nothing written) for an output that may not be
-    written (``audit.output``) or a ``--reference`` with nothing usable.
+    Raises :class:`audit.store.output.UsageError` (nothing written) for an output that may not be
+    written (``audit.store.output``) or a ``--reference`` with nothing usable.
     """
     opts = opts or AuditOptions()
     if opts.override and not opts.reference:

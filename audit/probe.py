@@ -31,10 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from audit.history import HISTORIES
-from audit.output import AuditWriter
 from audit.pipeline import reference_triples
-from audit.population import assign_depths
 from audit.replay import (
     MAX_HISTORY_CHARS,
     RealCalls,
@@ -45,8 +42,11 @@ from audit.replay import (
     step_record,
     trajectory_row,
 )
-from audit.settings import AuditOptions, AuditSettings
-from audit.summary import build_summary, compact
+from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.stats.history import HISTORIES
+from audit.stats.population import assign_depths
+from audit.stats.summary import build_summary, compact
+from audit.store.output import AuditWriter
 from envace.core.envs.base import Environment
 from envace.core.schema import Message, Trajectory, read_trajectories
 from envace.core.worldmodel import Unanswered, WorldModel
@@ -131,7 +131,7 @@ def probe_batched(
     its own environment. Per trajectory: its audit, or the exception that stopped it (e.g.
     `ReplayError`). `task_ids`: `answer_batch` is called with a second list, each request's
     task id (a memory of real responses must not answer from the task's own scenario:
-    `audit.memory`)."""
+    `audit.worlds.memory`)."""
     results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
     live: dict[int, tuple[ProbeSteps, Request]] = {}
 
@@ -237,7 +237,7 @@ def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
 
 def probe_settings(opts: AuditOptions) -> AuditSettings:
     """Audit settings of `opts`, with reference world models when `opts.reference` is set."""
-    from audit.reference import REFERENCE_NAMES, build_reference
+    from audit.worlds.reference import REFERENCE_NAMES, build_reference
 
     refs = {}
     if opts.reference:
@@ -268,12 +268,12 @@ def run_probe(
     `answer_batch` (asked in rounds over `chunk` trajectories at once: `probe_batched`).
     `histories`: ``("real",)`` the teacher-forced probe; ``("own",)`` the self-conditioned one;
     both: every step is probed twice, the rows carry ``history``, the statistics count the
-    real-history rows and the summary decomposes the two (``history`` block, `audit.history`).
+    real-history rows and the summary decomposes the two (``history`` block, `audit.stats.history`).
     `steps`: trajectory id -> step indices to probe (trajectories not named are skipped
     silently); `label` names the audited model in the summary, `extra` adds summary fields
     (a callable: asked once the probe is done). Returns the summary. Unreadable or
     unreplayable records are reported with file and line, never fatal. The directory is
-    written like every audit's (``audit.output``: renamed into place when complete, never
+    written like every audit's (``audit.store.output``: renamed into place when complete, never
     over an input or another tool's files). `task_ids`: `answer_batch` is also given each
     request's task id (`probe_batched`).
     """

@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from audit.canonical import is_error_response
-from audit.compounding import novelty
-from audit.population import assign_depths, is_rehearsed
-from audit.scorers import ScoreContext, score_step
-from audit.settings import AuditSettings, Override
+from audit.scoring.canonical import is_error_response
+from audit.scoring.scorers import ScoreContext, score_step
+from audit.scoring.settings import AuditSettings, Override
+from audit.stats.compounding import novelty
+from audit.stats.population import assign_depths, is_rehearsed
 from envace.core.envs.base import Environment, make_env
 from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import Trajectory

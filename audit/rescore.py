@@ -6,13 +6,13 @@ the report are recomputed from ``steps.jsonl`` alone. Reference responses stored
 are rescored too. Files written before step records carried ``depth`` get it here (derived per
 trajectory from the order of its calls and the ``source_rehearsed`` flags).
 
-A new audit directory is written (``audit.output``: in place of the old one or at ``--out``,
+A new audit directory is written (``audit.store.output``: in place of the old one or at ``--out``,
 renamed in when complete). Nothing is dropped: a line of ``steps.jsonl`` that cannot be read,
 validated or scored is listed in ``skipped_records`` (file, line, reason) and kept verbatim in
 ``steps.unreadable.jsonl`` of the new audit (an old ``steps.unreadable.jsonl`` is carried over);
 ``trajectories.jsonl`` is copied as it is. A damaged ``summary.json`` is reported the same way and
 its counts recomputed from the steps. A ``steps.jsonl`` with lines but none usable is refused
-(:class:`audit.output.UsageError`, nothing written).
+(:class:`audit.store.output.UsageError`, nothing written).
 
 ``summary_from_steps`` recomputes a summary without rewriting anything (the dashboard uses it for
 audits whose ``summary.json`` predates the current statistics).
@@ -25,13 +25,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from audit.models import SUMMARY_VERSION, step_line
-from audit.output import AuditWriter, UsageError
-from audit.population import assign_depths
-from audit.records import read_steps, read_summary
-from audit.scorers import ScoreContext, score_step
-from audit.settings import AuditOptions, AuditSettings
-from audit.summary import build_summary, compact
+from audit.scoring.scorers import ScoreContext, score_step
+from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.stats.population import assign_depths
+from audit.stats.summary import build_summary, compact
+from audit.store.models import SUMMARY_VERSION, step_line
+from audit.store.output import AuditWriter, UsageError
+from audit.store.records import read_steps, read_summary
 from envace.core.layout import AUDIT
 
 UNREADABLE = AUDIT.unreadable

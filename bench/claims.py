@@ -55,7 +55,7 @@ def exact_paired_ci(worse: int, better: int, tasks: int,
     bound of 0 discordant in `tasks` (the difference can be no larger than the discordant share)."""
     from scipy import stats
 
-    from audit.intervals import wilson_ci
+    from audit.stats.intervals import wilson_ci
 
     m = worse + better
     if m == 0:

@@ -12,10 +12,10 @@ those with at least 4 calls; the same for every model): every call is rehearsed 
 responses of the earlier calls and given the model's own earlier answers. The table gives, per
 model, divergence with each history, their difference (own - real) with a trajectory-bootstrap
 interval, the induced errors, and the compounding share (own - real) / own overall and at
-depth >= 3 (`audit.history`). Writes bench/results/<name>.json (machine, load before and after,
-seconds per model, each model's whole `history` block) after every model, and keeps each audit
-under --keep; `--collect` rebuilds the table from the audits kept there (a stopped run keeps the
-models it finished) without probing again; a model whose audit is already kept there is not
+depth >= 3 (`audit.stats.history`). Writes bench/results/<name>.json (machine, load before and
+after, seconds per model, each model's whole `history` block) after every model, and keeps each
+audit under --keep; `--collect` rebuilds the table from the audits kept there (a stopped run keeps
+the models it finished) without probing again; a model whose audit is already kept there is not
 probed again either (`--redo` probes it anew). `--hybrid LABEL ...` probes those models as the
 hybrid world model of issue #17 (the lookup's exact answer where the train split made the identical
 call, the model elsewhere: `envace probe --hybrid train.jsonl`), the train split exported under
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             w.write(t)
     grounding = None
     if args.hybrid:
-        from audit.memory import MemoryOptions, ResponseMemory
+        from audit.worlds.memory import MemoryOptions, ResponseMemory
         from envace.core.envs.bfcl.tasks import split_tasks
         from envace.core.export import export_real
 

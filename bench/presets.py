@@ -14,7 +14,7 @@ model is probed one step at a time on the *real* history:
   tool response; scored against the real response with the audit's `exact` and `json_f1`.
 
 Shares and the json_f1 mean carry 95 % intervals that resample the sampled steps' trajectories
-(`audit.intervals.cluster_ratio`: steps of one trajectory are not independent);
+(`audit.stats.intervals.cluster_ratio`: steps of one trajectory are not independent);
 rehearsal skill against the lookup / majority reference world models (built from the train
 split) carries a paired bootstrap interval over trajectories; trained tiny vs untrained tiny is a
 paired bootstrap difference. With `--free-running N`, each model also rolls out N dev tasks on
@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from audit.intervals import cluster_ratio
 from audit.pipeline import AuditOptions
-from audit.reference import build_reference, skill_with_ci
-from audit.scorers import ScoreContext, score_step
+from audit.scoring.scorers import ScoreContext, score_step
+from audit.stats.intervals import cluster_ratio
+from audit.worlds.reference import build_reference, skill_with_ci
 from bench.machine import RESULTS, table, write_result
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
@@ -170,7 +170,7 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": ["python", "-m", "bench.presets", "--recompute-intervals"],
         "note": "intervals recomputed from the stored per-step figures: trajectory bootstrap "
-                "(audit.intervals) instead of Wilson/t over steps; points unchanged"}]
+                "(audit.stats.intervals) instead of Wilson/t over steps; points unchanged"}]
     return res
 
 

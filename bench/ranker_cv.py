@@ -2,16 +2,15 @@
 
     .venv/bin/python -m bench.ranker_cv --train runs/world_model_skill/data/train.jsonl
 
-`audit.ranker` picks among real training responses and their copy-edits with a gradient-boosted
-classifier. Its settings (``audit.ranker.BOOSTING``) were chosen here, by 5-fold cross-validation
-over the train split's scenarios (folds by ``audit.memory.scenario_key``, scenarios dealt in
-sorted order): each fold's calls are answered by a ranker fitted on the other four folds' calls,
-every call's candidates drawn from the other scenarios of the whole train file (the
-leave-scenario-out a held-out call sees). Per setting: exact rate, ``edit``'s exact rate on the
-same calls (the first candidate of every call), and skill against ``edit`` with the bootstrap
-interval resampling scenarios. Dev and test are never read. Writes
-``bench/results/<name>.json`` (machine, load, seconds) and prints the table.
-"""
+`audit.worlds.ranker` picks among real training responses and their copy-edits with a
+gradient-boosted classifier. Its settings (``audit.worlds.ranker.BOOSTING``) were chosen here, by
+5-fold cross-validation over the train split's scenarios (folds by
+``audit.worlds.memory.scenario_key``, scenarios dealt in sorted order): each fold's calls are
+answered by a ranker fitted on the other four folds' calls, every call's candidates drawn from the
+other scenarios of the whole train file (the leave-scenario-out a held-out call sees). Per setting:
+exact rate, ``edit``'s exact rate on the same calls (the first candidate of every call), and skill
+against ``edit`` with the bootstrap interval resampling scenarios. Dev and test are never read.
+Writes ``bench/results/<name>.json`` (machine, load, seconds) and prints the table. """
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from typing import Any
 
 from bench.machine import run_record, table, write_result
 
-#: the settings compared (the first is audit.ranker.BOOSTING's, chosen by this table)
+#: the settings compared (the first is audit.worlds.ranker.BOOSTING's, chosen by this table)
 GRID: list[dict[str, Any]] = [
     {"max_iter": 200, "learning_rate": 0.05, "min_samples_leaf": 20},
     {"max_iter": 100, "learning_rate": 0.05, "min_samples_leaf": 20},
@@ -35,9 +34,9 @@ GRID: list[dict[str, Any]] = [
 
 def calls_with_candidates(train: str) -> list[dict[str, Any]]:
     """Every answered real call of `train` with its candidates' features and labels."""
-    from audit.canonical import canonical_text
-    from audit.memory import ResponseMemory, scenario_key
-    from audit.ranker import candidate_rows, training_calls
+    from audit.scoring.canonical import canonical_text
+    from audit.worlds.memory import ResponseMemory, scenario_key
+    from audit.worlds.ranker import candidate_rows, training_calls
     from envace.core.schema import read_trajectories
 
     memory = ResponseMemory.from_file(train)
@@ -57,7 +56,7 @@ def cross_validate(calls: list[dict[str, Any]], setting: dict[str, Any],
     skill against ``edit`` with its scenario-bootstrap interval."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from audit.reference import skill_with_ci
+    from audit.worlds.reference import skill_with_ci
 
     scenarios = sorted({c["scenario"] for c in calls})
     fold = {s: i % folds for i, s in enumerate(scenarios)}

@@ -6,13 +6,13 @@
 Runs exactly the commands a user would (recorded in the result): export the train and dev
 splits' real trajectories, replay every task of the environment (the determinism check: must be
 0 % divergence), then ``envace-audit baseline`` for each reference (``lookup``, ``edit``,
-``majority``; `audit.reference`) built from train and scored on dev's ground-truth calls. Each
-reference's skill against the lookup is paired call by call, with an interval that resamples
-whole trajectories (`audit.reference.skill_with_ci`).
+``majority``; `audit.worlds.reference`) built from train and scored on dev's ground-truth calls.
+Each reference's skill against the lookup is paired call by call, with an interval that resamples
+whole trajectories (`audit.worlds.reference.skill_with_ci`).
 
 ``train_leave_scenario_out`` is the figure the ``edit`` rule was fixed on, before dev was
 scored: every train call answered by the references built from the other train scenarios
-(`audit.memory.scenario_key`: the four BFCL categories of one scenario go out together),
+(`audit.worlds.memory.scenario_key`: the four BFCL categories of one scenario go out together),
 exact share and skill against the lookup with the interval resampling scenarios; its
 ``readable_ceiling`` (`readable_ceiling`) counts the train calls whose response a world model
 that copies could write at all, every value of it found in other scenarios' responses of the
@@ -68,7 +68,7 @@ def exact_by_step(steps_file: Path) -> dict[tuple[str, int], float]:
 def paired_skill(model: dict[tuple[str, int], float],
                  ref: dict[tuple[str, int], float]) -> dict[str, Any]:
     """Skill of `model` against `ref` on the calls both scored, intervals by trajectory."""
-    from audit.reference import skill_with_ci
+    from audit.worlds.reference import skill_with_ci
 
     keys = sorted(model.keys() & ref.keys())
     if len(keys) != len(model) or len(keys) != len(ref):
@@ -79,9 +79,9 @@ def paired_skill(model: dict[tuple[str, int], float],
 
 def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) -> dict[str, Any]:
     """Each train call answered by each reference built from the other scenarios' calls."""
-    from audit.canonical import canonical_text
-    from audit.memory import ResponseMemory, scenario_key
-    from audit.reference import build_reference, skill_with_ci
+    from audit.scoring.canonical import canonical_text
+    from audit.worlds.memory import ResponseMemory, scenario_key
+    from audit.worlds.reference import build_reference, skill_with_ci
 
     entries = ResponseMemory.from_file(train_file).entries
     keys = [scenario_key(e.task_id) for e in entries]
@@ -108,10 +108,10 @@ def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) ->
 
 
 def response_values(text: str) -> list[str]:
-    """The values a response states: its JSON leaves (`audit.canonical.flatten_leaves`; strings
-    as they are, anything else, empty containers too, as JSON text); a response that is not
+    """The values a response states: its JSON leaves (`audit.scoring.canonical.flatten_leaves`;
+    strings as they are, anything else, empty containers too, as JSON text); a response that is not
     JSON is one value, its text."""
-    from audit.canonical import flatten_leaves
+    from audit.scoring.canonical import flatten_leaves
 
     try:
         value = json.loads(text)
@@ -134,9 +134,9 @@ def readable_ceiling(train_file: Path) -> dict[str, Any]:
     readable whatever its values' spelling (``edit`` copies, and ``canonical_text`` equates
     spellings such as ``5`` and ``5.0`` that the value match does not). Gives the counts, the
     shares and the first three unreadable calls' tools and values."""
-    from audit.canonical import canonical_text
-    from audit.memory import scenario_key
-    from audit.reference import build_reference
+    from audit.scoring.canonical import canonical_text
+    from audit.worlds.memory import scenario_key
+    from audit.worlds.reference import build_reference
     from envace.core.schema import read_trajectories, tool_steps
 
     calls: list[tuple[str, str, dict, str, str]] = []  # scenario, tool, args, response, shown

@@ -13,7 +13,7 @@ rewritten after every setting (bench/results/<name>.json), so a stopped sweep ke
 ``--resume`` reads that file back and runs only the settings it lacks (same tasks and lengths).
 ``--worlds`` says who answers the plans' calls (``envace.model.rehearsal.WORLDS``): the policy
 (``self``, the method), the ``hybrid`` (the lookup's exact train-split answer where it has one,
-the policy elsewhere), the ``ranker`` (``audit.ranker``: the learned pick among the train
+the policy elsewhere), the ``ranker`` (``audit.worlds.ranker``: the learned pick among the train
 split's real responses and their copy-edits) or the ``oracle`` (a private copy of the real
 environment per plan: what a perfect world model would give the commit, an upper bound).
 Every world is compared with the same no-rehearsal run.
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.memory import ResponseMemory
+from audit.worlds.memory import ResponseMemory
 from bench.machine import RESULTS, table, write_result
 from envace.evaluation.evaluate import select_tasks
 from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
@@ -68,7 +68,7 @@ def main() -> None:
     if "hybrid" in args.worlds:
         lookups["hybrid"] = ResponseMemory.from_train_split("bfcl")
     if "ranker" in args.worlds:
-        from audit.ranker import Ranker
+        from audit.worlds.ranker import Ranker
 
         lookups["ranker"] = Ranker.from_train_split("bfcl")
     if args.resume:

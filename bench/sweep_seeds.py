@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.intervals import cluster_codes
+from audit.stats.intervals import cluster_codes
 from bench.machine import RESULTS, run_record, write_result
 
 

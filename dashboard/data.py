@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from audit.models import read_summary_data
+from audit.store.models import read_summary_data
 from dashboard import readers
 from dashboard.readers import Frame
 from envace.core.layout import AUDIT
@@ -159,7 +159,7 @@ def clear() -> None:
 
 def scored_steps(s: dict[str, Any]) -> int | None:
     """How many steps an audit's statistics count (its rehearsed steps; see
-    ``audit.models.AuditSummary.scored_steps``)."""
+    ``audit.store.models.AuditSummary.scored_steps``)."""
     summary, _ = read_summary_data(s)
     return None if summary is None else summary.scored_steps
 

@@ -10,9 +10,9 @@ user (a truncated last line, bad lines, a missing file), never an exception for 
   one point, never the charts).
 - :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
   with the byte offset of each line so :func:`read_lines_at` fetches texts on demand; every
-  row read through ``audit.models.StepStats`` (a line that is not a step row is named).
+  row read through ``audit.store.models.StepStats`` (a line that is not a step row is named).
 - :func:`audit_summary` — an audit's ``summary.json`` read through
-  ``audit.models.AuditSummary`` (a malformed field is left out and named); one written before
+  ``audit.store.models.AuditSummary`` (a malformed field is left out and named); one written before
   the current statistics (``envace.audit/1`` pooled real history steps with rehearsed ones) is
   recomputed from ``steps.jsonl`` so every page shows the figures a fresh audit would.
 - :func:`trajectories_frame` — an audit's ``trajectories.jsonl``.
@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from audit.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem, read_summary_data
+from audit.store.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem, read_summary_data
 from envace.core.layout import AUDIT, RUN
 
 STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
@@ -121,10 +121,10 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str 
 
 
 def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """An audit's summary as ``audit.models.AuditSummary`` reads it: (data, None) or (None, why
-    not); a field of the wrong type is left out (``unusable_fields`` names it). Recomputed from
-    ``steps.jsonl`` (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it
-    is older than the current summary format."""
+    """An audit's summary as ``audit.store.models.AuditSummary`` reads it: (data, None) or (None,
+    why not); a field of the wrong type is left out (``unusable_fields`` names it). Recomputed from
+    ``steps.jsonl`` (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it is
+    older than the current summary format."""
     d = Path(audit_dir)
     raw, err = read_json(d / AUDIT.summary)
     if raw is None:
@@ -238,7 +238,7 @@ _NUMBERED = re.compile(r"^(\w+?)_\d+$")
 def steps_frame(path: str | os.PathLike[str]) -> Frame:
     """An audit's ``steps.jsonl`` without texts: one row per call, ``score/<name>`` columns,
     ``offset`` (byte position of the line, for :func:`read_lines_at`). Every line is read as an
-    ``audit.models.StepStats``; one that is not a step row is left out and named."""
+    ``audit.store.models.StepStats``; one that is not a step row is left out and named."""
     data = read_jsonl(path, keep=STAT_FIELDS)
     rows, bad = [], []
     for rec, off, line in zip(data.records, data.offsets, data.lines, strict=True):

@@ -42,8 +42,8 @@ def small_real_files(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def train_memory():
-    """The BFCL train split's memory of real responses (`audit.memory.ResponseMemory`)."""
-    from audit.memory import ResponseMemory
+    """The BFCL train split's memory of real responses (`audit.worlds.memory.ResponseMemory`)."""
+    from audit.worlds.memory import ResponseMemory
     from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 

@@ -215,8 +215,9 @@ def check_rescore_and_compare(audit: Path, work: Path, rnd: random.Random) -> No
 @given(rnd=st.randoms(use_true_random=False))
 def test_damaged_inputs_never_crash_the_audit(rnd: random.Random) -> None:
     with tempfile.TemporaryDirectory() as d, \
-            mock.patch("audit.report.plot_all", return_value=[]), \
-            mock.patch("audit.summary.N_BOOT", 50), mock.patch("audit.summary.LOGISTIC_BOOT", 0):
+            mock.patch("audit.store.report.plot_all", return_value=[]), \
+            mock.patch("audit.stats.summary.N_BOOT", 50), \
+            mock.patch("audit.stats.summary.LOGISTIC_BOOT", 0):
         work = Path(d)
         src = work / "in.jsonl"
         src.write_bytes(damaged_file(rnd))

@@ -1,6 +1,6 @@
 """One audit writer, typed outputs (issue #14): step rows and summaries round-trip through
-``audit.models``; replay, probe, rescore and the trainer write the same files through
-``audit.output.AuditWriter``; the trainer replays each rollout once per step."""
+``audit.store.models``; replay, probe, rescore and the trainer write the same files through
+``audit.store.output.AuditWriter``; the trainer replays each rollout once per step."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.models import (
+from audit.pipeline import run_audit
+from audit.probe import run_probe
+from audit.rescore import rescore
+from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.store.models import (
     SUMMARY_VERSION,
     AuditSummary,
     StepRow,
@@ -25,10 +29,6 @@ from audit.models import (
     step_problem,
     summary_data,
 )
-from audit.pipeline import run_audit
-from audit.probe import run_probe
-from audit.rescore import rescore
-from audit.settings import AuditOptions, AuditSettings
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.layout import AUDIT, RUN
@@ -147,7 +147,7 @@ def test_old_summaries_read_and_count_their_steps():
 
 def test_one_settings_object_and_one_default_scorer_list():
     from audit import cli
-    from audit.scorers import DEFAULT_SCORERS, list_scorers
+    from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 
     assert AuditSettings is AuditOptions
     assert AuditOptions().scorers == list(DEFAULT_SCORERS)
@@ -222,7 +222,7 @@ def test_replay_probe_rescore_and_trainer_write_the_same_files(tmp_path):
 
 
 def test_a_writer_left_by_an_exception_writes_nothing(tmp_path):
-    from audit.output import AuditWriter
+    from audit.store.output import AuditWriter
 
     with pytest.raises(RuntimeError), AuditWriter(tmp_path / "out") as w:
         w.write_lines("", "")
@@ -233,7 +233,7 @@ def test_a_writer_left_by_an_exception_writes_nothing(tmp_path):
 def test_a_record_that_is_not_a_step_row_is_not_written(tmp_path):
     from pydantic import ValidationError
 
-    from audit.output import AuditWriter
+    from audit.store.output import AuditWriter
 
     with pytest.raises(ValidationError), AuditWriter(tmp_path / "out") as w:
         w.write_steps([{"trajectory_id": "t", "step": "1"}])

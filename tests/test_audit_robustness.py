@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from audit.cli import main
-from audit.output import OutputDir, OutputRefused
 from audit.pipeline import AuditOptions, run_audit
+from audit.store.output import OutputDir, OutputRefused
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
@@ -44,7 +44,7 @@ def cli(*args: object) -> tuple[int, str, str]:
 @pytest.fixture(autouse=True)
 def _no_plots():
     """PNGs are not what these tests are about (and cost seconds each)."""
-    with mock.patch("audit.report.plot_all", return_value=[]):
+    with mock.patch("audit.store.report.plot_all", return_value=[]):
         yield
 
 

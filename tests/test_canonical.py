@@ -1,4 +1,4 @@
-"""Tests for audit.canonical: parsing, canonical text, leaf flattening, error detection."""
+"""Tests for audit.scoring.canonical: parsing, canonical text, leaf flattening, error detection."""
 
 import json
 import time
@@ -6,7 +6,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import (
+from audit.scoring.canonical import (
     MAX_DEPTH,
     canonical_text,
     flatten_leaves,

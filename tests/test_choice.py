@@ -1,5 +1,5 @@
-"""The choosing world model (audit.choice, issue #17): the model ranks its own answer against real
-training responses by its own log-probability.
+"""The choosing world model (audit.worlds.choice, issue #17): the model ranks its own answer against
+real training responses by its own log-probability.
 
 - `pick` and `candidates` (hypothesis): the highest score wins, ties to the first, unscorable
   never; candidates are the model's answer first, then the tool's most common response, then the
@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import canonical_text
-from audit.choice import candidates, choice_batch, pick
-from audit.memory import Entry, MemoryOptions, ResponseMemory, scenario_key
 from audit.pipeline import reference_triples
-from audit.reference import build_reference, substitute
+from audit.scoring.canonical import canonical_text
+from audit.worlds.choice import candidates, choice_batch, pick
+from audit.worlds.memory import Entry, MemoryOptions, ResponseMemory, scenario_key
+from audit.worlds.reference import build_reference, substitute
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.worldmodel import Unanswered

@@ -1,4 +1,4 @@
-"""Tests for audit.compounding: hand-computed answers and properties of every statistic."""
+"""Tests for audit.stats.compounding: hand-computed answers and properties of every statistic."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.compounding import (
+from audit.stats.compounding import (
     by_depth,
     compounding_ratio,
     first_divergence_survival,
@@ -269,8 +269,9 @@ def test_km_survival_non_increasing_and_bounded(trajs):
 
 def test_import_audit_modules_without_torch():
     code = (
-        "import sys, audit.canonical, audit.scorers, audit.compounding, audit.reference;"
-        "from audit.compounding import logistic_divergence;"
+        "import sys, audit.scoring.canonical, audit.scoring.scorers, audit.stats.compounding, "
+        "audit.worlds.reference;"
+        "from audit.stats.compounding import logistic_divergence;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,5 @@
-"""Tests for audit.history: the real-vs-own-history decomposition (known answers, properties)."""
+"""Tests for audit.stats.history: the real-vs-own-history decomposition (known answers,
+properties)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.history import Pair, decompose, pair_verdicts
-from audit.intervals import IntervalSpec
+from audit.stats.history import Pair, decompose, pair_verdicts
+from audit.stats.intervals import IntervalSpec
 
 SPEC = IntervalSpec(resamples=300, seed=0)
 

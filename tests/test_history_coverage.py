@@ -1,4 +1,4 @@
-"""Coverage of audit.history's paired difference (own − real) on simulated probes with a known
+"""Coverage of audit.stats.history's paired difference (own − real) on simulated probes with a known
 answer: trajectories whose steps share a trajectory-level difficulty (correlated within a
 trajectory), a real-history verdict drawn from it, and an own-history verdict that adds a known
 induced probability after the model's first own error (and may recover a real error).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audit.history import Pair, decompose, discordant_interval
-from audit.intervals import IntervalSpec
+from audit.stats.history import Pair, decompose, discordant_interval
+from audit.stats.intervals import IntervalSpec
 
 
 def _simulate(rng: np.random.Generator, n_traj: int, length: int, p_base: float,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from audit.history import decompose, pair_verdicts
-from audit.intervals import IntervalSpec
 from audit.probe import probe_trajectory
 from audit.replay import AuditSettings
+from audit.stats.history import decompose, pair_verdicts
+from audit.stats.intervals import IntervalSpec
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 
@@ -156,13 +156,13 @@ def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypat
     summary and the report (with its plot); rescore keeps it; compare shows both sides."""
     import json
 
-    import audit.summary
+    import audit.stats.summary
     from audit.compare import compare_audits, render_compare
     from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from audit.rescore import rescore
 
-    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
     src, model, truths = _compounding_source(trajectories, tmp_path)
     opts = AuditOptions(progress=False, plots=True)
     both = run_probe([str(src)], tmp_path / "both", model, opts, histories=("real", "own"))
@@ -295,12 +295,12 @@ def test_envace_probe_refuses_hostile_usage_with_exit_2(tmp_path):
 def test_fidelity_page_shows_real_vs_own_history(trajectories, tmp_path, monkeypatch):
     """The dashboard's Fidelity page on a --history both audit: the tab's figures and chart
     are the summary's history block (a real Streamlit AppTest)."""
-    import audit.summary
+    import audit.stats.summary
     from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from tests.test_dashboard import charts, metrics, open_page, pct
 
-    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
     src, model, _ = _compounding_source(trajectories, tmp_path)
     s = run_probe([str(src)], tmp_path / "both", model, AuditOptions(progress=False, plots=False),
                   histories=("real", "own"))

@@ -1,4 +1,5 @@
-"""Tests for audit.intervals: the trajectory (cluster) bootstrap, known answers and properties."""
+"""Tests for audit.stats.intervals: the trajectory (cluster) bootstrap, known answers and
+properties."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from audit.compounding import by_depth, group_stats, summarize
-from audit.intervals import (
+from audit.stats.compounding import by_depth, group_stats, summarize
+from audit.stats.intervals import (
     BOOTSTRAP,
     NEWCOMBE_TRAJECTORIES,
     WILSON_TRAJECTORIES,
@@ -178,7 +179,7 @@ def test_one_step_per_trajectory_is_the_iid_bootstrap(values, seed):
         lo, hi = np.quantile(boots, [0.025, 0.975])
         lo, hi = min(lo, x.mean()), max(hi, x.mean())
         if np.isin(x, (0.0, 1.0)).all():  # a rate: never narrower than Wilson's (n = steps)
-            from audit.intervals import wilson_ci
+            from audit.stats.intervals import wilson_ci
 
             wl, wh = wilson_ci(x.sum(), len(x), spec.z)
             lo, hi = min(lo, wl), max(hi, wh)
@@ -232,8 +233,8 @@ def test_a_rare_event_rate_is_never_narrower_than_wilson_with_the_effective_size
     """1 of 150 independent steps: a percentile bootstrap alone reads about [0, 2 %] and misses
     the truth far more often than 5 %; the rate's interval contains Wilson's (n_eff = n here,
     one step per trajectory), and with clustered steps n_eff shrinks by the design effect."""
-    from audit.compounding import wilson_ci as wilson
-    from audit.intervals import cluster_ratio, effective_size
+    from audit.stats.compounding import wilson_ci as wilson
+    from audit.stats.intervals import cluster_ratio, effective_size
 
     values = [1.0] + [0.0] * 149
     r = cluster_ratio(values, list(range(150)))

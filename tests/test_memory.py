@@ -1,4 +1,4 @@
-"""A memory of real responses and the hybrid world model (audit.memory, issue #17 lever 2).
+"""A memory of real responses and the hybrid world model (audit.worlds.memory, issue #17 lever 2).
 
 - retrieval properties (hypothesis): never the asking task's own scenario, at most k, the tool
   asked, deterministic, an identical call from another scenario first;
@@ -20,8 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import canonical_text
-from audit.memory import (
+from audit.pipeline import AuditOptions, reference_triples
+from audit.probe import run_probe
+from audit.scoring.canonical import canonical_text
+from audit.store.output import UsageError
+from audit.worlds.memory import (
     NOTE_TITLE,
     Entry,
     MemoryOptions,
@@ -33,10 +36,7 @@ from audit.memory import (
     with_note,
     with_notes_before_responses,
 )
-from audit.output import UsageError
-from audit.pipeline import AuditOptions, reference_triples
-from audit.probe import run_probe
-from audit.reference import build_reference
+from audit.worlds.reference import build_reference
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
@@ -268,10 +268,10 @@ def _exact_by_step(out):
 
 
 def test_hybrid_known_answer(files, tmp_path, monkeypatch):
-    import audit.summary
+    import audit.stats.summary
 
-    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
-    monkeypatch.setattr(audit.summary, "LOGISTIC_BOOT", 5)
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
+    monkeypatch.setattr(audit.stats.summary, "LOGISTIC_BOOT", 5)
     memory = ResponseMemory.from_file(files["train"])
     lookup = build_reference("lookup", reference_triples(files["train"]))
     dev = [str(files["dev"])]

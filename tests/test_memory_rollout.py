@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from audit.memory import ResponseMemory, render_note, scenario_key
 from audit.pipeline import AuditOptions, run_audit
+from audit.worlds.memory import ResponseMemory, render_note, scenario_key
 from envace.core.envs.bfcl.tasks import get_task, split_tasks
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, TrajectoryWriter
@@ -93,7 +93,7 @@ def test_train_config_checks_memory_k():
 
 
 def test_memory_from_trajectories_refuses_held_out_tasks():
-    from audit.output import UsageError
+    from audit.store.output import UsageError
 
     dev = export_real(split_tasks("dev")[:2])
     with pytest.raises(UsageError, match="not train-split"):

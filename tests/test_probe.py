@@ -10,8 +10,8 @@ import pytest
 
 from audit.pipeline import AuditOptions, reference_triples, run_audit
 from audit.probe import probe_trajectory, run_probe
-from audit.reference import build_reference
 from audit.replay import AuditSettings
+from audit.worlds.reference import build_reference
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.worldmodel import from_lookup
@@ -36,10 +36,10 @@ def _rehearsed_copy(traj):
 @pytest.fixture
 def quick_summary(monkeypatch):
     """Fewer bootstrap resamples in the summaries (the same for both audits compared)."""
-    import audit.summary
+    import audit.stats.summary
 
-    monkeypatch.setattr(audit.summary, "N_BOOT", 50)
-    monkeypatch.setattr(audit.summary, "LOGISTIC_BOOT", 5)
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
+    monkeypatch.setattr(audit.stats.summary, "LOGISTIC_BOOT", 5)
 
 
 def test_lookup_probe_equals_baseline_audit(files, tmp_path, quick_summary):

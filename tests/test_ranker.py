@@ -1,5 +1,5 @@
-"""The learned ranker (audit.ranker, issue #17): a world model that picks among real responses and
-their copy-edits by features of the call and the conversation so far.
+"""The learned ranker (audit.worlds.ranker, issue #17): a world model that picks among real
+responses and their copy-edits by features of the call and the conversation so far.
 
 - `response_values` (hypothesis): a JSON response's values are its leaf strings and numbers,
   booleans and null never; other text gives its words of three or more characters;
@@ -25,10 +25,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import canonical_text
-from audit.memory import Entry, ResponseMemory, scenario_key
 from audit.pipeline import reference_triples
-from audit.ranker import (
+from audit.scoring.canonical import canonical_text
+from audit.worlds.memory import Entry, ResponseMemory, scenario_key
+from audit.worlds.ranker import (
     FEATURES,
     candidate_rows,
     fit_ranker,
@@ -36,7 +36,7 @@ from audit.ranker import (
     response_values,
     training_calls,
 )
-from audit.reference import build_reference
+from audit.worlds.reference import build_reference
 from envace.core.schema import Trajectory, read_trajectories
 
 LEAF = st.one_of(st.text(max_size=6), st.integers(-99, 99), st.booleans(), st.none())

@@ -1,4 +1,4 @@
-"""Tests for audit.reference: trivial reference world models and skill scores."""
+"""Tests for audit.worlds.reference: trivial reference world models and skill scores."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.reference import (
+from audit.worlds.reference import (
     REFERENCE_NAMES,
     build_reference,
     rank_by_similarity,
@@ -264,7 +264,7 @@ def test_skill_block_by_read_write_and_novelty_known_answer():
     """The summary's skill strata: a model that matches the lookup on reads and beats it on
     every novel write has skill 0 on reads, 1 on the novel writes, with intervals that are not
     zero-width."""
-    from audit.summary import _skill_block
+    from audit.stats.summary import _skill_block
 
     rows = []
     for t in range(10):
@@ -317,8 +317,8 @@ def test_references_bench_pairs_calls_by_trajectory(tmp_path):
 def test_leave_scenario_out_answers_from_other_scenarios_only(small_real_files, tmp_path):
     """bench.references' train figure: a call never sees its own scenario's calls; with one
     scenario in the file every reference has nothing to copy and answers ``{}``."""
-    from audit.canonical import canonical_text
-    from audit.memory import ResponseMemory, scenario_key
+    from audit.scoring.canonical import canonical_text
+    from audit.worlds.memory import ResponseMemory, scenario_key
     from bench.references import leave_scenario_out
 
     entries = ResponseMemory.from_file(small_real_files["train"]).entries

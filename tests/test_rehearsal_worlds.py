@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from audit.memory import scenario_key
+from audit.worlds.memory import scenario_key
 from envace.core.envs.bfcl.env import BFCLEnv
 from envace.core.envs.bfcl.tasks import get_task
 from envace.model import chat
@@ -102,7 +102,7 @@ def test_settings_refuse_a_world_they_cannot_run():
 def test_the_ranker_world_answers_from_the_conversation(trained, train_memory):
     """`--world ranker`: the learned ranker (fitted on the real train split) answers a plan's
     call, forced in like the hybrid's answer, with what it picks for this conversation."""
-    from audit.ranker import fit_ranker
+    from audit.worlds.ranker import fit_ranker
     from envace.core.envs.bfcl.tasks import split_tasks
     from envace.core.export import export_real
 

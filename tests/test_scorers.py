@@ -1,4 +1,5 @@
-"""Tests for audit.scorers: known answers, registry, verdicts, and properties of every scorer."""
+"""Tests for audit.scoring.scorers: known answers, registry, verdicts, and properties of every
+scorer."""
 
 import json
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.scorers import (
+from audit.scoring.scorers import (
     Score,
     ScoreContext,
     Verdict,

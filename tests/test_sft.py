@@ -118,7 +118,7 @@ def test_labels_follow_roles(trajs, tok, base, tmp_path, roles):
 def test_memory_notes_are_context_and_train_nothing_new(trajs, tok):
     """`memory_k`: each response follows its note (the probe's note, from other scenarios),
     the notes are context, and the trained tokens are exactly those without a memory."""
-    from audit.memory import NOTE_TITLE
+    from audit.worlds.memory import NOTE_TITLE
 
     plain, st0 = build_examples(tok, trajs, 8192, "rehearse")
     noted, st3 = build_examples(tok, trajs, 8192, "rehearse", memory_k=3)

@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "method), hybrid (the lookup's exact answer from the environment's "
                         "train split where it has one, the policy elsewhere), ranker (the "
                         "learned ranker's pick among the train split's real responses and "
-                        "their copy-edits, audit.ranker) or oracle (a "
+                        "their copy-edits, audit.worlds.ranker) or oracle (a "
                         "private copy of the real environment per plan: an upper bound, not "
                         "a method)")
     p.add_argument("--out", help="output folder (default "
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")
         if args.memory_k:
-            from audit.memory import ResponseMemory
+            from audit.worlds.memory import ResponseMemory
 
             settings.memory = ResponseMemory.from_train_split(args.env)
             settings.memory_k = args.memory_k
@@ -125,12 +125,12 @@ def _lookup(args: argparse.Namespace) -> object | None:
         raise ValueError(f"--world {args.world} answers rehearsed plans: --rehearsal parallel "
                          "or sequential")
     if args.world == "ranker":
-        from audit.ranker import Ranker
+        from audit.worlds.ranker import Ranker
 
         return Ranker.from_train_split(args.env)
     if args.world != "hybrid":
         return None
-    from audit.memory import ResponseMemory
+    from audit.worlds.memory import ResponseMemory
 
     return ResponseMemory.from_train_split(args.env)
 

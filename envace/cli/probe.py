@@ -14,10 +14,10 @@ locally through `envace.evaluation.model_probe` (batched rounds, greedy).
 calls and their real responses; `--hybrid` answers with the lookup's exact answer where there is
 one and asks the model elsewhere; `--choose` lets the model rank its own answer against the
 tool's most common training response and the k most similar calls' responses by its own
-log-probability (`audit.memory`, `audit.choice`; all from a train-split file only, never from
-the asking task's own scenario). The summary's `audited_model` names the composite
-(`PATH+memory(k=3)`, `PATH+choice(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block
-records the files, k and what the choice chose.
+log-probability (`audit.worlds.memory`, `audit.worlds.choice`; all from a train-split file only,
+never from the asking task's own scenario). The summary's `audited_model` names the composite
+(`PATH+memory(k=3)`, `PATH+choice(k=3)`, `hybrid(lookup,PATH)`) and its `world_model` block records
+the files, k and what the choice chose.
 
 """
 
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from audit.ranker import RANKER_K
+from audit.worlds.ranker import RANKER_K
 from envace.core.layout import AUDIT
 from envace.evaluation.model_probe import context_length, probe_model
 
@@ -42,7 +42,7 @@ EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     """`envace probe`: the teacher-forced audit of a local or a served model."""
-    from audit.scorers import DEFAULT_SCORERS
+    from audit.scoring.scorers import DEFAULT_SCORERS
 
     p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
                        description=__doc__.split("\n")[0])
@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "log-probability after the prompt it answered, its greedy answer, the "
                         "tool's most common response in this train-split file and the "
                         "responses of the --memory-k most similar calls there, and answers with "
-                        "the most probable (audit.choice; a local model only)")
+                        "the most probable (audit.worlds.choice; a local model only)")
     g.add_argument("--choose-among", choices=["all", "memory"], default="all",
                    help="with --choose: all (default) ranks the model's own answer too; memory "
                         "ranks the real responses only (the model writes an answer only where "
@@ -92,9 +92,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "argument values copied in are candidates too (what the audit's edit "
                         "reference answers with the most similar one)")
     g.add_argument("--ranker", metavar="TRAIN.jsonl",
-                   help="instead of a model: the learned ranker (audit.ranker), fitted on this "
-                        "train-split file, picks among its real responses and their copy-edits "
-                        f"by features of the call and the conversation so far (k={RANKER_K})")
+                   help="instead of a model: the learned ranker (audit.worlds.ranker), fitted "
+                        "on this train-split file, picks among its real responses and their "
+                        "copy-edits by features of the call and the conversation so far "
+                        f"(k={RANKER_K})")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default=SERVED_DEFAULTS["api"], choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -109,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def _check_usage(args: argparse.Namespace) -> str | None:
     """Why the arguments cannot work (one line), or None."""
-    from audit.scorers import list_scorers
+    from audit.scoring.scorers import list_scorers
 
     missing = [p for p in args.inputs if not Path(p).is_file()]
     if missing:
@@ -160,9 +161,10 @@ def _check_usage(args: argparse.Namespace) -> str | None:
 
 
 def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> Any:
-    """The `audit.memory.MemoryOptions` of `--memory`, `--memory-k`, `--choose` and `--hybrid`
-    (inactive when no file is given); `audit.output.UsageError` when a file is refused."""
-    from audit.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
+    """The `audit.worlds.memory.MemoryOptions` of `--memory`, `--memory-k`, `--choose` and
+    `--hybrid` (inactive when no file is given); `audit.store.output.UsageError` when a file is
+    refused."""
+    from audit.worlds.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
 
     memory, hybrid = getattr(args, "memory", None), getattr(args, "hybrid", None)
     choose = getattr(args, "choose", None)
@@ -177,7 +179,7 @@ def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> An
 
 def run_endpoint_probe(args: argparse.Namespace) -> int:
     """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
-    from audit.output import UsageError
+    from audit.store.output import UsageError
     from envace.evaluation.endpoint_probe import _progress, probe_endpoint
     from envace.model.endpoint import EndpointClient, EndpointError
 
@@ -221,10 +223,10 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
 
 def run_ranker_probe(args: argparse.Namespace) -> int:
     """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch)."""
-    from audit.memory import ResponseMemory
-    from audit.output import UsageError
     from audit.probe import run_probe
-    from audit.ranker import fit_ranker
+    from audit.store.output import UsageError
+    from audit.worlds.memory import ResponseMemory
+    from audit.worlds.ranker import fit_ranker
 
     prog = getattr(args, "prog", "envace probe")
     try:
@@ -275,7 +277,7 @@ def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -
 
 def _train_tasks_in(paths: list[str]) -> int:
     """How many readable trajectories of `paths` are train-split tasks of their environment."""
-    from audit.memory import split_violations
+    from audit.worlds.memory import split_violations
     from envace.core.schema import read_trajectories
 
     tasks = [(str(i.trajectory.env.get("name")), i.trajectory.task_id)
@@ -311,8 +313,8 @@ def run_probe_cli(args: argparse.Namespace) -> int:
         return run_ranker_probe(args)
     from dataclasses import replace
 
-    from audit.memory import note_chars
-    from audit.output import UsageError
+    from audit.store.output import UsageError
+    from audit.worlds.memory import note_chars
 
     try:
         grounding = load_grounding(args)
@@ -328,7 +330,7 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(path)
     opts = _audit_options(args, progress=not args.quiet)
     context = context_length(path, model)
-    # the note takes at most one character per token of the prompt budget (audit.memory)
+    # the note takes at most one character per token of the prompt budget (audit.worlds.memory)
     grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
     try:
         summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,

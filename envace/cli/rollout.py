@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                          max_context=args.max_context, seed=args.seed)
     if args.memory_k:
-        from audit.memory import ResponseMemory
+        from audit.worlds.memory import ResponseMemory
 
         rcfg.memory, rcfg.memory_k = ResponseMemory.from_train_split(args.env), args.memory_k
     n = 0

@@ -20,9 +20,9 @@ class AuditLayout:
     """The files of an audit directory (``envace-audit replay/probe/rescore``, the trainer's
     ``audit/step_<N>/``) and of a ``compare`` output."""
 
-    steps: str = "steps.jsonl"  #: one line per tool call (audit.models.StepRow)
+    steps: str = "steps.jsonl"  #: one line per tool call (audit.store.models.StepRow)
     trajectories: str = "trajectories.jsonl"  #: one line per audited trajectory
-    summary: str = "summary.json"  #: audit.models.AuditSummary
+    summary: str = "summary.json"  #: audit.store.models.AuditSummary
     report: str = "report.md"  #: for a person, plots beside it
     depth_plot: str = "depth.png"
     survival_plot: str = "survival.png"

@@ -7,8 +7,8 @@
 `arguments` the call to answer; the return value is the response text. A trained policy
 rehearsing, a frozen local model (`envace.model.simulators.ModelSimulator`), a served model
 (`EndpointSimulator`, `envace.evaluation.endpoint_probe`), a lookup of training responses
-(`audit.reference`) and the teacher-forced probe's recorders all have this shape: rollouts take
-one as their simulator and the audit's probe takes one as the model under audit.
+(`audit.worlds.reference`) and the teacher-forced probe's recorders all have this shape: rollouts
+take one as their simulator and the audit's probe takes one as the model under audit.
 
 A world model that has no answer for a step (a served model that timed out) raises
 `Unanswered(reason)`; the probe records the step as unanswered with that reason.

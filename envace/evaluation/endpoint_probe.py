@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.memory import MemoryOptions
 from audit.probe import run_probe
+from audit.worlds.memory import MemoryOptions
 from envace.core.worldmodel import Unanswered
 from envace.model.endpoint import Answer, EndpointClient, request_for
 
@@ -74,7 +74,7 @@ def probe_endpoint(
 ) -> dict[str, Any]:
     """The probe of a served model over trajectory files (histories as `audit.probe.run_probe`
     takes them); the summary, with the `endpoint` block. `grounding`: the served model shown a
-    memory of real responses and/or in the hybrid with a lookup (`audit.memory`; the summary
+    memory of real responses and/or in the hybrid with a lookup (`audit.worlds.memory`; the summary
     names it and adds the `world_model` block)."""
     asker = _Asker(client, concurrency, progress)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.compounding import wilson_ci
-from audit.intervals import cluster_ratio
 from audit.pipeline import write_json_atomic
+from audit.stats.compounding import wilson_ci
+from audit.stats.intervals import cluster_ratio
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward
@@ -60,7 +60,7 @@ def pass_at_k(successes: list[list[bool]], k: int) -> float:
 def success_interval(per_task: dict[str, list[bool]]) -> tuple[list[float | None], str]:
     """95 % interval of the success rate over all attempts and its method: Wilson's when each
     task was attempted once; with several attempts per task (seeds), which are not independent,
-    a bootstrap that resamples tasks (``audit.intervals``)."""
+    a bootstrap that resamples tasks (``audit.stats.intervals``)."""
     attempts = [x for v in per_task.values() for x in v]
     if all(len(v) <= 1 for v in per_task.values()):
         return list(wilson_ci(sum(attempts), len(attempts))), "wilson"

@@ -139,7 +139,7 @@ def sequence_logprobs(model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[
 def response_scorer(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
                     batch_size: int = 8) -> Callable[[list[Any], list[list[str]]],
                                                      list[list[float | None]]]:
-    """A local model as the scorer of a choosing world model (`audit.choice`): each candidate
+    """A local model as the scorer of a choosing world model (`audit.worlds.choice`): each candidate
     response's log-probability (its ids, then `<|im_end|>`) after the request's prompt, cut as
     `model_answers` cuts it; None for a candidate longer than `max_new_tokens` tokens before
     its `<|im_end|>` (the model could not have written it)."""
@@ -188,7 +188,7 @@ def probe_model(
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
     the trajectories' requests round by round; the summary. `grounding` (an
-    `audit.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
+    `audit.worlds.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
     hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
     from audit.probe import run_probe
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from audit.compounding import wilson_ci
 from audit.pipeline import AuditOptions, run_audit, write_json_atomic
+from audit.stats.compounding import wilson_ci
 from envace.core.layout import AUDIT, RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter

@@ -7,12 +7,12 @@
 - ``sequential``: plan i sees plans 0..i-1 and a self-critique the policy wrote after each.
 - Who answers a plan's calls (``world``): ``self``, the policy (the method: its own world
   model); ``hybrid``, the lookup's exact training answer where it has one and the policy
-  elsewhere (``audit.memory``; the train split only, never the task's own scenario); ``ranker``,
-  the learned ranker's pick among the train split's real responses and their copy-edits
-  (``audit.ranker``; the policy only for a tool the train split never called); ``oracle``,
-  a fresh private copy of the task's real environment per plan: an upper bound on what any
-  world model could give the commit, not a method (the copies are discarded; the commit's
-  environment is its own, and ``budget.sandbox_env_calls`` counts what the copies executed).
+  elsewhere (``audit.worlds.memory``; the train split only, never the task's own scenario);
+  ``ranker``, the learned ranker's pick among the train split's real responses and their copy-edits
+  (``audit.worlds.ranker``; the policy only for a tool the train split never called); ``oracle``, a
+  fresh private copy of the task's real environment per plan: an upper bound on what any world model
+  could give the commit, not a method (the copies are discarded; the commit's environment is its
+  own, and ``budget.sandbox_env_calls`` counts what the copies executed).
 - Both strategies: the plans form a *rehearsal memory* (format below) placed in the context of
   one real execution (mode ``real``), which commits. The task's real environment is touched by
   the commit only.
@@ -72,10 +72,11 @@ class RehearsalSettings:
     memory_k: int = 3
     # who answers the plans' calls (WORLDS): the policy itself; the hybrid (the lookup's exact
     # training answer where it has one, `lookup`, the policy elsewhere); the ranker
-    # (`audit.ranker.Ranker` as `lookup`); or the oracle
+    # (`audit.worlds.ranker.Ranker` as `lookup`); or the oracle
     world: str = "self"
-    # world="hybrid": `audit.memory.ResponseMemory` of the train split; world="ranker":
-    # `audit.ranker.Ranker` fitted on it (anything with `exact(tool, args, task_id, messages)`)
+    # world="hybrid": `audit.worlds.memory.ResponseMemory` of the train split; world="ranker":
+    # `audit.worlds.ranker.Ranker` fitted on it (anything with `exact(tool, args, task_id,
+    # messages)`)
     lookup: Any = None
 
     def __post_init__(self) -> None:

@@ -58,11 +58,11 @@ class RolloutConfig:
     max_context: int = 4096  # tokens per episode
     desc_chars: int = 60  # tool descriptions in the listing are cut to this
     seed: int = 0
-    # rehearse with a memory of real responses (`audit.memory.ResponseMemory`, train split
+    # rehearse with a memory of real responses (`audit.worlds.memory.ResponseMemory`, train split
     # only): before each rehearsed response, a system note of the memory_k most similar calls
     memory: Any = None
     memory_k: int = 3
-    # rehearse as the hybrid world model (`audit.memory.ResponseMemory`, train split only):
+    # rehearse as the hybrid world model (`audit.worlds.memory.ResponseMemory`, train split only):
     # where the lookup has the exact training answer for a call (never from the task's own
     # scenario), that answer is forced in (CONTEXT, ``rehearsed: true, lookup: true``) instead
     # of the policy writing it; elsewhere the policy rehearses as usual
@@ -269,7 +269,7 @@ class Engine:
         stays in the episode (CONTEXT, recorded as a system message with ``memory: true``)."""
         if self.cfg.memory is None or self.cfg.memory_k <= 0:
             return
-        from audit.memory import render_note
+        from audit.worlds.memory import render_note
 
         note = render_note(self.cfg.memory.similar(name, args, row.task.id, self.cfg.memory_k))
         if note:

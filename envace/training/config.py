@@ -117,8 +117,8 @@ class TrainConfig:
     memory_k: int = opt(
         0, "rehearse with a memory of real responses: before each rehearsed response (rollouts "
         "and evaluation), a system note of the memory_k most similar calls of that tool in the "
-        "environment's train split and what the real environment returned (audit.memory; never "
-        "the task's own scenario; the note stays in the episode as context). 0: off",
+        "environment's train split and what the real environment returned (audit.worlds.memory; "
+        "never the task's own scenario; the note stays in the episode as context). 0: off",
         ge=0, why="0: off")
 
     # rollouts
@@ -278,7 +278,7 @@ class TrainConfig:
         here, not after the model loaded and the first step rolled out."""
         if not self.audit_scorers:
             return
-        from audit.scorers import list_scorers
+        from audit.scoring.scorers import list_scorers
 
         known = list_scorers()
         for i, name in enumerate(self.audit_scorers):

@@ -7,11 +7,11 @@
 The verifier already executes the committed calls in the real environment, so pairing each
 rehearsed response with the real one costs one replay per trajectory, and a step replays its
 rollouts once: the records that give the metrics are the ones written to ``audit/step_<N>/``
-(through ``audit.output.AuditWriter``, like every audit) once the rollouts have their ids,
+(through ``audit.store.output.AuditWriter``, like every audit) once the rollouts have their ids,
 rewards and meta. Figures here cover the *rehearsed* steps only (per-turn tasks carry earlier
 turns as real context; those are checked for determinism in the step's audit directory but not
 counted as fidelity). Depth counts from the policy's first rehearsed call. These are the audit's
-own figures (``audit.population`` picks the steps for both), so ``fidelity/divergence_rate``,
+own figures (``audit.stats.population`` picks the steps for both), so ``fidelity/divergence_rate``,
 ``fidelity/<scorer>`` and ``fidelity/depth_<d>`` (d < max_depth) equal ``divergence_rate``, the
 scorer means and ``by_depth`` of the step's ``audit/step_<N>/summary.json``;
 ``fidelity/depth_<max_depth>`` pools the deeper steps.
@@ -23,11 +23,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from audit.output import AuditWriter
-from audit.population import is_rehearsed
 from audit.replay import ReplayError, TrajectoryAudit, replay_trajectory, trajectory_row
-from audit.settings import AuditSettings
-from audit.summary import build_summary, compact
+from audit.scoring.settings import AuditSettings
+from audit.stats.population import is_rehearsed
+from audit.stats.summary import build_summary, compact
+from audit.store.output import AuditWriter
 from envace.core.schema import Trajectory
 
 #: One trajectory's audit, or why it could not be replayed.
@@ -56,7 +56,7 @@ def rehearsed_fidelity(audits: list[Audited], verdict: str) -> tuple[list[dict],
             per_traj.append(float("nan"))
             continue
         mine = [r for r in res.steps if is_rehearsed(r) and not r["unanswered"]]
-        rows.extend(mine)  # depth: set by the replay (audit.population)
+        rows.extend(mine)  # depth: set by the replay (audit.stats.population)
         per_traj.append(sum(r["scores"][verdict] for r in mine) / len(mine) if mine
                         else float("nan"))
     return rows, per_traj

@@ -11,7 +11,7 @@ learns to write what the environment answers); with `roles="act"` the tool respo
 with `roles="rehearse"` only the tool responses are trained (a world-model fine-tune, e.g. from an
 SFT folder: `envace sft --preset data/models/tiny-sft --roles rehearse`).
 With `memory_k=K` every tool response follows a note of the K most similar real calls of the
-training data from other scenarios (`audit.memory`), the note `envace probe --memory` and the
+training data from other scenarios (`audit.worlds.memory`), the note `envace probe --memory` and the
 trainer's `memory_k` show: a world model trained to use a memory of real responses. The notes
 of earlier responses stay in a window's context, as they stay in an episode with `memory_k`;
 the probe shows only the current call's.
@@ -161,9 +161,11 @@ def auto_threads(requested: int = 0) -> int:
 def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = None,
                  memory_k: int = 0) -> list[dict[str, Any]]:
     """The trajectory's messages as dicts; tool responses marked `rehearsed` iff the rehearse
-    role is trained (roles `both` or `rehearse`). With a `memory` (`audit.memory.ResponseMemory`)
-    and `memory_k` > 0, each tool response follows the note of its call's most similar
-    training calls from other scenarios (`audit.memory.with_notes_before_responses`; context)."""
+    role is trained (roles `both` or `rehearse`). With a `memory`
+    (`audit.worlds.memory.ResponseMemory`) and `memory_k` > 0, each tool response follows the note
+    of its call's most similar training calls from other scenarios
+    (`audit.worlds.memory.with_notes_before_responses`;
+    context)."""
     out = []
     for m in traj.messages:
         d = m.dump()
@@ -171,7 +173,7 @@ def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = Non
             d["rehearsed"] = int(Role.REHEARSE) in ROLE_SETS[roles]
         out.append(d)
     if memory is not None and memory_k > 0:
-        from audit.memory import with_notes_before_responses
+        from audit.worlds.memory import with_notes_before_responses
 
         out = with_notes_before_responses(out, traj.tool_steps(), memory, traj.task_id,
                                           memory_k)
@@ -191,8 +193,8 @@ def build_examples(
     trained = ROLE_SETS[roles]
     memory = None
     if memory_k > 0:
-        from audit.memory import ResponseMemory
-        from audit.output import UsageError
+        from audit.store.output import UsageError
+        from audit.worlds.memory import ResponseMemory
 
         try:
             memory = ResponseMemory.from_trajectories(trajectories, "the SFT data")

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from audit.settings import AuditSettings
+from audit.scoring.settings import AuditSettings
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.core.rewards import task_reward

@@ -56,7 +56,8 @@ class Policy:
     # these;
     # `model` / `world_model` stay whole, for generation, refreshed after every step
     sharded: dict[str, Any] = field(default_factory=dict)
-    memory: Any | None = None  # memory_k > 0: the train split's real responses (audit.memory)
+    # memory_k > 0: the train split's real responses (audit.worlds.memory)
+    memory: Any | None = None
 
     def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
         from envace.model.rollout import run_episodes
@@ -259,7 +260,7 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         wm = wm.to(device) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
     if cfg.memory_k > 0:
-        from audit.memory import ResponseMemory
+        from audit.worlds.memory import ResponseMemory
 
         policy.memory = ResponseMemory.from_train_split(cfg.env)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout

@@ -2,11 +2,11 @@
 
 Built from compact step rows (no response texts), so it can be recomputed from ``steps.jsonl``
 alone (``envace-audit rescore``). Every statistic is over the *answered rehearsed* steps, depth
-counted from each trajectory's first rehearsed step (``audit.population``; a file of real
+counted from each trajectory's first rehearsed step (``audit.stats.population``; a file of real
 responses only is a determinism check, its statistics over the real steps). Unanswered and
 malformed calls are counted separately. Real (non-rehearsed) responses are summarised on their
 own in ``by_source`` as a determinism check: they must never diverge, and a warning says so when
-one does. Intervals resample whole trajectories (``audit.intervals``).
+one does. Intervals resample whole trajectories (``audit.stats.intervals``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from audit.compounding import clean, group_stats, stratum_label, summarize
-from audit.history import split_histories
-from audit.intervals import IntervalSpec
-from audit.models import SUMMARY_VERSION
-from audit.population import DETERMINISM, population
-from audit.reference import skill, skill_with_ci
+from audit.stats.compounding import clean, group_stats, stratum_label, summarize
+from audit.stats.history import split_histories
+from audit.stats.intervals import IntervalSpec
+from audit.stats.population import DETERMINISM, population
+from audit.store.models import SUMMARY_VERSION
+from audit.worlds.reference import skill, skill_with_ci
 
 N_BOOT = 1000  # trajectory resamples of every interval (rates, means, ratio, skill)
 LOGISTIC_BOOT = 200  # resamples of the logistic odds-ratio interval (each one a model fit)
@@ -145,7 +145,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
 
     A probe run with both histories (``history`` "real" and "own" on its rows) has its
     statistics over the real-history (teacher-forced) rows and the decomposition of the two in
-    a ``history`` block (``audit.history``); the own-history rows are counted apart."""
+    a ``history`` block (``audit.stats.history``); the own-history rows are counted apart."""
     spec = IntervalSpec(resamples=N_BOOT, seed=SEED)
     rows, own_rows, history_block = split_histories(rows, spec)
     answered = [r for r in rows if not r["unanswered"]]

@@ -3,35 +3,35 @@
     answer = choice_batch(base, scorer, memory, k=3, show=note_fn, tally=tally)
     answer(requests, task_ids)        # one response per request, as any TaskBatchAnswer
 
-The hybrid (`audit.memory.hybrid_batch`) hands every call the lookup has never seen to the model,
-and there the model loses to the lookup's fallback (the tool's most common training response)
+The hybrid (`audit.worlds.memory.hybrid_batch`) hands every call the lookup has never seen to the
+model, and there the model loses to the lookup's fallback (the tool's most common training response)
 more often than it wins: it edits a similar response wrongly where the fixed template was right
-(issue #17, `docs/results.md`). Here the model is asked to *rank* instead of only to write. For
-each request the candidates are, in this order:
+(issue #17, `docs/results.md`). Here the model is asked to *rank* instead of only to write. For each
+request the candidates are, in this order:
 
 1. the model's own greedy answer (`base`);
 2. the tool's most common training response (`ResponseMemory.majority`, the fallback of the
    audit's ``lookup`` reference);
 3. the responses of the `k` most similar training calls (`ResponseMemory.similar`);
 4. with ``edits=True`` (``envace probe --choose-edits``), the same responses with the asking
-   call's differing argument values substituted (`audit.reference.substitute`: what the
+   call's differing argument values substituted (`audit.worlds.reference.substitute`: what the
    ``edit`` reference answers with the nearest one; a copy-edit equal to an earlier
    candidate is that candidate, and a win counts under the earlier source);
 
-all from other scenarios than the request's (`audit.memory.scenario_key`), duplicates (equal
-after `audit.canonical.canonical_text`) dropped, first kept. The `scorer` gives each candidate
-the model's log-probability of writing it, whole, after the same prompt the model answered
-(`envace.evaluation.model_probe.response_scorer`: the sum over the response's tokens and the
-closing `<|im_end|>`, teacher-forced); the highest wins, ties to the earlier candidate, so the
-model's own answer wins a tie. A candidate the scorer cannot score (``None``: longer than the
-generation budget, so the model could never have written it) is never chosen. The answer is
-the winning candidate's text; the model still decides every answer, and the memory only widens
-what it may say. Only train-split memories are accepted (`ResponseMemory.from_file`), so no dev
-or test response can be a candidate.
+all from other scenarios than the request's (`audit.worlds.memory.scenario_key`), duplicates (equal
+after `audit.scoring.canonical.canonical_text`) dropped, first kept. The `scorer` gives each
+candidate the model's log-probability of writing it, whole, after the same prompt the model answered
+(`envace.evaluation.model_probe.response_scorer`: the sum over the response's tokens and the closing
+`<|im_end|>`, teacher-forced); the highest wins, ties to the earlier candidate, so the model's own
+answer wins a tie. A candidate the scorer cannot score (``None``: longer than the generation budget,
+so the model could never have written it) is never chosen. The answer is the winning candidate's
+text; the model still decides every answer, and the memory only widens what it may say. Only
+train-split memories are accepted (`ResponseMemory.from_file`), so no dev or test response can be a
+candidate.
 
 `show` (optional) is the transform the model's prompts get, e.g. the memory note
-(`audit.memory.MemoryOptions.wrap`): the scorer ranks under the prompt the model answered. The
-`tally` counts which candidate won (``own``, ``majority``, ``similar``, ``edit``; ``unscored``
+(`audit.worlds.memory.MemoryOptions.wrap`): the scorer ranks under the prompt the model answered.
+The `tally` counts which candidate won (``own``, ``majority``, ``similar``, ``edit``; ``unscored``
 when no candidate could be scored and the model's answer stands), for the summary's
 ``world_model.choice`` block.
 
@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from audit.canonical import canonical_text
-from audit.reference import substitute
+from audit.scoring.canonical import canonical_text
+from audit.worlds.reference import substitute
 from envace.core.worldmodel import Unanswered
 
 #: (requests, candidates per request) -> a score per candidate (higher: more probable; None:
@@ -59,7 +59,7 @@ CandidateScorer = Callable[[list[Any], list[list[str]]], list[list["float | None
 #: requests, task ids -> the requests the model is shown
 Show = Callable[[list[Any], list[str]], list[Any]]
 
-#: requests, task ids -> one answer per request (`audit.memory.TaskBatchAnswer`)
+#: requests, task ids -> one answer per request (`audit.worlds.memory.TaskBatchAnswer`)
 TaskAnswer = Callable[[list[Any], list[str]], list[Any]]
 
 SOURCES = ("own", "majority", "similar", "edit", "unscored")

@@ -4,10 +4,10 @@
     summary, problems = read_summary(audit_dir)
 
 A line of ``steps.jsonl`` is used only when it is a UTF-8 JSON object that is a step row
-(``audit.models.StepRow``, :func:`step_problem`); any other line is reported with its file,
+(``audit.store.models.StepRow``, :func:`step_problem`); any other line is reported with its file,
 line and a one-line reason and its bytes are kept (``StepsRead.bad``) so that a rewrite can
 keep them verbatim (``steps.unreadable.jsonl``). ``summary.json`` is read through
-``audit.models.AuditSummary`` field by field: a field of the wrong type is dropped and named,
+``audit.store.models.AuditSummary`` field by field: a field of the wrong type is dropped and named,
 never trusted.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.models import read_summary_data, step_problem
+from audit.store.models import read_summary_data, step_problem
 from envace.core.layout import AUDIT
 from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
@@ -82,7 +82,7 @@ def _skip(out: StepsRead, line: int, raw: bytes, why: str) -> None:
 
 
 def read_summary(audit_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The usable fields of ``audit_dir/summary.json`` (``audit.models.AuditSummary``, as
+    """The usable fields of ``audit_dir/summary.json`` (``audit.store.models.AuditSummary``, as
     written) and a skipped-record entry per problem."""
     path = Path(audit_dir) / AUDIT.summary
     where = str(path)

@@ -13,7 +13,8 @@ what the real-history divergence already shows is difficulty.
 
 Per group (overall, each depth, read/write, novelty bin, and depth >= ``DEEP``):
 
-- ``real``, ``own``: divergence rates with trajectory-bootstrap intervals (``audit.intervals``);
+- ``real``, ``own``: divergence rates with trajectory-bootstrap intervals
+(``audit.stats.intervals``);
 - ``diff``: own - real, paired (both probes hold the same steps; whole trajectories are
   resampled together), with interval and two-sided bootstrap p-value; the percentile interval
   is never narrower than a score interval of the discordant calls (`discordant_interval`);
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.intervals import (
+from audit.stats.intervals import (
     BOOTSTRAP,
     IntervalSpec,
     TrajectoryResamples,

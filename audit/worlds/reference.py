@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from rapidfuzz import fuzz
 
-from audit.canonical import canonical_text
+from audit.scoring.canonical import canonical_text
 
 REFERENCE_NAMES = ("majority", "lookup", "edit", "echo", "empty")
 EMPTY = "{}"
@@ -402,7 +402,7 @@ def skill_with_ci(
     if not len(values):
         return out
     if np.ptp(values) == 0 and f_r < 1.0:
-        from audit.intervals import wilson_ci
+        from audit.stats.intervals import wilson_ci
 
         miss_lo, miss_hi = wilson_ci((1.0 - f_m) * g, g)
         out.update(lo=1.0 - miss_hi / (1.0 - f_r), hi=1.0 - miss_lo / (1.0 - f_r),

@@ -31,7 +31,7 @@ of the asking task's scenario (on dev and test tasks there is none: splits are b
 
 Retrieval (:meth:`ResponseMemory.similar`): among distinct (arguments, response) pairs of the
 same tool, ranked by ``rapidfuzz.fuzz.ratio`` (normalised Indel similarity, 0-100) between the
-canonical JSON of the arguments (``audit.reference.canonical_arguments``), ties by first
+canonical JSON of the arguments (``audit.worlds.reference.canonical_arguments``), ties by first
 appearance in the file; an identical call scores 100 and so ranks first. rapidfuzz rather than a
 scikit-learn vectorizer: arguments are short JSON values (paths, names, ids) where near-identical
 calls differ by a few characters, which an edit similarity sees and a bag of tokens does not;
@@ -66,9 +66,9 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from audit.canonical import canonical_text
-from audit.output import UsageError
-from audit.reference import canonical_arguments, most_common_response
+from audit.scoring.canonical import canonical_text
+from audit.store.output import UsageError
+from audit.worlds.reference import canonical_arguments, most_common_response
 from envace.core.schema import read_trajectories
 from envace.core.worldmodel import Unanswered
 
@@ -242,11 +242,11 @@ class ResponseMemory:
 
     def exact(self, tool: str, arguments: Any, task_id: str | None = None,
               messages: Sequence[dict[str, Any]] = ()) -> str | None:
-        """The lookup's answer to the identical call (`audit.reference` ``lookup``: the most
+        """The lookup's answer to the identical call (`audit.worlds.reference` ``lookup``: the most
         common response, ties to the first seen), from other scenarios than `task_id`'s; None
         when no other scenario made this call. `messages` (the conversation so far) is ignored:
         the lookup keys on the call alone (a rollout asks every world it is given the same
-        way: `audit.ranker.Ranker.exact` reads them)."""
+        way: `audit.worlds.ranker.Ranker.exact` reads them)."""
         seen = self.identical_responses(tool, arguments, task_id)
         return most_common_response(seen) if seen else None
 
@@ -264,7 +264,7 @@ class ResponseMemory:
         return [r for scen, r in self._tools.get(tool, ()) if scen != own]
 
     def majority(self, tool: str, task_id: str | None = None) -> str | None:
-        """The tool's most common training response (`audit.reference` ``majority``, the
+        """The tool's most common training response (`audit.worlds.reference` ``majority``, the
         lookup's fallback), from other scenarios than `task_id`'s; None for an unseen tool."""
         seen = self.tool_responses(tool, task_id)
         return most_common_response(seen) if seen else None
@@ -370,7 +370,7 @@ def hybrid_batch(inner: TaskBatchAnswer, memory: ResponseMemory,
 class MemoryOptions:
     """How a base world model is grounded: shown a `memory` (k entries per call, notes of at
     most `max_chars`), choosing among its answer and `choose`'s real responses by `scorer`
-    (`audit.choice`; k similar calls, and their edits with `choose_edits`), and/or wrapped in
+    (`audit.worlds.choice`; k similar calls, and their edits with `choose_edits`), and/or wrapped in
     the `hybrid` with a lookup of `hybrid`'s calls."""
 
     memory: ResponseMemory | None = None
@@ -401,7 +401,7 @@ class MemoryOptions:
         """The grounded batch world model (asked with task ids: `run_probe(task_ids=True)`) and
         the summary's `world_model` block, asked once the probe is done. ValueError when
         `choose` is given without a `scorer`."""
-        from audit.choice import SOURCES, choice_batch
+        from audit.worlds.choice import SOURCES, choice_batch
 
         memory = self.memory
         chosen: dict[str, int] = dict.fromkeys(SOURCES, 0)

@@ -16,19 +16,19 @@ said before the call. This world model learns, from the train split alone, to pi
   that call got;
 - the tool's most common response (``ResponseMemory.majority``);
 - the responses of the ``k`` most similar training calls (``ResponseMemory.similar``) and the same
-  responses with this call's differing argument values copied in (``audit.reference.substitute``;
-  the first is ``edit``'s answer);
+  responses with this call's differing argument values copied in
+  (``audit.worlds.reference.substitute``; the first is ``edit``'s answer);
 
-all from other scenarios than the asking task's (``audit.memory.scenario_key``), equal
-candidates (after ``audit.canonical.canonical_text``) merged. Each candidate gets the features
-of :func:`candidate_rows` (where it came from, how similar its source call is, how often the
-tool or the identical call returned it, and how many of the values it holds occur in the
+all from other scenarios than the asking task's (``audit.worlds.memory.scenario_key``), equal
+candidates (after ``audit.scoring.canonical.canonical_text``) merged. Each candidate gets the
+features of :func:`candidate_rows` (where it came from, how similar its source call is, how often
+the tool or the identical call returned it, and how many of the values it holds occur in the
 conversation so far); a gradient-boosted classifier (scikit-learn's
 ``HistGradientBoostingClassifier``, no early stopping, so the fit is deterministic) is fitted on
-every answered real call of the train file, each call's candidates drawn from the *other*
-scenarios (the same leave-scenario-out a held-out call sees), labelled right or wrong by exact
-equality with the real response. It answers with the candidate of highest predicted probability
-(ties: the earlier candidate, ``edit``'s first); a tool with no training call gets ``{}``.
+every answered real call of the train file, each call's candidates drawn from the *other* scenarios
+(the same leave-scenario-out a held-out call sees), labelled right or wrong by exact equality with
+the real response. It answers with the candidate of highest predicted probability (ties: the earlier
+candidate, ``edit``'s first); a tool with no training call gets ``{}``.
 
 It writes nothing new: every answer is a real training response or its copy-edit, so the audit's
 novelty strata say where it wins, and skill against ``edit`` says whether picking from context
@@ -52,9 +52,9 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from audit.canonical import canonical_text
-from audit.memory import Request, ResponseMemory, TaskBatchAnswer
-from audit.reference import EMPTY, canonical_arguments, most_common_response, substitute
+from audit.scoring.canonical import canonical_text
+from audit.worlds.memory import Request, ResponseMemory, TaskBatchAnswer
+from audit.worlds.reference import EMPTY, canonical_arguments, most_common_response, substitute
 from envace.core.schema import read_trajectories
 
 #: similar training calls whose responses (and copy-edits) are candidates

@@ -2,7 +2,7 @@
 writer of an audit directory's files.
 
     with AuditWriter(out, inputs=[dev]) as w:    # replay, probe, rescore and the trainer
-        w.write_steps(records, trajectory_row)   # steps.jsonl lines checked (audit.models)
+        w.write_steps(records, trajectory_row)   # steps.jsonl lines checked (audit.store.models)
         summary = w.finish(summary, plots=True)  # summary.json, report.md, plots
     # on a normal exit the directory is renamed to `out`; on an exception it is deleted
 
@@ -278,8 +278,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class AuditWriter:
     """The one writer of an audit directory (``envace-audit replay``, ``probe``, ``rescore`` and
     the trainer's ``audit/step_<N>/``): an :class:`OutputDir` of kind ``audit`` holding
-    ``steps.jsonl`` (every line a :class:`audit.models.StepRow`), ``trajectories.jsonl``,
-    ``summary.json`` (an :class:`audit.models.AuditSummary`), ``report.md`` and its plots.
+    ``steps.jsonl`` (every line a :class:`audit.store.models.StepRow`), ``trajectories.jsonl``,
+    ``summary.json`` (an :class:`audit.store.models.AuditSummary`), ``report.md`` and its plots.
 
     ``trajectories=False`` (rescore) writes no ``trajectories.jsonl`` unless one is copied in
     (:meth:`copy_trajectories`). Leaving the ``with`` block without :meth:`finish` (an
@@ -310,7 +310,7 @@ class AuditWriter:
         return self
 
     def write_lines(self, steps_text: str, trajectory_text: str = "") -> None:
-        """Lines already made by :func:`audit.models.step_line` (in a worker process) and
+        """Lines already made by :func:`audit.store.models.step_line` (in a worker process) and
         ``json.dumps`` of a trajectory row."""
         self._steps.write(steps_text)
         if trajectory_text:
@@ -320,7 +320,7 @@ class AuditWriter:
                     trajectory: dict[str, Any] | None = None) -> None:
         """One trajectory's step records (checked: ``pydantic.ValidationError`` for a record
         that is not a step row) and its ``trajectories.jsonl`` row."""
-        from audit.models import step_line
+        from audit.store.models import step_line
 
         text = "".join(step_line(r) for r in records)
         row = "" if trajectory is None else json.dumps(trajectory, ensure_ascii=False) + "\n"
@@ -341,10 +341,10 @@ class AuditWriter:
 
     def finish(self, summary: dict[str, Any], plots: bool = True) -> dict[str, Any]:
         """Close the line files, write ``summary.json`` (checked against
-        :class:`audit.models.AuditSummary`) and ``report.md`` with its plots; return the
+        :class:`audit.store.models.AuditSummary`) and ``report.md`` with its plots; return the
         summary as written."""
-        from audit.models import summary_data
-        from audit.report import write_report
+        from audit.store.models import summary_data
+        from audit.store.report import write_report
 
         assert self.dir is not None
         self._close()

@@ -4,10 +4,11 @@ Pure functions over a list of *step records*: dicts with at least ``trajectory_i
 (0-based depth among the trajectory's rehearsed calls; ``step`` is used when a record has no
 ``depth``), ``tool``, ``diverged`` (bool), ``scores`` (``{scorer: value}``), ``mutates_state``
 (bool or None) and optionally ``novelty``. Records whose ``diverged`` is not a bool are left out of
-divergence statistics. Which records to pass (rehearsed steps only) is ``audit.population``'s job.
+divergence statistics. Which records to pass (rehearsed steps only) is ``audit.stats.population``'s
+job.
 
-Intervals of rates and means resample whole trajectories (``audit.intervals``: a seeded cluster
-bootstrap; steps of one trajectory are not independent).
+Intervals of rates and means resample whole trajectories (``audit.stats.intervals``: a seeded
+cluster bootstrap; steps of one trajectory are not independent).
 
 - :func:`by_depth`, :func:`strata`: divergence rate and mean scores per group, with intervals.
 - :func:`first_divergence_survival`: Kaplan–Meier curve of the first divergence.
@@ -25,14 +26,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from audit.intervals import (
+from audit.stats.intervals import (
     IntervalSpec,
     TrajectoryResamples,
     cluster_codes,
     cluster_sums,
     ratio_intervals,
 )
-from audit.intervals import wilson_ci as wilson_ci
+from audit.stats.intervals import wilson_ci as wilson_ci
 
 Step = dict
 _TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
@@ -153,7 +154,7 @@ class _Table:
 def group_stats(steps: Sequence[Step], scorers: Sequence[str],
                 spec: IntervalSpec = IntervalSpec()) -> dict:
     """n, trajectories, diverged, divergence rate and each scorer's mean, with intervals that
-    resample the group's trajectories (``audit.intervals``; method per figure)."""
+    resample the group's trajectories (``audit.stats.intervals``; method per figure)."""
     return _Table(list(steps), scorers, spec).stats(None)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz
 
-from audit.canonical import (
+from audit.scoring.canonical import (
     canonical_text,
     flatten_leaves,
     is_error_response,

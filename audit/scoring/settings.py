@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.scorers import DEFAULT_SCORERS, Verdict, make_verdict
+from audit.scoring.scorers import DEFAULT_SCORERS, Verdict, make_verdict
 
 #: An alternative writer of the "rehearsed" side, e.g. a reference world model:
 #: (tool, arguments) -> response text.

@@ -38,11 +38,10 @@ from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.summary import build_summary, compact
 from audit.store.models import step_line
-from audit.store.output import AuditWriter, UsageError, write_json_atomic
+from audit.store.output import AuditWriter, UsageError
 from envace.core.schema import Trajectory, read_trajectories
 
-__all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
-           "write_json_atomic", "nonfinite_paths"]
+__all__ = ["read_reference", "reference_triples", "run_audit", "nonfinite_paths"]
 
 
 Triple = tuple[str, dict, str]

@@ -42,7 +42,7 @@ from audit.replay import (
     step_record,
     trajectory_row,
 )
-from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.stats.history import HISTORIES
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
@@ -83,7 +83,7 @@ def _own_tool_message(m: Message, content: str) -> dict[str, Any]:
 def probe_trajectory(
     traj: Trajectory,
     rehearser: WorldModel,
-    settings: AuditSettings,
+    settings: AuditOptions,
     env_cache: dict[str, Environment] | None = None,
     steps: Iterable[int] | None = None,
     history: str = "real",
@@ -119,7 +119,7 @@ def drive(gen: ProbeSteps, world_model: WorldModel) -> TrajectoryAudit:
 def probe_batched(
     trajs: Sequence[Trajectory],
     answer_batch: Callable[[list[Request]], list[str | Unanswered]],
-    settings: AuditSettings,
+    settings: AuditOptions,
     steps: Mapping[str, Iterable[int]] | None = None,
     history: str = "real",
     task_ids: bool = False,
@@ -162,7 +162,7 @@ def probe_batched(
 
 def probe_steps(
     traj: Trajectory,
-    settings: AuditSettings,
+    settings: AuditOptions,
     env_cache: dict[str, Environment] | None = None,
     steps: Iterable[int] | None = None,
     history: str = "real",
@@ -226,7 +226,7 @@ def probe_steps(
 
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
             actual_error: bool, env: Environment, history_text: str,
-            settings: AuditSettings) -> dict[str, Any]:
+            settings: AuditOptions) -> dict[str, Any]:
     """One step record with the fields and scoring of `audit.replay` (marked as a probe)."""
     rehearsed = None if rehearsed is None else str(rehearsed)
     rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
@@ -235,7 +235,7 @@ def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
     return rec
 
 
-def probe_settings(opts: AuditOptions) -> AuditSettings:
+def probe_settings(opts: AuditOptions) -> AuditOptions:
     """Audit settings of `opts`, with reference world models when `opts.reference` is set."""
     from audit.worlds.reference import REFERENCE_NAMES, build_reference
 
@@ -331,7 +331,7 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _one_at_a_time(trajs: list[Trajectory], rehearser: WorldModel, settings: AuditSettings,
+def _one_at_a_time(trajs: list[Trajectory], rehearser: WorldModel, settings: AuditOptions,
                    env_cache: dict[str, Environment], steps: Mapping[str, Iterable[int]] | None,
                    history: str) -> list[TrajectoryAudit | Exception]:
     out: list[TrajectoryAudit | Exception] = []

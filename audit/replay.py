@@ -19,7 +19,7 @@ from typing import Any
 
 from audit.scoring.canonical import is_error_response
 from audit.scoring.scorers import ScoreContext, score_step
-from audit.scoring.settings import AuditSettings, Override
+from audit.scoring.settings import AuditOptions, Override
 from audit.stats.compounding import novelty
 from audit.stats.population import assign_depths, is_rehearsed
 from envace.core.envs.base import Environment, make_env
@@ -97,7 +97,7 @@ class RealCalls:
 
 def replay_trajectory(
     traj: Trajectory,
-    settings: AuditSettings,
+    settings: AuditOptions,
     env_cache: dict[str, Environment] | None = None,
     override: Override | None = None,
 ) -> TrajectoryAudit:
@@ -131,7 +131,7 @@ def replay_trajectory(
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,
                 source_rehearsed: bool | None, actual_text: str, actual_error: bool,
-                env: Environment, history_text: str, settings: AuditSettings
+                env: Environment, history_text: str, settings: AuditOptions
                 ) -> dict[str, Any]:
     """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references."""
     kind = env.tool_kind(st.tool)

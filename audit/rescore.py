@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.scoring.scorers import ScoreContext, score_step
-from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
 from audit.store.models import SUMMARY_VERSION, step_line
@@ -37,7 +37,7 @@ from envace.core.layout import AUDIT
 UNREADABLE = AUDIT.unreadable
 
 
-def rescore_record(rec: dict[str, Any], settings: AuditSettings) -> dict[str, Any]:
+def rescore_record(rec: dict[str, Any], settings: AuditOptions) -> dict[str, Any]:
     if rec.get("unanswered") or rec.get("rehearsed") is None:
         return {**rec, "scores": {}, "diverged": True}
     args = rec["arguments"] if isinstance(rec.get("arguments"), dict) else {}

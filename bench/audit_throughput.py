@@ -27,7 +27,8 @@ from envace.core.schema import TrajectoryWriter
 
 CHILD = r"""
 import json, resource, sys, time
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 t = time.perf_counter()
 s = run_audit([sys.argv[1]], sys.argv[2], AuditOptions(workers=int(sys.argv[3]), progress=False))
 dt = time.perf_counter() - t

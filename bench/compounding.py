@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from audit.pipeline import AuditOptions
+    from audit.scoring.settings import AuditOptions
     from envace.core.schema import TrajectoryWriter
     from envace.evaluation.model_probe import context_length, probe_model
     from envace.model.models import default_cache_dir, load_model, resolve_model

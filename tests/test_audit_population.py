@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from audit.compare import compare_audits, render_compare
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
 from audit.rescore import rescore, summary_from_steps
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, TrajectoryWriter

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.bfcl.tasks import load_tasks, split_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter, load_trajectories

@@ -24,7 +24,8 @@ import psutil
 import pytest
 
 from audit.cli import main
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from audit.store.output import OutputDir, OutputRefused
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real

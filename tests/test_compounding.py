@@ -18,8 +18,8 @@ from audit.stats.compounding import (
     novelty,
     strata,
     summarize,
-    wilson_ci,
 )
+from audit.stats.intervals import wilson_ci
 
 
 def make_steps(flags_by_traj, tools=None, mutates=None, novel=None):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audit.stats.compounding import wilson_ci
+from audit.stats.intervals import wilson_ci
 from envace.evaluation.evaluate import success_interval
 
 

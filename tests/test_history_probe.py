@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from audit.probe import probe_trajectory
-from audit.replay import AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.stats.history import decompose, pair_verdicts
 from audit.stats.intervals import IntervalSpec
 from envace.core.envs.bfcl.tasks import split_tasks
@@ -29,7 +29,7 @@ def trajectories():
 
 
 def _truth(traj) -> list[str]:
-    recs = probe_trajectory(traj, lambda *a: "x", AuditSettings()).steps
+    recs = probe_trajectory(traj, lambda *a: "x", AuditOptions()).steps
     return [r["actual"] for r in sorted(recs, key=lambda r: r["step"])]
 
 
@@ -47,7 +47,7 @@ def _compounding_model(truth: list[str]):
 
 
 def _verdicts(traj, model, history):
-    recs = probe_trajectory(traj, model, AuditSettings(), history=history).steps
+    recs = probe_trajectory(traj, model, AuditOptions(), history=history).steps
     assert all(r["history"] == history for r in recs)
     return [r["diverged"] for r in sorted(recs, key=lambda r: r["step"])]
 
@@ -61,7 +61,7 @@ def test_compounding_model_gives_the_induced_pattern_exactly(trajectories):
         assert _verdicts(traj, model, "real") == [i == HARD for i in range(n)]
         assert _verdicts(traj, model, "own") == [i >= HARD for i in range(n)]
         for history, rows in (("real", real_rows), ("own", own_rows)):
-            rows += probe_trajectory(traj, model, AuditSettings(), history=history).steps
+            rows += probe_trajectory(traj, model, AuditOptions(), history=history).steps
     block = decompose(pair_verdicts(real_rows, own_rows), IntervalSpec(200, 0))
     steps = sum(len(_truth(t)) for t in trajectories)
     o = block["overall"]
@@ -88,10 +88,10 @@ def test_own_history_shows_the_models_answers(trajectories):
         seen.append([m["content"] for m in messages if m["role"] == "tool"])
         return f"answer{len(seen)}"
 
-    probe_trajectory(traj, spy, AuditSettings(), history="own")
+    probe_trajectory(traj, spy, AuditOptions(), history="own")
     assert seen[2] == ["answer1", "answer2"]
     with pytest.raises(ValueError):
-        probe_trajectory(traj, spy, AuditSettings(), history="imagined")
+        probe_trajectory(traj, spy, AuditOptions(), history="imagined")
 
 
 @pytest.mark.parametrize("history", ["real", "own"])
@@ -117,10 +117,10 @@ def test_batched_rounds_equal_one_at_a_time(trajectories, history):
         return out
 
     sizes = []
-    one = [probe_trajectory(t, model, AuditSettings(), history=history).steps
+    one = [probe_trajectory(t, model, AuditOptions(), history=history).steps
            for t in trajectories]
     many = probe_batched(trajectories, lambda rs: sizes.append(len(rs)) or batch(rs),
-                         AuditSettings(), history=history)
+                         AuditOptions(), history=history)
     assert [m.steps for m in many] == one
     assert sizes[0] == len(trajectories) and max(sizes) == len(trajectories)
     assert any(r.get("unanswered_reason") == "timed out" for rows in one for r in rows)
@@ -158,9 +158,9 @@ def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypat
 
     import audit.stats.summary
     from audit.compare import compare_audits, render_compare
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
     from audit.rescore import rescore
+    from audit.scoring.settings import AuditOptions
 
     monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
     src, model, truths = _compounding_source(trajectories, tmp_path)
@@ -192,8 +192,8 @@ def test_both_histories_in_one_audit_directory(trajectories, tmp_path, monkeypat
 
 def test_a_world_model_that_raises_costs_its_trajectory_only(trajectories, tmp_path):
     """Even a StopIteration from the world model is that trajectory's failure, named."""
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
     from envace.core.schema import TrajectoryWriter
 
     src = tmp_path / "dev.jsonl"
@@ -218,8 +218,8 @@ def test_a_world_model_that_raises_costs_its_trajectory_only(trajectories, tmp_p
 def test_duplicate_trajectory_ids_are_skipped_not_paired_together(trajectories, tmp_path):
     """Pairing is by (trajectory id, step): a second trajectory with an id already probed is
     skipped with the reason (as `envace-audit` does), never merged into the first's pairs."""
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
     from envace.core.schema import TrajectoryWriter
 
     first, other = trajectories[0], trajectories[1]
@@ -296,8 +296,8 @@ def test_fidelity_page_shows_real_vs_own_history(trajectories, tmp_path, monkeyp
     """The dashboard's Fidelity page on a --history both audit: the tab's figures and chart
     are the summary's history block (a real Streamlit AppTest)."""
     import audit.stats.summary
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
     from tests.test_dashboard import charts, metrics, open_page, pct
 
     monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)

@@ -233,8 +233,8 @@ def test_a_rare_event_rate_is_never_narrower_than_wilson_with_the_effective_size
     """1 of 150 independent steps: a percentile bootstrap alone reads about [0, 2 %] and misses
     the truth far more often than 5 %; the rate's interval contains Wilson's (n_eff = n here,
     one step per trajectory), and with clustered steps n_eff shrinks by the design effect."""
-    from audit.stats.compounding import wilson_ci as wilson
     from audit.stats.intervals import cluster_ratio, effective_size
+    from audit.stats.intervals import wilson_ci as wilson
 
     values = [1.0] + [0.0] * 149
     r = cluster_ratio(values, list(range(150)))

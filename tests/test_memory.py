@@ -20,9 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.pipeline import AuditOptions, reference_triples
+from audit.pipeline import reference_triples
 from audit.probe import run_probe
 from audit.scoring.canonical import canonical_text
+from audit.scoring.settings import AuditOptions
 from audit.store.output import UsageError
 from audit.worlds.memory import (
     NOTE_TITLE,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from audit.worlds.memory import ResponseMemory, render_note, scenario_key
 from envace.core.envs.bfcl.tasks import get_task, split_tasks
 from envace.core.export import export_real

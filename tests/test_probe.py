@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from audit.pipeline import AuditOptions, reference_triples, run_audit
+from audit.pipeline import reference_triples, run_audit
 from audit.probe import probe_trajectory, run_probe
-from audit.replay import AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.worlds.reference import build_reference
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
@@ -72,7 +72,7 @@ def test_history_holds_real_responses(files):
         seen.append((messages, tool, arguments))
         return "{}"
 
-    res = probe_trajectory(wrong, spy, AuditSettings(), {})
+    res = probe_trajectory(wrong, spy, AuditOptions(), {})
     steps = traj.tool_steps()
     assert len(seen) == len(res.steps) == len(steps)
     for k, (messages, tool, arguments) in enumerate(seen):
@@ -88,7 +88,7 @@ def test_history_holds_real_responses(files):
     assert all(r["rehearsed"] == "{}" for r in res.steps)
     # a subset of steps: all calls still executed, only the chosen ones asked
     seen.clear()
-    part = probe_trajectory(wrong, spy, AuditSettings(), {}, steps=[1])
+    part = probe_trajectory(wrong, spy, AuditOptions(), {}, steps=[1])
     assert [r["step"] for r in part.steps] == [1] and len(seen) == 1
     assert part.steps[0]["actual"] == res.steps[1]["actual"]
 

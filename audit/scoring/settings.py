@@ -4,8 +4,7 @@
                         verdict_threshold=0.9, workers=2)
     opts.verdict({"exact": 0.0, "json_f1": 0.95})   # False: not diverged
 
-``AuditSettings`` is the same class under its older name (``audit.replay`` used to have its own
-copy of these fields). The verdict scorer is always scored: it is appended to ``scorers`` when
+The verdict scorer is always scored: it is appended to ``scorers`` when
 missing. ``references`` are reference world models built in the process that replays
 (functions: a worker process builds its own); ``reference`` is the training file they come
 from.
@@ -50,4 +49,3 @@ class AuditOptions:
         return make_verdict(self.verdict_scorer, self.verdict_threshold)
 
 
-AuditSettings = AuditOptions

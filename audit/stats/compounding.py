@@ -33,7 +33,6 @@ from audit.stats.intervals import (
     cluster_sums,
     ratio_intervals,
 )
-from audit.stats.intervals import wilson_ci as wilson_ci
 
 Step = dict
 _TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
@@ -60,30 +59,6 @@ def clean(value: object) -> object:
 
 def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _t_quantile(df: int, level: float = 0.95) -> float:
-    from scipy.special import stdtrit
-
-    return float(stdtrit(df, 0.5 + level / 2))
-
-
-def mean_ci(values: Iterable[float]) -> dict:
-    """Mean with a Student-t 95% interval clipped to [0, 1], for *independent* values only.
-
-    Steps of one trajectory are not independent: for step scores use :func:`group_stats` (a
-    trajectory bootstrap). n < 2: no CI.
-    """
-    xs = [float(v) for v in values if _finite(v)]
-    n = len(xs)
-    if n == 0:
-        return {"mean": None, "ci": None, "n": 0}
-    mean = sum(xs) / n
-    if n < 2:
-        return {"mean": mean, "ci": None, "n": n}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = _t_quantile(n - 1) * sd / math.sqrt(n)
-    return {"mean": mean, "ci": [max(0.0, mean - half), min(1.0, mean + half)], "n": n}
 
 
 def _depth(s: Step) -> int:

@@ -256,7 +256,7 @@ def run_ranker_probe(args: argparse.Namespace) -> int:
 
 def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
     """The `audit.pipeline.AuditOptions` of the scoring flags."""
-    from audit.pipeline import AuditOptions
+    from audit.scoring.settings import AuditOptions
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=progress,

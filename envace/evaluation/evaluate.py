@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.pipeline import write_json_atomic
-from audit.stats.compounding import wilson_ci
-from audit.stats.intervals import cluster_ratio
+from audit.stats.intervals import cluster_ratio, wilson_ci
+from audit.store.output import write_json_atomic
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward

@@ -12,8 +12,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from audit.pipeline import AuditOptions, run_audit, write_json_atomic
-from audit.stats.compounding import wilson_ci
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
+from audit.stats.intervals import wilson_ci
+from audit.store.output import write_json_atomic
 from envace.core.layout import AUDIT, RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter

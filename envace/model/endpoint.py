@@ -79,11 +79,6 @@ def normalize_base(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def endpoint_label(base_url: str, model: str) -> str:
-    """How an audit names a served model: `endpoint:<URL>#<model>`."""
-    return f"endpoint:{normalize_base(base_url)}#{model}"
-
-
 def request_for(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
                 tool: str = "", arguments: Mapping[str, Any] | None = None,
                 api: str = "completions", desc_chars: int = 80) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.replay import ReplayError, TrajectoryAudit, replay_trajectory, trajectory_row
-from audit.scoring.settings import AuditSettings
+from audit.scoring.settings import AuditOptions
 from audit.stats.population import is_rehearsed
 from audit.stats.summary import build_summary, compact
 from audit.store.output import AuditWriter
@@ -34,7 +34,7 @@ from envace.core.schema import Trajectory
 Audited = TrajectoryAudit | str
 
 
-def replay_rollouts(trajs: list[Trajectory], settings: AuditSettings) -> list[Audited]:
+def replay_rollouts(trajs: list[Trajectory], settings: AuditOptions) -> list[Audited]:
     """Replay and score every trajectory once (a ``ReplayError`` becomes its reason)."""
     envs: dict = {}
     out: list[Audited] = []
@@ -63,7 +63,7 @@ def rehearsed_fidelity(audits: list[Audited], verdict: str) -> tuple[list[dict],
 
 
 def write_step_audit(out_dir: Path, trajs: list[Trajectory], audits: list[Audited],
-                     settings: AuditSettings, source_file: str = "") -> dict[str, Any]:
+                     settings: AuditOptions, source_file: str = "") -> dict[str, Any]:
     """Write the audit directory of ``trajs`` from their replays (no environment runs here).
 
     ``trajs`` may have changed since the replay (ids, rewards, meta set by the trainer): step
@@ -79,7 +79,7 @@ def write_step_audit(out_dir: Path, trajs: list[Trajectory], audits: list[Audite
             w.write_steps(steps, {**trajectory_row(traj, steps), "file": source_file,
                                   "line": i + 1})
             rows.extend(compact(r) for r in steps)
-        opts = AuditSettings(list(settings.scorers), settings.verdict_scorer,
+        opts = AuditOptions(list(settings.scorers), settings.verdict_scorer,
                              settings.verdict_threshold, progress=False, plots=False)
         summary = build_summary(rows, opts, trajectories=len(trajs) - len(skipped),
                                 read=len(trajs), skipped=skipped, warnings=[],
@@ -91,7 +91,7 @@ def audit_rollouts(trajs: list[Trajectory], scorers: list[str], verdict: str,
                    out_dir: Path | None, source_file: str = "") -> tuple[list[dict], list[float]]:
     """Replay and score every trajectory once; write an audit directory when ``out_dir`` is
     given. Returns :func:`rehearsed_fidelity`'s (rows, per-trajectory fidelity)."""
-    settings = AuditSettings(list(scorers), verdict)
+    settings = AuditOptions(list(scorers), verdict)
     audits = replay_rollouts(trajs, settings)
     if out_dir is not None:
         write_step_audit(out_dir, trajs, audits, settings, source_file)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from audit.scoring.settings import AuditSettings
+from audit.scoring.settings import AuditOptions
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.core.rewards import task_reward
@@ -289,7 +289,7 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     t_roll = time.perf_counter()
     rollout_file = RUN.rollout_file(run_dir, step)
     with timer.section("fidelity"):
-        audit_settings = AuditSettings(list(cfg.audit_scorers), cfg.verdict_scorer)
+        audit_settings = AuditOptions(list(cfg.audit_scorers), cfg.verdict_scorer)
         audits = replay_rollouts([e.trajectory for e in episodes], audit_settings)
         rows, fid = rehearsed_fidelity(audits, cfg.verdict_scorer)
     with timer.section("reward"):

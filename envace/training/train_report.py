@@ -36,7 +36,8 @@ def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
 
 
 def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = True) -> None:
-    from audit.pipeline import AuditOptions, run_audit
+    from audit.pipeline import run_audit
+    from audit.scoring.settings import AuditOptions
 
     tasks = eval_tasks(cfg, policy.tokenizer)
     base = dict(seeds=cfg.eval_seeds, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,

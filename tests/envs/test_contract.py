@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.base import ToolKind, env_names, make_env
 from envace.core.envs.family import FAMILIES, family
 from envace.core.export import export_real

@@ -124,8 +124,8 @@ def _steps(out: Path) -> list[dict[str, Any]]:
 
 def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], bool]:
     """Per probed step: whether the server can see the in-process probe's prompt exactly."""
-    from audit.pipeline import AuditOptions
     from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
     from envace.model.endpoint import request_for
     from envace.model.windows import prompt_ids
 
@@ -144,7 +144,7 @@ def _agreeing_steps(tok: Any, dev: Path, budget: int) -> dict[tuple[str, int], b
 
 
 def test_served_audit_equals_in_process_audit(server, smollm2, dev, tmp_path):
-    from audit.pipeline import AuditOptions
+    from audit.scoring.settings import AuditOptions
     from envace.evaluation.model_probe import context_length, probe_model
     from envace.model.models import load_model
 

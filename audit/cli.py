@@ -21,13 +21,19 @@ import os
 import sys
 from pathlib import Path
 
+from envace.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    EXIT_USAGE,
+)
 from envace.core.layout import AUDIT
 
 #: `audit.worlds.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested
 #: equal)
 BASELINES = ("majority", "lookup", "edit", "echo", "empty")
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary.json)
 
 
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from audit.store.output import UsageError
+    from envace.core.errors import UsageError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if [a for a in argv if a != "--quiet"][:1] == ["probe"] and not {"-h", "--help"} & set(argv):

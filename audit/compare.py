@@ -16,7 +16,7 @@ in one audit only, and the difference on those calls, resampling A's trajectorie
 
 Damaged audits: a line of ``steps.jsonl`` or a field of ``summary.json`` that cannot be used is
 listed in ``skipped_records`` (file, line, reason) and left out; an audit with nothing usable
-raises :class:`audit.store.output.UsageError`.
+raises :class:`envace.core.errors.UsageError`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from audit.stats.compounding import clean, compounding_ratio
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
 from audit.stats.population import population
-from audit.store.output import UsageError
 from audit.store.records import read_steps, read_summary
+from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 
 PAIRED = "paired_by_trajectory"

@@ -38,7 +38,8 @@ from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.summary import build_summary, compact
 from audit.store.models import step_line
-from audit.store.output import AuditWriter, UsageError
+from audit.store.output import AuditWriter
+from envace.core.errors import UsageError
 from envace.core.schema import Trajectory, read_trajectories
 
 __all__ = ["read_reference", "reference_triples", "run_audit", "nonfinite_paths"]
@@ -258,7 +259,7 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
               opts: AuditOptions | None = None) -> dict[str, Any]:
     """Replay, score and summarise; write the audit directory; return the summary.
 
-    Raises :class:`audit.store.output.UsageError` (nothing written) for an output that may not be
+    Raises :class:`envace.core.errors.UsageError` (nothing written) for an output that may not be
     written (``audit.store.output``) or a ``--reference`` with nothing usable.
     """
     opts = opts or AuditOptions()

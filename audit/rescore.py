@@ -12,7 +12,7 @@ validated or scored is listed in ``skipped_records`` (file, line, reason) and ke
 ``steps.unreadable.jsonl`` of the new audit (an old ``steps.unreadable.jsonl`` is carried over);
 ``trajectories.jsonl`` is copied as it is. A damaged ``summary.json`` is reported the same way and
 its counts recomputed from the steps. A ``steps.jsonl`` with lines but none usable is refused
-(:class:`audit.store.output.UsageError`, nothing written).
+(:class:`envace.core.errors.UsageError`, nothing written).
 
 ``summary_from_steps`` recomputes a summary without rewriting anything (the dashboard uses it for
 audits whose ``summary.json`` predates the current statistics).
@@ -30,8 +30,9 @@ from audit.scoring.settings import AuditOptions
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
 from audit.store.models import SUMMARY_VERSION, step_line
-from audit.store.output import AuditWriter, UsageError
+from audit.store.output import AuditWriter
 from audit.store.records import read_steps, read_summary
+from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 
 UNREADABLE = AUDIT.unreadable

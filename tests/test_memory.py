@@ -24,7 +24,6 @@ from audit.pipeline import reference_triples
 from audit.probe import run_probe
 from audit.scoring.canonical import canonical_text
 from audit.scoring.settings import AuditOptions
-from audit.store.output import UsageError
 from audit.worlds.memory import (
     NOTE_TITLE,
     Entry,
@@ -39,6 +38,7 @@ from audit.worlds.memory import (
 )
 from audit.worlds.reference import build_reference
 from envace.core.envs.bfcl.tasks import split_tasks
+from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 from envace.core.worldmodel import from_lookup

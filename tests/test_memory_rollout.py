@@ -94,7 +94,7 @@ def test_train_config_checks_memory_k():
 
 
 def test_memory_from_trajectories_refuses_held_out_tasks():
-    from audit.store.output import UsageError
+    from envace.core.errors import UsageError
 
     dev = export_real(split_tasks("dev")[:2])
     with pytest.raises(UsageError, match="not train-split"):

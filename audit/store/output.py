@@ -42,6 +42,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 
 #: File names each kind of output may hold (with the landed code's leftovers).
@@ -51,10 +52,6 @@ KNOWN_FILES = {
     "compare": {AUDIT.compare_json, AUDIT.compare_md, f"{AUDIT.compare_json}.tmp"},
 }
 AUDIT_SCHEMA_PREFIX = "envace.audit/"
-
-
-class UsageError(Exception):
-    """Bad usage or unusable input: the command writes nothing (exit code 2)."""
 
 
 class OutputRefused(UsageError):

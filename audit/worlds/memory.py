@@ -67,8 +67,8 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from audit.scoring.canonical import canonical_text
-from audit.store.output import UsageError
 from audit.worlds.reference import canonical_arguments, most_common_response
+from envace.core.errors import UsageError
 from envace.core.schema import read_trajectories
 from envace.core.worldmodel import Unanswered
 

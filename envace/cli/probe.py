@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.worlds.ranker import RANKER_K
+from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE
 from envace.core.layout import AUDIT
 from envace.evaluation.model_probe import context_length, probe_model
 
@@ -37,7 +38,6 @@ MEMORY_K = 3
 SERVED_DEFAULTS = {"max_new_tokens": 256, "api": "completions", "concurrency": 4,
                    "timeout": 60.0, "retries": 3}
 HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
-EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -162,7 +162,7 @@ def _check_usage(args: argparse.Namespace) -> str | None:
 
 def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> Any:
     """The `audit.worlds.memory.MemoryOptions` of `--memory`, `--memory-k`, `--choose` and
-    `--hybrid` (inactive when no file is given); `audit.store.output.UsageError` when a file is
+    `--hybrid` (inactive when no file is given); `envace.core.errors.UsageError` when a file is
     refused."""
     from audit.worlds.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
 
@@ -179,7 +179,7 @@ def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> An
 
 def run_endpoint_probe(args: argparse.Namespace) -> int:
     """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
-    from audit.store.output import UsageError
+    from envace.core.errors import UsageError
     from envace.evaluation.endpoint_probe import _progress, probe_endpoint
     from envace.model.endpoint import EndpointClient, EndpointError
 
@@ -224,9 +224,9 @@ def run_endpoint_probe(args: argparse.Namespace) -> int:
 def run_ranker_probe(args: argparse.Namespace) -> int:
     """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch)."""
     from audit.probe import run_probe
-    from audit.store.output import UsageError
     from audit.worlds.memory import ResponseMemory
     from audit.worlds.ranker import fit_ranker
+    from envace.core.errors import UsageError
 
     prog = getattr(args, "prog", "envace probe")
     try:
@@ -313,8 +313,8 @@ def run_probe_cli(args: argparse.Namespace) -> int:
         return run_ranker_probe(args)
     from dataclasses import replace
 
-    from audit.store.output import UsageError
     from audit.worlds.memory import note_chars
+    from envace.core.errors import UsageError
 
     try:
         grounding = load_grounding(args)

@@ -193,8 +193,8 @@ def build_examples(
     trained = ROLE_SETS[roles]
     memory = None
     if memory_k > 0:
-        from audit.store.output import UsageError
         from audit.worlds.memory import ResponseMemory
+        from envace.core.errors import UsageError
 
         try:
             memory = ResponseMemory.from_trajectories(trajectories, "the SFT data")

@@ -26,13 +26,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-# url path, file name, text that says the page's content is there
-PAGES = [("", "runs", "Latest divergence rate"),
-         ("training", "training", "steps logged, last step"),
-         ("fidelity", "fidelity", "Median first divergence"),
-         ("trajectories", "trajectories", "Rehearsed (written by the policy)"),
-         ("compare", "compare", "Paired on"),
-         ("rehearsal", "rehearsal", "Rehearsal memory")]
+# url path, file name, texts of which one says the page's content is there: a page shows one of
+# them whatever the run holds (a real run may have no identical calls in the two audits compare
+# picks, and no test-time rehearsal evaluation)
+PAGES = [("", "runs", ("Latest divergence rate",)),
+         ("training", "training", ("steps logged, last step",)),
+         ("fidelity", "fidelity", ("Median first divergence",)),
+         ("trajectories", "trajectories", ("Rehearsed (written by the policy)",
+                                           "Recorded (written by the real environment)")),
+         ("compare", "compare", ("Paired on", "Rehearsed steps: A", "Comparing needs two")),
+         ("rehearsal", "rehearsal", ("Rehearsal memory", "No rehearsal evaluations"))]
 CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run", "--no-default-browser-check",
@@ -119,20 +122,21 @@ def browser() -> Iterator[object]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def open_page(driver, url: str, wait_for: str, timeout: float = 90) -> str:
-    """Load a page and wait until ``wait_for`` is visible and the app has stopped running;
-    returns the visible text."""
+def open_page(driver, url: str, wait_for: str | tuple[str, ...], timeout: float = 90) -> str:
+    """Load a page and wait until ``wait_for`` (or one of several texts) is visible and the app
+    has stopped running; returns the visible text."""
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
+    wanted = (wait_for,) if isinstance(wait_for, str) else wait_for
 
     def ready(d) -> bool:
         body = d.find_element(By.TAG_NAME, "body").text
         running = d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]')
-        return wait_for in body and not any(e.is_displayed() and "Running" in e.text
-                                            for e in running)
+        return any(w in body for w in wanted) and not any(
+            e.is_displayed() and "Running" in e.text for e in running)
 
     # Streamlit re-renders while it runs: an element found one moment may be gone the next
     wait = WebDriverWait(driver, timeout, poll_frequency=0.5,

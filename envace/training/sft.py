@@ -346,6 +346,66 @@ def build_trainer(
                    callbacks=list(callbacks))
 
 
+def _sft_target(s: SFTSettings, trajs: Sequence[Trajectory]) -> tuple[Path, str, str, Path]:
+    """``(base model folder, data fingerprint, run fingerprint, output folder)``: what the cold
+    start starts from and where it goes (the folder's name holds the fingerprint of the data,
+    the base and the recipe, so the same settings never train twice)."""
+    cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()
+    data_key = data_fingerprint(trajs)
+    texts = training_texts(trajs) if s.preset == "tiny" else None
+    base = resolve_model(s.preset, cache, texts)
+    recipe = {k: v for k, v in dataclasses.asdict(s).items()
+              if k not in ("out", "cache_dir", "force", "data", "threads", "logging_steps")}
+    key = fingerprint([data_key, str(base)], {"recipe": recipe, "version": SFT_VERSION})
+    out = Path(s.out) if s.out else cache / f"sft-{Path(s.preset).name}-{s.roles}-{key[:10]}"
+    return base, data_key, key, out
+
+
+def _deadline(s: SFTSettings, t0: float, n_params: int) -> float | None:
+    """When training must stop for the folder to be saved within the time budget (None: no
+    budget): 3 s, plus about 5 per 100M parameters (float32 shards), kept for saving."""
+    budget = s.max_minutes * 60 if s.max_minutes else None
+    return t0 + budget - 3.0 - 5.0 * n_params / 1e8 if budget else None
+
+
+def _sft_meta(s: SFTSettings, base: Path, data_key: str, stats: dict[str, Any], n_params: int,
+              state: Any, result: Any, rows: list[dict[str, Any]], stop: str, train_s: float,
+              losses: tuple[float, float | None, int], t0: float, threads: int,
+              load0: list[float], command: list[str] | None) -> dict[str, Any]:
+    """The folder's ``envace_sft.json``: how it was made, what it saw and what it measured."""
+    logged = [r["loss"] for r in rows if "loss" in r]
+    seen = int(state.num_input_tokens_seen or 0)
+    loss0, loss1, probe_windows = losses
+    return {
+        "schema": "envace.training.sft/1",
+        "preset": s.preset,
+        "preset_kind": preset_kind(s.preset),
+        "base_model": str(base),
+        "settings": dataclasses.asdict(s),
+        "data": {"source": s.data or "train split (real trajectories)",
+                 "fingerprint": data_key, **stats},
+        "num_parameters": n_params,
+        "steps": state.global_step,
+        "epochs_done": state.epoch,
+        "stopped_by": stop,
+        "tokens_seen": seen,
+        "train_seconds": round(train_s, 2),
+        "wall_seconds": round(time.perf_counter() - t0, 2),
+        "tokens_per_s": round(seen / train_s, 1) if train_s > 0 else None,
+        "initial_loss": loss0,
+        "final_loss": loss1,
+        "loss_probe_windows": probe_windows,
+        "first_logged_loss": logged[0] if logged else None,
+        "final_logged_loss": logged[-1] if logged else None,
+        "train_loss": result.training_loss,
+        "loss_curve": [[r["step"], r["loss"]] for r in rows if "loss" in r],
+        "command": command if command is not None else sys.argv,
+        "torch_threads": threads,
+        "load_average_at_start": load0,
+        "load_average_at_end": list(os.getloadavg()),
+    }
+
+
 def run_sft(
     settings: SFTSettings,
     trajectories: Sequence[Trajectory] | None = None,
@@ -361,16 +421,9 @@ def run_sft(
     t0 = time.perf_counter() if t0 is None else t0
     load0 = list(os.getloadavg())
     s = settings.resolved()
-    cache = Path(s.cache_dir) if s.cache_dir else default_cache_dir()
     trajs = list(trajectories) if trajectories is not None else load_train_trajectories(s.data)
     require(bool(trajs), "no training trajectories")
-    data_key = data_fingerprint(trajs)
-    texts = training_texts(trajs) if s.preset == "tiny" else None
-    base = resolve_model(s.preset, cache, texts)
-    recipe = {k: v for k, v in dataclasses.asdict(s).items()
-              if k not in ("out", "cache_dir", "force", "data", "threads", "logging_steps")}
-    key = fingerprint([data_key, str(base)], {"recipe": recipe, "version": SFT_VERSION})
-    out = Path(s.out) if s.out else cache / f"sft-{Path(s.preset).name}-{s.roles}-{key[:10]}"
+    base, data_key, key, out = _sft_target(s, trajs)
     if not s.force and _marker_fingerprint(out) == key:
         if not quiet:
             print(f"envace sft: {out} is up to date (same settings and data); --force to retrain")
@@ -384,12 +437,9 @@ def run_sft(
     model, tokenizer = load_model(base)
     examples, stats = build_examples(tokenizer, trajs, s.seq_len, s.roles, s.memory_k)
     require(bool(examples), "no training window holds a trained token")
-    budget = s.max_minutes * 60 if s.max_minutes else None
     n_params = sum(p.numel() for p in model.parameters())
-    # seconds kept for saving: 3, plus about 5 per 100M parameters (float32 shards)
-    deadline = t0 + budget - 3.0 - 5.0 * n_params / 1e8 if budget else None
-    steps_per_epoch = math.ceil(len(examples) / s.batch_size)
-    total = s.max_steps or math.ceil(steps_per_epoch * s.epochs)
+    deadline = _deadline(s, t0, n_params)
+    total = s.max_steps or math.ceil(math.ceil(len(examples) / s.batch_size) * s.epochs)
     warmup = min(s.warmup_steps, max(1, total // 10))
     probe_set = examples[: min(len(examples), 16)]
     start = time.perf_counter()
@@ -412,38 +462,10 @@ def run_sft(
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         state = trainer.state
-        losses = [r["loss"] for r in log_cb.rows if "loss" in r]
-        seen = int(state.num_input_tokens_seen or 0)
         stop = ("time budget" if budget_cb.stopped else
                 "max_steps" if s.max_steps and state.global_step >= s.max_steps else "epochs")
-        meta = {
-            "schema": "envace.training.sft/1",
-            "preset": s.preset,
-            "preset_kind": preset_kind(s.preset),
-            "base_model": str(base),
-            "settings": dataclasses.asdict(s),
-            "data": {"source": s.data or "train split (real trajectories)",
-                     "fingerprint": data_key, **stats},
-            "num_parameters": n_params,
-            "steps": state.global_step,
-            "epochs_done": state.epoch,
-            "stopped_by": stop,
-            "tokens_seen": seen,
-            "train_seconds": round(train_s, 2),
-            "wall_seconds": round(time.perf_counter() - t0, 2),
-            "tokens_per_s": round(seen / train_s, 1) if train_s > 0 else None,
-            "initial_loss": loss0,
-            "final_loss": loss1,
-            "loss_probe_windows": len(probe_set),
-            "first_logged_loss": losses[0] if losses else None,
-            "final_logged_loss": losses[-1] if losses else None,
-            "train_loss": result.training_loss,
-            "loss_curve": [[r["step"], r["loss"]] for r in log_cb.rows if "loss" in r],
-            "command": command if command is not None else sys.argv,
-            "torch_threads": threads,
-            "load_average_at_start": load0,
-            "load_average_at_end": list(os.getloadavg()),
-        }
+        meta = _sft_meta(s, base, data_key, stats, n_params, state, result, log_cb.rows, stop,
+                         train_s, (loss0, loss1, len(probe_set)), t0, threads, load0, command)
         (tmp / SFT_META).write_text(json.dumps(meta, indent=1) + "\n")
         marker = {"preset": "sft", "fingerprint": key, "base": str(base),
                   "num_parameters": meta["num_parameters"]}
@@ -451,9 +473,9 @@ def run_sft(
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
         (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle; envace_sft.json says it
     if not quiet:
-        print(f"envace sft: {state.global_step} steps, {seen} tokens in {train_s:.0f} s "
-              f"({meta['tokens_per_s']} tokens/s), stopped by {stop}; loss {loss0:.3f} -> "
-              f"{meta['final_logged_loss']}; saved {out}")
+        print(f"envace sft: {state.global_step} steps, {meta['tokens_seen']} tokens in "
+              f"{train_s:.0f} s ({meta['tokens_per_s']} tokens/s), stopped by {stop}; loss "
+              f"{loss0:.3f} -> {meta['final_logged_loss']}; saved {out}")
     return out
 
 

@@ -81,6 +81,24 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.flush()
 
 
+def _micro_batch(mb: list[Episode], pad_id: int, roles_trained: tuple[int, ...], learns: bool,
+                 dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A micro-batch's right-padded tensors: ``(ids, roles, old log-probs, attention, trained
+    mask, real-observation mask, selected rows)``; the last four are over targets (``ids[:,
+    1:]``); ``obs`` is all False unless the model learns the real responses, and the selected
+    rows are where logits are read: trained tokens, and the real ones the model learns."""
+    ids = _pad([e.ids for e in mb], pad_id, torch.long).to(dev)
+    roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:].to(dev)
+    old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:].to(dev)
+    attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long).to(dev)
+    mask = torch.zeros_like(roles, dtype=torch.bool)
+    for r in roles_trained:
+        mask |= roles == r
+    obs = (_pad([e.real_obs or [False] * len(e.ids) for e in mb], False, torch.bool)[:, 1:]
+           .to(dev) if learns else torch.zeros_like(mask))
+    return ids, roles, old, attn, mask, obs, (mask | obs) if learns else mask
+
+
 def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: TrainConfig,
            dist: Dist = Dist(), timer: Timer = NULL_TIMER) -> dict[str, float]:
     """One optimizer step per model on the clipped role-wise loss; returns its statistics.
@@ -132,20 +150,9 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
         idle = dist.max(mine) - mine if sharded else 0
         for k in range(0, len(order), cfg.micro_batch_size):
             idx = order[k:k + cfg.micro_batch_size]
-            mb = [episodes[i] for i in idx]
             dev = next(model.parameters()).device
-            ids = _pad([e.ids for e in mb], policy.pad_id, torch.long).to(dev)
-            roles = _pad([e.roles for e in mb], CONTEXT, torch.long)[:, 1:].to(dev)
-            old = _pad([e.logprobs for e in mb], 0.0, torch.float32)[:, 1:].to(dev)
-            attn = _pad([[1] * len(e.ids) for e in mb], 0, torch.long).to(dev)
-            mask = torch.zeros_like(roles, dtype=torch.bool)
-            for r in roles_trained:
-                mask |= roles == r
-            if learns:
-                obs = _pad([e.real_obs or [False] * len(e.ids) for e in mb], False,
-                           torch.bool)[:, 1:].to(dev)
-            # logits only where they are read: trained tokens, and real ones the model learns
-            sel = (mask | obs) if learns else mask
+            ids, roles, old, attn, mask, obs, sel = _micro_batch(
+                [episodes[i] for i in idx], policy.pad_id, roles_trained, learns, dev)
             targets = ids[:, 1:][sel]
             with timer.section("update/forward"):
                 tok_adv = grpo.token_advantages(adv[idx].to(dev), roles)
@@ -262,6 +269,46 @@ def step_timer(cfg: TrainConfig, policy: Policy | None = None, **kw: Any) -> Ste
     return StepTimer(sync=sync, **kw)
 
 
+def step_record(step: int, st: dict[str, float], episodes: list[Episode], verdicts: list[dict],
+                rewards: torch.Tensor, has: torch.Tensor, adv: torch.Tensor,
+                rows: list[dict[str, Any]], cfg: TrainConfig, dist: Dist,
+                times: tuple[float, float, float, float]) -> dict[str, Any]:
+    """A step's row of ``metrics.jsonl`` (docs/spec/run_dir.md): the update's statistics,
+    reward and success, each role's advantages, tokens by role, where the time went
+    (``times``: start, after rollout, after audit and reward, after update), how episodes ended
+    and the rehearsals' fidelity."""
+    t0, t_roll, t_audit, t_end = times
+    n_act = sum(e.tokens(ACT) for e in episodes)
+    n_reh = sum(e.tokens(REHEARSE) for e in episodes)
+    ends: dict[str, int] = {}
+    for e in episodes:
+        key = f"episodes/end_{e.end_reason.split(':')[0]}"
+        ends[key] = ends.get(key, 0) + 1
+
+    def role_adv(k: int, stat: str) -> float:
+        mine = adv[:, k][has[:, k]]
+        if stat == "mean":
+            return float(mine.mean()) if has[:, k].any() else 0.0
+        return float(mine.std()) if has[:, k].sum() > 1 else 0.0
+
+    return {
+        "step": step, "time": time.time(),
+        **{k: v for k, v in st.items() if not k.startswith(("act/tokens", "rehearse/tokens"))},
+        "reward/mean": float(rewards[:, 0].mean()), "reward/act": float(rewards[:, 0].mean()),
+        "reward/rehearse": float(rewards[:, 1].mean()),
+        "success/mean": sum(v["success"] for v in verdicts) / len(verdicts),
+        "adv/act_mean": role_adv(0, "mean"), "adv/act_std": role_adv(0, "std"),
+        "adv/rehearse_mean": role_adv(1, "mean"), "adv/rehearse_std": role_adv(1, "std"),
+        "tokens/act": n_act, "tokens/rehearse": n_reh,
+        "tokens/context": sum(len(e.ids) for e in episodes) - n_act - n_reh,
+        "tokens_per_s": (n_act + n_reh) / (t_end - t0),
+        "seconds/rollout": t_roll - t0, "seconds/audit": t_audit - t_roll,
+        "seconds/update": t_end - t_audit, "ranks": dist.world, "calls/per_episode": sum(
+            len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
+        **ends, **fidelity_metrics(rows, cfg.audit_scorers),
+    }
+
+
 def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir: Path,
                dist: Dist = Dist(), timer: StepTimer | None = None) -> dict[str, Any] | None:
     """One step; returns its metrics record (on rank 0; None on the other ranks).
@@ -326,30 +373,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
     with timer.section("fidelity"):  # the step's audit, from the replays above
         write_step_audit(RUN.step_audit(run_dir, step), [e.trajectory for e in episodes],
                          audits, audit_settings, str(rollout_file))
-    n_act = sum(e.tokens(ACT) for e in episodes)
-    n_reh = sum(e.tokens(REHEARSE) for e in episodes)
-    ends: dict[str, int] = {}
-    for e in episodes:
-        key = f"episodes/end_{e.end_reason.split(':')[0]}"
-        ends[key] = ends.get(key, 0) + 1
-    record = {
-        "step": step, "time": time.time(),
-        **{k: v for k, v in st.items() if not k.startswith(("act/tokens", "rehearse/tokens"))},
-        "reward/mean": float(rewards[:, 0].mean()), "reward/act": float(rewards[:, 0].mean()),
-        "reward/rehearse": float(rewards[:, 1].mean()),
-        "success/mean": sum(v["success"] for v in verdicts) / len(verdicts),
-        "adv/act_mean": float(adv[:, 0][has[:, 0]].mean()) if has[:, 0].any() else 0.0,
-        "adv/act_std": float(adv[:, 0][has[:, 0]].std()) if has[:, 0].sum() > 1 else 0.0,
-        "adv/rehearse_mean": float(adv[:, 1][has[:, 1]].mean()) if has[:, 1].any() else 0.0,
-        "adv/rehearse_std": float(adv[:, 1][has[:, 1]].std()) if has[:, 1].sum() > 1 else 0.0,
-        "tokens/act": n_act, "tokens/rehearse": n_reh,
-        "tokens/context": sum(len(e.ids) for e in episodes) - n_act - n_reh,
-        "tokens_per_s": (n_act + n_reh) / (t_end - t0),
-        "seconds/rollout": t_roll - t0, "seconds/audit": t_audit - t_roll,
-        "seconds/update": t_end - t_audit, "ranks": dist.world, "calls/per_episode": sum(
-            len(c) for e in episodes for c in e.calls_per_turn) / len(episodes),
-        **ends, **fidelity_metrics(rows, cfg.audit_scorers),
-    }
+    record = step_record(step, st, episodes, verdicts, rewards, has, adv, rows, cfg, dist,
+                         (t0, t_roll, t_audit, t_end))
     if cfg.anchor_fraction > 0:  # episodes of groups anchored in reality
         record["episodes/anchored"] = sum(e.trajectory.meta["mode"] == "real" for e in episodes)
     if own:

@@ -31,6 +31,12 @@ else
   echo "[setup] .venv up to date"
 fi
 
+# the Node reference MCP servers the tests start (tests/envs/mcp/node/package.json, locked)
+if command -v npm >/dev/null && [ ! -d tests/envs/mcp/node/node_modules/@modelcontextprotocol ]; then
+  echo "[setup] installing the Node MCP test servers (npm ci in tests/envs/mcp/node)"
+  npm ci --prefix tests/envs/mcp/node --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
 if [ "${1:-}" = "--browser" ]; then
   if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "[setup] installing Debian's chromium and chromium-driver"

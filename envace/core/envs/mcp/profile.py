@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ CONFIG_ENV = "ENVACE_MCP_CONFIG"
 PREFIX = "mcp:"
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WORKDIR = "{workdir}"
+CONFIG_DIR = "{config_dir}"
+PYTHON = "{python}"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
 _KEYS = {"command", "args", "env", "cwd", "setup", "writes", "reads", "state_ignore",
@@ -63,8 +66,10 @@ class Profile:
         return PREFIX + self.name
 
     def fill(self, text: str, workdir: str) -> str:
-        """``text`` with ``{workdir}`` replaced by the trajectory's working directory."""
-        return text.replace(WORKDIR, workdir)
+        """``text`` with ``{workdir}`` replaced by the trajectory's working directory and
+        ``{config_dir}`` by the config file's folder, ``{python}`` by envace's interpreter."""
+        return (text.replace(WORKDIR, workdir).replace(CONFIG_DIR, self.base_dir)
+                .replace(PYTHON, sys.executable))
 
     def argv(self, workdir: str) -> tuple[str, list[str]]:
         """(command, arguments) with ``{workdir}`` filled in; a relative command path that names

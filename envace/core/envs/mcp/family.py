@@ -2,9 +2,10 @@
 
 A built-in family's record is a module constant; an MCP family is made per environment name
 (:func:`mcp_family`) over the task file of ``--mcp-tasks FILE`` (``ENVACE_MCP_TASKS``). Its
-splits are the tasks' own ``split`` fields (``train``, ``dev``, ``test``) and ``all`` (every task
-of the file); a task is its own resampling unit. ``family("mcp:<profile>")`` returns it, so
-rollout, train, eval and the rewards reach MCP tasks through the same record as the built-ins.
+splits are the tasks' own ``split`` fields (``train``, ``dev``, ``test``; ``split_tasks`` also
+takes ``all``: every task of the file); a task is its own resampling unit.
+``family("mcp:<profile>")`` returns it, so rollout, train, eval and the rewards reach MCP tasks
+through the same record as the built-ins.
 
     fam = mcp_family("mcp:ledger")
     fam.split_tasks("all", "task")            # every task of $ENVACE_MCP_TASKS
@@ -67,7 +68,7 @@ def mcp_family(env_name: str) -> Family:
 
     return Family(
         name=env_name, summary=f"MCP server profile {env_name.removeprefix('mcp:')!r}",
-        splits=(*SPLITS, "all"), split_tasks=split_tasks, get_task=get_task, new_env=new_env,
+        splits=SPLITS, split_tasks=split_tasks, get_task=get_task, new_env=new_env,
         real_trajectory=real_trajectory, reward=reward, resampling_unit="task",
         cluster_id=lambda task_id: task_id,
     )

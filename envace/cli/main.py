@@ -52,6 +52,10 @@ def _export_other(args: argparse.Namespace) -> int:
     try:
         if args.tasks:
             ids = list(args.tasks)
+        elif args.env.startswith("mcp:"):  # the tasks of --mcp-tasks FILE (their split field)
+            from envace.core.envs.family import family
+
+            ids = [t.id for t in family(args.env).split_tasks(args.split, "task")]
         elif args.env == "agentdojo":
             from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, load_tasks, split_ids
 

@@ -18,6 +18,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import re
 from typing import Any
 
@@ -71,15 +72,14 @@ def canonical_text(text: str, workdir: str | None, volatile: tuple[str, ...] = (
     """``text`` with the workdir's path written as ``{workdir}`` and volatile parts replaced."""
     if workdir:
         for path in sorted({workdir, _real(workdir)}, key=len, reverse=True):
-            text = text.replace(path, WORKDIR_TOKEN)
+            # the whole path only: not where it is the start of a longer name (/w in /wav)
+            text = re.sub(re.escape(path) + r"(?![\w.-])", lambda _: WORKDIR_TOKEN, text)
     for pattern in volatile:
         text = re.sub(pattern, VOLATILE_TOKEN, text)
     return text
 
 
 def _real(path: str) -> str:
-    import os
-
     return os.path.realpath(path)
 
 

@@ -159,5 +159,5 @@ def test_response_text_of_every_content_block():
 
 
 def test_the_test_config_is_valid():
-    assert set(load_config(CONFIG)) == {"ledger", "git", "memory"}
+    assert set(load_config(CONFIG)) == {"ledger", "git", "memory", "files"}
     assert Path(CONFIG).is_file()

@@ -1,7 +1,8 @@
 """Record -> replay -> planted errors, against real MCP servers the tests start.
 
-Three servers: the ledger written without any SDK (plain JSON-RPC), mcp-server-git (PyPI, the
-SDK's own server) and @modelcontextprotocol/server-memory (npm, Node). For each: the task file
+Four servers: the ledger written without any SDK (plain JSON-RPC), mcp-server-git (PyPI, on the
+SDK's MCPServer), @modelcontextprotocol/server-memory and server-filesystem (npm, Node; the
+latter's answers name absolute paths, written as {workdir}). For each: the task file
 is recorded twice, here and by ``envace data record`` in a fresh process (byte-identical), the
 recording replays with zero divergence, and planted wrong responses diverge exactly where
 planted.
@@ -22,7 +23,7 @@ from envace.core.envs.mcp.record import record as record_tasks
 from envace.core.schema import TrajectoryWriter, read_trajectories
 from tests.envs.mcp.conftest import CONFIG, ROOT, TASKS, node_servers
 
-SERVERS = ["ledger", "git", "memory"]
+SERVERS = ["ledger", "git", "memory", "files"]
 
 
 def record(profile: str, out: Path, seed: int) -> subprocess.CompletedProcess:
@@ -37,7 +38,7 @@ def record(profile: str, out: Path, seed: int) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module", params=SERVERS)
 def recorded(request, tmp_path_factory, mcp_config):
     profile = request.param
-    if profile == "memory":
+    if profile in ("memory", "files"):
         node_servers()
     d = tmp_path_factory.mktemp(f"mcp-{profile}")
     # one recording in this process (after whatever ran before it), one in a fresh process with

@@ -73,6 +73,10 @@ def test_answers_errors_and_content_blocks(env):
     assert env.tool_kind("add_entry") == ToolKind.WRITE  # observed: the state changed
     assert env.tool_kind("balance") == ToolKind.READ  # the server marks it read-only
     assert env.tool_kind("remove_entry") == ToolKind.WRITE  # never called: it may write
+    assert env.execute("remove_entry", {"number": 9}).error  # fails, changes nothing
+    assert env.tool_kind("remove_entry") == ToolKind.WRITE  # a failure proves no READ
+    assert not env.execute("list_entries", {}).error
+    assert env.tool_kind("list_entries") == ToolKind.READ  # succeeded, changed nothing
     assert env.tool_kind("nope") is None
 
 

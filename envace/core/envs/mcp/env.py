@@ -9,7 +9,7 @@ argument) is an error result without reaching the server; a server that crashes,
 protocol or does not answer within the timeout is an error result with the reason, and is
 stopped. The state is the workdir's files (:mod:`workdir`); a tool's kind is what the profile
 declares, else WRITE once a call was seen to change the state, else READ if the server marks it
-read-only or calls were seen not to change it, else WRITE (it may change state).
+read-only or successful calls were seen not to change it, else WRITE (it may change state).
 
     env = make_env("mcp:git")                     # the profile "git" of $ENVACE_MCP_CONFIG
     env.reset({"files": {"README.md": "hello\\n"}})
@@ -176,12 +176,19 @@ class McpEnv:
         try:
             result = self._server.call(tool, fill_workdir(arguments, work), self.timeout())
         except ServerError as exc:
+            self._observe(tool, before, failed=True)
             return ToolResult(f"Error: {exc}", True)
-        finally:
-            seen = _OBSERVED.setdefault(self.profile.name, {})
-            seen[tool] = seen.get(tool, False) or self.state_hash() != before
+        self._observe(tool, before, failed=bool(result.is_error))
         text = result_text(result, work, self.profile.volatile)
         return ToolResult(text, bool(result.is_error))
+
+    def _observe(self, tool: str, before: str, failed: bool) -> None:
+        """Record whether a call changed the state; a failed call that changed nothing is no
+        evidence that the tool only reads."""
+        changed = self.state_hash() != before
+        seen = _OBSERVED.setdefault(self.profile.name, {})
+        if changed or not failed:
+            seen[tool] = seen.get(tool, False) or changed
 
     def _check(self, tool: str, arguments: Any) -> str | None:
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):

@@ -1,5 +1,6 @@
 """MCP tasks through the rest of envace unchanged: the rollout engine in real mode, the verifier,
-the audit of a rollout, ``envace eval``, and the reference world models (``baseline``).
+the audit of a rollout, ``envace eval``, the reference world models (``baseline``) and the
+dashboard.
 
 Uses the committed tiny model (data/models/tiny-sft) and the SDK-free ledger server; its task
 file has train/dev/test splits (tests/envs/mcp/tasks/ledger.jsonl).
@@ -93,3 +94,21 @@ def test_eval_and_baseline_commands_run_on_mcp_tasks(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "base" / "summary.json").read_text())
     assert s["counts"]["steps"] > 0 and s["counts"]["skipped"] == 0
+
+
+def test_the_dashboard_shows_an_mcp_audit(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from envace.core.envs.mcp.record import record
+
+    n, problems = record("mcp:ledger", str(LEDGER_TASKS), str(tmp_path / "real.jsonl"))
+    assert n == 6 and not problems
+    run_audit([str(tmp_path / "real.jsonl")], tmp_path / "root" / "mcp-audit",
+              AuditOptions(progress=False, plots=False))
+    monkeypatch.setenv("ENVACE_DASHBOARD_ROOT", str(tmp_path / "root"))
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.query_params["run"] = "mcp-audit"
+    at.run()
+    at.switch_page("views/fidelity.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("0 of 6 trajectories diverge" in str(m.value) for m in at.markdown)

@@ -63,6 +63,10 @@ def test_answers_errors_and_content_blocks(env):
     assert not r.error and r.content.startswith("a picture:\n[image image/png, 70 bytes, sha256 ")
     r = env.execute("fail", {})
     assert r.error and r.content == "this tool always fails"  # isError -> an error result
+    r = env.execute("reject", {})  # a JSON-RPC error answer: an error result, the server goes on
+    assert r.error and r.content == ("Error: MCP server 'ledger' answered reject with JSON-RPC "
+                                     "error -32602: rejected by the ledger"), r.content
+    assert not env.execute("list_entries", {}).error
     r = env.execute("garbage", {})  # a non-JSON-RPC line on stdout: the SDK skips it
     assert not r.error and r.content == "answered after garbage"
     for tool, args, why in [("balance", {}, "required"), ("balance", {"account": 1}, "string"),

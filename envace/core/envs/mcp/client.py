@@ -11,7 +11,8 @@ first use) and synchronous callers wait on it with a deadline:
 
 Every wait is bounded: a server that does not answer ``initialize`` within the startup timeout, or
 a call within its timeout, raises :class:`ServerError` with the reason, and the server is stopped
-(its state is unknown after a hung call). The SDK's own shutdown closes stdin, waits, then kills
+(its state is unknown after a hung call). A JSON-RPC error answer to a call is
+:class:`ServerAnswer`: the server goes on. The SDK's own shutdown closes stdin, waits, then kills
 the process tree; :func:`close_all` (run at exit, also in multiprocessing workers and after
 Ctrl-C) stops every server this process started, so none is left behind.
 """
@@ -31,6 +32,8 @@ import anyio
 import mcp_types as types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 #: Extra seconds the synchronous side waits beyond a request's own timeout before giving up on
 #: the event loop itself (only a stuck loop runs this out).
@@ -50,6 +53,10 @@ _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 class ServerError(RuntimeError):
     """The server could not start, crashed, broke the protocol or did not answer in time."""
+
+
+class ServerAnswer(ServerError):
+    """The server answered a call with a JSON-RPC error (it is still running)."""
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
@@ -172,6 +179,8 @@ class ServerProcess:
         except concurrent.futures.TimeoutError:
             fut.cancel()
             reason = f"{self.label} did not answer {name} within {timeout:g} s"
+        except ServerAnswer:
+            raise  # an answer: the server goes on
         except ServerError as exc:
             reason = str(exc)
         self._dead = reason
@@ -186,6 +195,11 @@ class ServerProcess:
         try:
             with anyio.fail_after(timeout):
                 return await session.call_tool(name, arguments, read_timeout_seconds=timeout)
+        except MCPError as exc:
+            if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                raise ServerAnswer(f"{self.label} answered {name} with JSON-RPC error "
+                                   f"{exc.code}: {exc.message[:300]}") from None
+            raise ServerError(_reason(exc, f"{self.label} on {name}", timeout)) from None
         except Exception as exc:
             raise ServerError(_reason(exc, f"{self.label} on {name}", timeout)) from None
 

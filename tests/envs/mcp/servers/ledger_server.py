@@ -4,7 +4,8 @@ line (the tests of envace's MCP bridge start it).
 State lives in one JSON file, ``$LEDGER_DB`` (the profile puts it in the workdir). Tools:
 ``add_entry``, ``balance``, ``list_entries``, ``remove_entry``; and, for the robustness tests,
 ``crash`` (the process exits mid-call), ``hang`` (never answers), ``garbage`` (writes a line that
-is not JSON-RPC, then answers), ``picture`` (an image content block), ``fail`` (``isError``).
+is not JSON-RPC, then answers), ``picture`` (an image content block), ``fail`` (``isError``),
+``reject`` (a JSON-RPC error answer).
 """
 
 import json
@@ -33,6 +34,7 @@ TOOLS = [
     {"name": "garbage", "description": "Write a non-JSON line, then answer.", "inputSchema": OBJ},
     {"name": "picture", "description": "A 1-pixel PNG.", "inputSchema": OBJ},
     {"name": "fail", "description": "Always an error result.", "inputSchema": OBJ},
+    {"name": "reject", "description": "A JSON-RPC error answer.", "inputSchema": OBJ},
 ]
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5"
        "ErkJggg==")
@@ -87,6 +89,8 @@ def call(name, args):
                             {"type": "image", "data": PNG, "mimeType": "image/png"}]}
     if name == "fail":
         return text("this tool always fails", error=True)
+    if name == "reject":
+        raise ValueError("rejected by the ledger")
     return None
 
 

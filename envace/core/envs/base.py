@@ -183,6 +183,10 @@ def env_source(name: str) -> str:
     """Where an environment comes from: ``built in``, ``plugin <dist> (<module:attr>)``, ..."""
     if name in BUILTINS:
         return "built in"
+    if name.startswith(MCP_PREFIX):
+        import os
+
+        return f"MCP profile of {os.environ.get('ENVACE_MCP_CONFIG') or '(no --mcp-config)'}"
     ep = plugin_entry_points().get(name)
     if ep is not None:
         return f"plugin {_distribution(ep)} ({ep.value})"

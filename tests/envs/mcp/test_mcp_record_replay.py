@@ -96,3 +96,21 @@ def test_planted_errors_are_found_exactly(recorded, tmp_path):
             .splitlines()]
     got = {(r["trajectory_id"], r["step"]) for r in rows if r["diverged"]}
     assert planted and got == planted, profile
+
+
+def test_record_exit_codes(tmp_path, mcp_config, capsys):
+    from envace.cli.main import main
+
+    good = (TASKS / "ledger.jsonl").read_text().splitlines()[0]
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(f"{good}\n{{not json\n" + good.replace('"rent"', '"rent2"') + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = ["data", "record", "--env", "mcp:ledger", "--tasks", str(tasks)]
+    assert main([*argv, "--out", str(out)]) == 3  # written, one bad line skipped
+    assert "line 2" in capsys.readouterr().err
+    assert [t.task_id for t in _trajs(out)] == ["rent", "rent2"]
+    before = tasks.read_bytes()
+    assert main([*argv, "--out", str(tasks)]) == 2 and tasks.read_bytes() == before
+    assert main(["data", "record", "--env", "bfcl", "--tasks", str(tasks), "--out",
+                 str(tmp_path / "x.jsonl")]) == 2
+    assert main([*argv, "--out", str(out), "--mcp-config", str(tmp_path / "none.yaml")]) == 2

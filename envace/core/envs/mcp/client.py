@@ -100,6 +100,7 @@ class ServerProcess:
         """Spawn the server, ``initialize`` and list its tools (every page)."""
         loop = _background_loop()
         ready: concurrent.futures.Future[list[types.Tool]] = concurrent.futures.Future()
+        self._stop = asyncio.Event()  # made here, so a close right after start can set it
         self._main = asyncio.run_coroutine_threadsafe(self._run(ready), loop)
         _live.add(self)
         try:
@@ -113,7 +114,8 @@ class ServerProcess:
             raise
 
     async def _run(self, ready: concurrent.futures.Future[list[types.Tool]]) -> None:
-        self._stop = asyncio.Event()
+        stop = self._stop
+        assert stop is not None
         try:
             with open(self.errlog or "/dev/null", "w", encoding="utf-8") as err:
                 async with stdio_client(self.params, errlog=err) as (read, write), \
@@ -123,7 +125,7 @@ class ServerProcess:
                         tools = await self._list_tools(session)
                     self._session = session
                     ready.set_result(tools)
-                    await self._stop.wait()
+                    await stop.wait()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, never lost
             reason = _reason(exc, f"starting {self.label}", self.startup_timeout)
             self._dead = self._dead or reason

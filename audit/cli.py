@@ -5,6 +5,7 @@
     envace-audit rescore DIR --scorers exact json_f1 [--verdict json_f1 --threshold 0.9] [--out D]
     envace-audit compare DIR_A DIR_B [--out DIR]
     envace-audit baseline INPUT.jsonl --reference train.jsonl --model lookup --out DIR
+    envace-audit replay mcp.jsonl --mcp-config servers.yaml --out DIR   (mcp:<profile> envs)
 
 Exit codes: 0 audit written and every record audited; 3 audit written but some records were
 skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
@@ -212,6 +213,13 @@ def _main(argv: list[str] | None) -> int:
     from envace.core.errors import UsageError
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
+
+    try:  # --mcp-config FILE: the MCP server profiles that mcp:<profile> trajectories name
+        argv = take_mcp_options(argv)
+    except McpOptionError as exc:
+        print(f"envace-audit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if [a for a in argv if a != "--quiet"][:1] == ["probe"] and not {"-h", "--help"} & set(argv):
         return cmd_probe(argparse.Namespace())  # moved: one line, whatever its arguments
     args = build_parser().parse_args(argv)

@@ -31,6 +31,18 @@ else
   echo "[setup] .venv up to date"
 fi
 
+# the Node reference MCP servers the tests start (tests/envs/mcp/node/package.json, locked);
+# Node itself from Debian's packages where it is missing
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "[setup] installing Debian's nodejs and npm (the Node MCP test servers)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm \
+    >/dev/null) || echo "[setup] could not install Node: the Node MCP tests will be skipped"
+fi
+if command -v npm >/dev/null && [ ! -d tests/envs/mcp/node/node_modules/@modelcontextprotocol ]; then
+  echo "[setup] installing the Node MCP test servers (npm ci in tests/envs/mcp/node)"
+  npm ci --prefix tests/envs/mcp/node --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
 if [ "${1:-}" = "--browser" ]; then
   if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "[setup] installing Debian's chromium and chromium-driver"

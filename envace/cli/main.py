@@ -4,10 +4,14 @@
     envace data export-real --env agentdojo --split all --out agentdojo.jsonl
     envace envs                                            environments installed: tasks, tools
     envace data splits                                     split sizes and overlap note
+    envace data record --env mcp:NAME --mcp-config servers.yaml --tasks tasks.jsonl --out F
     envace sft --preset tiny                               cold start (trl SFTTrainer)
     envace rollout --model PATH --split dev --mode rehearse --out FILE.jsonl
     envace probe --endpoint URL --model NAME dev.jsonl --out DIR   audit a served world model
     envace train [--config configs/tiny.yaml] [key=value ...] [--resume runs/NAME]
+
+`--mcp-config FILE` and `--mcp-tasks FILE` (MCP server profiles and their task file, docs/mcp.md)
+are taken by every subcommand, anywhere on the command line.
 
 Heavy modules (torch, transformers) are imported only by the subcommands that need them.
 """
@@ -48,6 +52,10 @@ def _export_other(args: argparse.Namespace) -> int:
     try:
         if args.tasks:
             ids = list(args.tasks)
+        elif args.env.startswith("mcp:"):  # the tasks of --mcp-tasks FILE (their split field)
+            from envace.core.envs.family import family
+
+            ids = [t.id for t in family(args.env).split_tasks(args.split, "task")]
         elif args.env == "agentdojo":
             from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, load_tasks, split_ids
 
@@ -82,6 +90,18 @@ def _write(trajs: Any, out: str) -> int:
             n += 1
     print(f"wrote {n} real trajectories to {out}")
     return 0
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from envace.core.envs.mcp.profile import ProfileError
+    from envace.core.envs.mcp.record import run
+    from envace.core.envs.mcp.tasks import TaskFileError
+
+    try:
+        return run(args.env, args.tasks, args.out, turn_end=not args.no_turn_end)
+    except (ProfileError, TaskFileError, OSError) as exc:
+        print(f"envace data record: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
@@ -133,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--no-turn-end", action="store_true",
                     help="omit the empty assistant message that closes each turn")
     ex.set_defaults(func=_cmd_export_real)
+    rec = dsub.add_parser(
+        "record", help="an MCP task file's ground truth against its server: real trajectories",
+        description="Execute each task's ground truth against a fresh server of an MCP profile "
+                    "and write real trajectories (docs/mcp.md). Needs --mcp-config FILE (or "
+                    "ENVACE_MCP_CONFIG). Exit 3: written, some tasks skipped.")
+    rec.add_argument("--env", required=True, help="mcp:<profile> of the MCP config")
+    rec.add_argument("--tasks", required=True, help="task file (JSON lines)")
+    rec.add_argument("--out", required=True, help="output .jsonl")
+    rec.add_argument("--no-turn-end", action="store_true",
+                     help="omit the empty assistant message that closes the turn")
+    rec.set_defaults(func=_cmd_record)
     sp = dsub.add_parser("splits", help="print the split note")
     sp.set_defaults(func=_cmd_splits)
     en = sub.add_parser("envs", help="environments installed (built in and plugins): tasks, tools")
@@ -169,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
+
+    try:
+        argv = take_mcp_options(sys.argv[1:] if argv is None else list(argv))
+    except McpOptionError as exc:
+        print(f"envace: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may come after options (`envace train --quiet lr=1e-5 steps=3`)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from envace.core.envs.base import Environment, make_env
-from envace.core.envs.family import FAMILIES, family
+from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
 from envace.core.schema import Message, Trajectory
 
 
@@ -68,7 +68,7 @@ def export_env(env_name: str, task_ids: Iterable[str], turn_end: bool = True,
                version: str | None = None) -> Iterator[Trajectory]:
     """Real trajectories of tasks named by id, of a built-in family or a plugin that lists its
     tasks; ``version`` picks a benchmark version where the family has several (AgentDojo)."""
-    if env_name in FAMILIES:
+    if env_name in FAMILIES or env_name.startswith(MCP_PREFIX):  # an MCP profile is a family
         fam = family(env_name)
         yield from export_real((fam.get_task(tid, version) for tid in task_ids),
                                turn_end=turn_end)

@@ -1,7 +1,8 @@
 """The environment-family contract (envace/core/envs/README.md), run over every family.
 
-Parametrised over ``envace.core.envs.family.FAMILIES`` (and, for the protocol part, over every
-installed plugin environment), so a new family gets these tests for free. Each uses a few tasks of
+Parametrised over ``envace.core.envs.family.FAMILIES`` and an MCP server profile (``mcp:ledger``,
+the SDK-free server of tests/envs/mcp; and, for the protocol part, over every installed plugin
+environment), so a new family gets these tests for free. Each uses a few tasks of
 a split, to keep the suite small; the full ground-truth replays live in each family's own tests.
 """
 
@@ -25,13 +26,27 @@ from envace.core.schema import Trajectory, TrajectoryWriter
 ROOT = Path(__file__).resolve().parents[2]
 N_TASKS = 3  # dev tasks per family in each test
 PLUGINS = [n for n in env_names() if n not in FAMILIES]
+# An MCP server profile is a family made from the user's config and task file: the contract runs
+# over the SDK-free ledger server of tests/envs/mcp (its tasks have train/dev/test splits).
+MCP_DIR = ROOT / "tests" / "envs" / "mcp"
+MCP_ENV = {"ENVACE_MCP_CONFIG": str(MCP_DIR / "servers.yaml"),
+           "ENVACE_MCP_TASKS": str(MCP_DIR / "tasks" / "ledger.jsonl")}
+NAMES = [*FAMILIES, "mcp:ledger"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _mcp_profile():
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in MCP_ENV.items():
+            mp.setenv(key, value)
+        yield
 
 
 def _dev(name: str, n: int = N_TASKS) -> list[Any]:
     return family(name).split_tasks("dev", "task")[:n]
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=NAMES)
 def fam_real(request, tmp_path_factory) -> tuple[str, list[Any], list[Trajectory], Path]:
     """A family, a few dev tasks, their real trajectories and the file holding them."""
     name = request.param
@@ -76,7 +91,7 @@ def test_ground_truth_replays_with_zero_divergence(fam_real, tmp_path):
 
 
 # ------------------------------------------------------------------ 2. determinism across processes
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_exports_in_fresh_processes_are_byte_identical(name, tmp_path):
     code = ("import sys; from envace.core.envs.family import family; "
             "from envace.core.export import export_real; "
@@ -84,7 +99,7 @@ def test_exports_in_fresh_processes_are_byte_identical(name, tmp_path):
             "sys.stdout.write('\\n'.join(t.to_json() for t in export_real(ts)))")
     runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                            check=True, env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin",
-                                            "PYTHONPATH": str(ROOT)}).stdout
+                                            "PYTHONPATH": str(ROOT), **MCP_ENV}).stdout
             for seed in (1, 2)]
     assert runs[0] and runs[0] == runs[1]
 
@@ -126,7 +141,7 @@ def _bad_calls(env: Any) -> None:
         assert isinstance(r.content, str) and r.content
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_bad_calls_are_answered_as_errors(name):
     task = _dev(name, 1)[0]
     env = family(name).new_env(task)
@@ -143,7 +158,7 @@ def test_plugin_bad_calls_are_answered_as_errors(name):
 
 
 # ------------------------------------------------------------------ 5. the record holds together
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_splits_are_disjoint_and_units_defined(name):
     fam = family(name)
     ids = {s: {t.id for t in fam.split_tasks(s, "task")} for s in fam.splits}
@@ -160,7 +175,7 @@ def test_splits_are_disjoint_and_units_defined(name):
     assert fam.resampling_unit
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_tools_have_schemas_and_kinds_and_resets_repeat(name):
     fam = family(name)
     for task in _dev(name):

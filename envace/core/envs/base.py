@@ -18,6 +18,10 @@ see docs/plugins.md):
 for, so a plugin that fails to import never breaks the built-ins; asking for it gives a
 :class:`PluginLoadError` that names it. A built-in name cannot be taken by a plugin.
 
+A name ``mcp:<profile>`` is a server profile of the user's MCP config (``--mcp-config FILE`` or
+``ENVACE_MCP_CONFIG``; ``envace/core/envs/mcp``, docs/mcp.md): resolved before the plugins, so a
+plugin cannot take such a name.
+
 Optional methods an environment may have (``envace envs`` and ``export-real`` use them):
 ``task_ids() -> list[str]``, ``all_tools() -> list[dict]``, ``task_prompt(task_id) -> str``,
 ``ground_truth(task_id) -> list[tuple[str, dict]]``.
@@ -34,7 +38,7 @@ from enum import StrEnum
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from envace.core.envs.family import FAMILIES
+from envace.core.envs.family import FAMILIES, MCP_PREFIX
 
 ENTRY_POINT_GROUP = "envace.environments"
 #: Built-in environments: the families (``envace.core.envs.family``); importing a family's record
@@ -144,6 +148,8 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     _load_builtin()
     if name in _REGISTRY:
         return _REGISTRY[name](**kwargs)
+    if name.startswith(MCP_PREFIX):  # a server profile of the user's MCP config (docs/mcp.md)
+        return _make_mcp(name, kwargs)
     plugins = plugin_entry_points()
     if name not in plugins:
         known = ", ".join([*BUILTINS, *sorted(set(_REGISTRY) - set(BUILTINS)), *plugins])
@@ -154,6 +160,16 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     except Exception as exc:
         raise PluginLoadError(f"environment plugin {name!r} ({plugins[name].value}) failed to "
                               f"construct: {type(exc).__name__}: {exc}") from exc
+
+
+def _make_mcp(name: str, kwargs: dict[str, Any]) -> Environment:
+    from envace.core.envs.mcp.env import mcp_env
+    from envace.core.envs.mcp.profile import ProfileError
+
+    try:
+        return mcp_env(name, **kwargs)
+    except ProfileError as exc:  # no config, no such profile, a malformed one: a clear KeyError
+        raise UnknownEnvironment(str(exc)) from None
 
 
 def env_names() -> list[str]:
@@ -167,6 +183,10 @@ def env_source(name: str) -> str:
     """Where an environment comes from: ``built in``, ``plugin <dist> (<module:attr>)``, ..."""
     if name in BUILTINS:
         return "built in"
+    if name.startswith(MCP_PREFIX):
+        import os
+
+        return f"MCP profile of {os.environ.get('ENVACE_MCP_CONFIG') or '(no --mcp-config)'}"
     ep = plugin_entry_points().get(name)
     if ep is not None:
         return f"plugin {_distribution(ep)} ({ep.value})"

@@ -74,8 +74,18 @@ class UnknownFamily(KeyError):
         return str(self.args[0])
 
 
+#: Names with this prefix are MCP server profiles (``envace/core/envs/mcp``): one family each,
+#: made from the user's config and task file rather than listed here.
+MCP_PREFIX = "mcp:"
+
+
 def family(name: str) -> Family:
-    """The built-in family called ``name`` (imported on first use)."""
+    """The built-in family called ``name`` (imported on first use), or the family of an MCP
+    profile ``mcp:<profile>`` (its tasks from ``--mcp-tasks FILE``)."""
+    if name.startswith(MCP_PREFIX):
+        from envace.core.envs.mcp.family import mcp_family
+
+        return mcp_family(name)
     if name not in FAMILIES:
         raise UnknownFamily(f"{name!r} is not a built-in environment family; families: "
                             f"{', '.join(FAMILIES)}")

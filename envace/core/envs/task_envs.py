@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from envace.core.envs.base import Environment, env_names
-from envace.core.envs.family import FAMILIES, family
+from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
 
 #: Environments with committed splits and a verifier (what rollout, train and eval need).
 TASK_ENVS = tuple(FAMILIES)
@@ -31,6 +31,13 @@ def check_task_env(name: str) -> None:
     """ValueError (one line, saying what to use instead) unless rollout/train/eval can run on
     ``name``: it must be installed and have task splits with a verifier."""
     if name in TASK_ENVS:
+        return
+    if name.startswith(MCP_PREFIX):  # an MCP profile: its tasks come from the task file
+        from envace.core.envs.mcp.profile import load_profile
+        from envace.core.envs.mcp.tasks import tasks_path
+
+        load_profile(name.removeprefix(MCP_PREFIX))
+        tasks_path()
         return
     installed = env_names()
     if name not in installed:
@@ -59,7 +66,10 @@ def task_environment(task: Any) -> Environment:
 
 def env_record(task: Any) -> dict[str, Any]:
     """A trajectory's ``env`` for an episode of ``task``: the environment, the task the replay
-    resets to (a per-turn task's base task), and the benchmark version where there is one."""
+    resets to (a per-turn task's base task), and the benchmark version where there is one; a
+    task with its own ``env_record()`` (an MCP task: its state inline) gives that."""
+    if hasattr(task, "env_record"):
+        return task.env_record()
     record: dict[str, Any] = {"name": task.env_name,
                               "task": getattr(task, "base_id", None) or task.id}
     version = getattr(task, "version", None)

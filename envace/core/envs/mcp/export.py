@@ -1,0 +1,39 @@
+"""An MCP task's ground truth as a real trajectory (``source: "real"``).
+
+One user turn (the task's prompt), each ground-truth call with the server's real response, then
+an empty assistant message closing the turn. ``env`` is ``{"name": "mcp:<profile>", "state":
+{"files": ...}}``: the initial state inline, so replay needs the profile but no task file.
+
+    traj = real_trajectory(task, env)        # env: an McpEnv of the task's profile, or None
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envace.core.envs.mcp.tasks import McpTask
+from envace.core.export import run_calls
+from envace.core.schema import Message, Trajectory
+
+
+def real_trajectory(task: McpTask, env: Any = None, turn_end: bool = True) -> Trajectory:
+    """The task's ground truth executed against a fresh server (``env`` is reset to it)."""
+    from envace.core.envs.mcp.env import mcp_env
+
+    own = env is None
+    env = env if env is not None else mcp_env(task.env_name)
+    try:
+        env.reset(task)
+        messages: list[dict[str, Any]] = task.opening_messages()
+        run_calls(env, task.calls(), messages, 0)
+        if turn_end:
+            messages.append({"role": "assistant", "content": ""})
+        tools = env.tools()
+    finally:
+        if own:
+            env.close()
+    return Trajectory(
+        id=f"real-{task.id}", task_id=task.id, env=task.env_record(), source="real",
+        messages=[Message.model_validate(m) for m in messages], tools=tools,
+        meta={"category": task.env_name, **({"split": task.split} if task.split else {})},
+    )

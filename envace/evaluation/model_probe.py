@@ -23,15 +23,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.model.chat import IM_END, parse_assistant
+from audit.probe import run_probe
+from envace.model.chat import IM_END, encode_text, parse_assistant
+from envace.model.models import read_sft_meta
+from envace.model.windows import prompt_ids
 
 DEFAULT_CONTEXT = 2048
 
 
 def context_length(model_dir: str | Path, model: Any = None) -> int:
     """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
-    from envace.model.models import read_sft_meta
-
     seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
     if seq:
         return int(seq)
@@ -87,8 +88,6 @@ def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int 
     """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
     is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
     together, in length-sorted batches of `batch_size`."""
-    from envace.model.windows import prompt_ids
-
     budget = max(64, context - max_new_tokens)
 
     def answer(requests: list[Any]) -> list[str]:
@@ -143,9 +142,6 @@ def response_scorer(model: Any, tokenizer: Any, context: int, max_new_tokens: in
     response's log-probability (its ids, then `<|im_end|>`) after the request's prompt, cut as
     `model_answers` cuts it; None for a candidate longer than `max_new_tokens` tokens before
     its `<|im_end|>` (the model could not have written it)."""
-    from envace.model.chat import encode_text
-    from envace.model.windows import prompt_ids
-
     budget = max(64, context - max_new_tokens)
     stop = tokenizer.convert_tokens_to_ids(IM_END)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
@@ -190,8 +186,6 @@ def probe_model(
     the trajectories' requests round by round; the summary. `grounding` (an
     `audit.worlds.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
     hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
-    from audit.probe import run_probe
-
     base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
@@ -254,8 +248,6 @@ def act_probe(
     batch_size: int = 8,
 ) -> list[dict[str, Any]]:
     """Generate each request's assistant turn; report the parse and the agreement per step."""
-    from envace.model.windows import prompt_ids
-
     budget = max(64, context - max_new_tokens)
     prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)
                for r in requests]

@@ -25,6 +25,8 @@ import json
 from typing import Any
 
 from envace.model import chat
+from envace.model.endpoint import EndpointClient, EndpointError, request_for
+from envace.model.models import default_cache_dir, load_model, resolve_model
 
 
 class ModelSimulator:
@@ -63,8 +65,6 @@ class EndpointSimulator:
     def __init__(self, base_url: str, model: str = "default", timeout_s: float = 60.0,
                  max_tokens: int = 256, api: str = "chat", retries: int = 3,
                  desc_chars: int = 80) -> None:
-        from envace.model.endpoint import EndpointClient
-
         self.client = EndpointClient(base_url, model, api=api, max_tokens=max_tokens,
                                      timeout_s=timeout_s, retries=retries)
         self.desc_chars, self.failures, self.calls = desc_chars, 0, 0
@@ -77,8 +77,6 @@ class EndpointSimulator:
 
     def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool: str,
                  arguments: dict[str, Any]) -> str:
-        from envace.model.endpoint import request_for
-
         req = request_for(messages, tools, tool, arguments, self.client.api, self.desc_chars)
         ans = self.client.ask(req)
         self.calls += 1
@@ -103,8 +101,6 @@ def connect_endpoint(url: str, model: str = "", *, api: str = "completions",
     ``model`` (with no model named: the only model it serves). Raises
     ``envace.model.endpoint.EndpointError`` (down, not OpenAI-compatible, model not served, or
     several models and none named) or ValueError (not an http(s) URL)."""
-    from envace.model.endpoint import EndpointError
-
     def make(name: str) -> EndpointSimulator:
         return EndpointSimulator(url, name, timeout_s=timeout_s, max_tokens=max_tokens, api=api,
                                  retries=retries, desc_chars=desc_chars)
@@ -123,7 +119,5 @@ def local_simulator(spec: str, max_new_tokens: int, desc_chars: int,
                     texts: list[str] | None = None) -> ModelSimulator:
     """A frozen local model as the simulator: a preset or a model folder (``texts``: what a
     ``tiny`` preset's tokenizer is trained on)."""
-    from envace.model.models import default_cache_dir, load_model, resolve_model
-
     model, tok = load_model(resolve_model(spec, default_cache_dir(), texts=texts))
     return ModelSimulator(model, tok, max_new_tokens, desc_chars)

@@ -44,7 +44,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from envace.core.schema import Trajectory
+from audit.worlds.memory import ResponseMemory, with_notes_before_responses
+from envace.core.envs.bfcl.tasks import split_tasks
+from envace.core.errors import UsageError
+from envace.core.export import export_real
+from envace.core.schema import Trajectory, read_trajectories
 from envace.model.chat import IM_END, Role, render
 from envace.model.models import (
     MARKER,
@@ -52,6 +56,8 @@ from envace.model.models import (
     atomic_dir,
     default_cache_dir,
     fingerprint,
+    load_model,
+    read_marker,
     read_sft_meta,
     resolve_model,
 )
@@ -129,7 +135,6 @@ def preset_kind(preset: str) -> str:
     """
     if preset in PRESET_DEFAULTS:
         return preset
-    from envace.model.models import read_marker
 
     meta = read_sft_meta(preset)
     if meta.get("preset_kind") in PRESET_DEFAULTS:
@@ -173,8 +178,6 @@ def sft_messages(traj: Trajectory, roles: str = "both", memory: Any | None = Non
             d["rehearsed"] = int(Role.REHEARSE) in ROLE_SETS[roles]
         out.append(d)
     if memory is not None and memory_k > 0:
-        from audit.worlds.memory import with_notes_before_responses
-
         out = with_notes_before_responses(out, traj.tool_steps(), memory, traj.task_id,
                                           memory_k)
     return out
@@ -193,9 +196,6 @@ def build_examples(
     trained = ROLE_SETS[roles]
     memory = None
     if memory_k > 0:
-        from audit.worlds.memory import ResponseMemory
-        from envace.core.errors import UsageError
-
         try:
             memory = ResponseMemory.from_trajectories(trajectories, "the SFT data")
         except UsageError as exc:  # a memory is only ever built from the train split
@@ -221,15 +221,11 @@ def build_examples(
 def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
     """Real trajectories of the train split (ground truth executed), or those of a JSONL file."""
     if data is not None:
-        from envace.core.schema import read_trajectories
-
         items = list(read_trajectories(data))
         bad = [f"{i.path}:{i.line}: {i.error}" for i in items if i.trajectory is None]
         if bad:
             raise ValueError(f"unreadable training records: {'; '.join(bad[:3])}")
         return [i.trajectory for i in items if i.trajectory is not None]
-    from envace.core.envs.bfcl.tasks import split_tasks
-    from envace.core.export import export_real
 
     return list(export_real(split_tasks("train")))
 
@@ -416,7 +412,6 @@ def run_sft(
     """Train and save; returns the output folder. `t0`: when the budget started counting."""
     import torch
 
-    from envace.model.models import load_model
 
     t0 = time.perf_counter() if t0 is None else t0
     load0 = list(os.getloadavg())
@@ -480,8 +475,6 @@ def run_sft(
 
 
 def _marker_fingerprint(folder: Path) -> str | None:
-    from envace.model.models import read_marker
-
     return read_marker(folder).get("fingerprint") if (folder / SFT_META).is_file() else None
 
 

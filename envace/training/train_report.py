@@ -12,18 +12,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.timing import shares
 from envace.evaluation.evaluate import EvalSettings, evaluate
 from envace.model.windows import fitting_tasks
 from envace.training.config import TrainConfig
+from envace.training.train_setup import training_pool
 
 
 def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
     """The tasks of ``eval_split`` in the run's environment (or the training pool itself)."""
     if cfg.train_tasks and cfg.eval_split == cfg.split:  # the training pool itself
-        from envace.training.train_setup import training_pool
 
         pool = training_pool(cfg, tokenizer)
         return pool[:cfg.eval_tasks] if cfg.eval_tasks else pool
@@ -36,9 +38,6 @@ def eval_tasks(cfg: TrainConfig, tokenizer: Any) -> list:
 
 
 def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = True) -> None:
-    from audit.pipeline import run_audit
-    from audit.scoring.settings import AuditOptions
-
     tasks = eval_tasks(cfg, policy.tokenizer)
     base = dict(seeds=cfg.eval_seeds, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
                 max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,

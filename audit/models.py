@@ -154,6 +154,7 @@ class AuditSummary(BaseModel):
     reference_file: str | None = None
     audited_model: str | None = None
     counts: dict[str, int] | None = None
+    resampling_unit: str | None = None  #: what the intervals resample (audit.clusters)
     reconciles: bool | None = None
     skipped_records: list[Skipped] | None = None
     warnings: list[Warning_] | None = None

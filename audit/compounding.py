@@ -605,6 +605,7 @@ def summarize(
             "divergence_rate": overall["divergence_rate"],
             "divergence_ci": overall["divergence_ci"],
             "divergence_ci_method": overall["divergence_ci_method"],
+            "divergence_ci_mc_error": overall["divergence_ci_mc_error"],
             "scores": overall["scores"],
             "by_depth": _by_depth(table),
             "by_tool": _strata(table, "tool", NOVELTY_BINS),

@@ -166,6 +166,7 @@ class AuditSummary(BaseModel):
     divergence_rate: Number | None = None
     divergence_ci: list[Number | None] | None = None
     divergence_ci_method: str | None = None
+    divergence_ci_mc_error: Number | None = None
     scores: dict[str, Any] | None = None
     by_depth: list[dict[str, Any]] | None = None
     by_tool: dict[str, Any] | None = None

@@ -20,7 +20,7 @@ from audit.clusters import CLUSTER, assign_clusters, resolve_unit
 from audit.compounding import clean, group_stats, stratum_label, summarize
 from audit.history import split_histories
 from audit.intervals import IntervalSpec
-from audit.models import SUMMARY_VERSION
+from audit.models import SUMMARY_VERSION, StepRow
 from audit.population import DETERMINISM, population
 from audit.reference import skill, skill_with_ci
 
@@ -30,6 +30,7 @@ SEED = 0
 
 
 __all__ = ["SUMMARY_VERSION", "build_summary", "compact"]
+_ROW_FIELDS = frozenset(StepRow.model_fields) | {"ref_scores", "cluster"}
 
 
 def compact(rec: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +43,9 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("history") is not None:
         row["history"] = rec["history"]
     row["malformed"] = rec.get("malformed") is not None
+    for k, v in rec.items():  # a writer's own scalar fields: what --cluster-by FIELD reads
+        if k not in _ROW_FIELDS and isinstance(v, (str, int, float, bool)):
+            row[k] = v
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row

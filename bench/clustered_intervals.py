@@ -86,6 +86,11 @@ def figures(summary: dict[str, Any], steps_file: Path) -> dict[str, Any]:
         "divergence_ci_mc_error": summary.get("divergence_ci_mc_error"),
         "divergence_se_cluster_robust": robust_se(steps_file, unit or "trajectory"),
         "skill_vs": {ref: against.get(ref) for ref in ("edit", "lookup")},
+        "skill_vs_by_scorer": {
+            scorer: {ref: {f: (b.get("against") or {}).get(ref, {}).get(f)
+                           for f in ("point", "lo", "hi", "mc_error", "method")}
+                     for ref in ("edit", "lookup")}
+            for scorer, b in ((summary.get("skill") or {}).get("by_scorer") or {}).items()},
         "skill_by_mutates_state": {k: {f: v.get(f) for f in ("point", "lo", "hi", "mc_error",
                                                             "method")}
                                    for k, v in ((summary.get("skill") or {}).get(

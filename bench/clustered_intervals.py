@@ -2,6 +2,7 @@
 against resampling trajectories (issue 38).
 
     .venv/bin/python -m bench.clustered_intervals # bench/results/clustered_intervals_bfcl_dev.json
+    .venv/bin/python -m bench.clustered_intervals --env agentdojo  # ..._agentdojo_dev.json
 
 BFCL dev is 30 scenarios x 4 category variants that share most calls, so its trajectories are
 not independent. Runs the commands a user would, with no model: export train and dev, then
@@ -39,8 +40,8 @@ def run(cmd: list[str], cwd: str) -> None:
     subprocess.run([str(BIN / cmd[0]), *cmd[1:]], cwd=cwd, check=True)
 
 
-def commands() -> list[list[str]]:
-    export = ["envace", "data", "export-real", "--env", "bfcl"]
+def commands(env: str = "bfcl") -> list[list[str]]:
+    export = ["envace", "data", "export-real", "--env", env]
     cmds = [[*export, "--split", "train", "--out", "train.jsonl"],
             [*export, "--split", "dev", "--out", "dev.jsonl"]]
     cmds += [["envace-audit", "--quiet", "baseline", "dev.jsonl", "--reference", "train.jsonl",
@@ -106,13 +107,15 @@ def figures(summary: dict[str, Any], steps_file: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--name", default="clustered_intervals_bfcl_dev")
+    ap.add_argument("--env", choices=["bfcl", "agentdojo"], default="bfcl")
+    ap.add_argument("--name", help="default: clustered_intervals_<env>_dev")
     args = ap.parse_args(argv)
+    args.name = args.name or f"clustered_intervals_{args.env}_dev"
     from bench.machine import run_record, write_result
 
     load_start = os.getloadavg()
     start = time.time()
-    cmds = commands()
+    cmds = commands(args.env)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cmd in cmds:
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                 summary = json.loads((Path(tmp) / d / AUDIT.summary).read_text())
                 out[name][label] = figures(summary, Path(tmp) / d / AUDIT.steps)
     data = {**run_record("bench.clustered_intervals", argv, load_start),
-            "commands": [" ".join(c) for c in cmds], "results": out,
+            "env": args.env, "commands": [" ".join(c) for c in cmds], "results": out,
             "seconds": round(time.time() - start, 1),
             "note": "declared: the environment's unit (BFCL: the scenario, its four category "
                     "variants resampled together; issue 38); trajectory: the same audit "

@@ -42,6 +42,7 @@ from audit.intervals import (
     _column_percentiles,
     cluster_codes,
     cluster_sums,
+    mc_error,
     ratio_difference,
     ratio_intervals,
     wilson_ci,
@@ -175,7 +176,7 @@ class _Data:
         remap = {int(c): i for i, c in enumerate(members)}
         codes = np.array([remap[int(c)] for c in self.codes[mask]], dtype=np.int64)
         sums, _ = cluster_sums(codes, self.values[mask][:, :2], len(members))
-        ci, method = None, None
+        ci, method, err = None, None, None
         if self.shared is not None:
             # numerator own - real and denominator own, resampled together
             num = (sums[:, [1]] - sums[:, [0]])
@@ -184,7 +185,8 @@ class _Data:
             if bounds is not None:
                 ci, method = [min(bounds[0], point), max(bounds[1], point)], \
                     "trajectory_bootstrap"
-        out = {"point": point, "ci": ci, "method": method}
+                err = mc_error(reps[:, 0], self.spec.level)
+        out = {"point": point, "ci": ci, "method": method, "mc_error": err}
         if ci is None:
             out["note"] = "no interval: the resamples have no spread (too few trajectories)"
         if own < 10:

@@ -3,7 +3,7 @@
     envace-audit replay INPUT.jsonl... --out DIR [--scorers exact json_f1 ...] [--workers N]
                         [--verdict exact --threshold 1.0] [--reference train.jsonl]
     envace-audit rescore DIR --scorers exact json_f1 [--verdict json_f1 --threshold 0.9] [--out D]
-    envace-audit compare DIR_A DIR_B [--out DIR]
+    envace-audit compare DIR_A DIR_B [--out DIR] [--cluster-by trajectory|task|scenario|FIELD]
     envace-audit baseline INPUT.jsonl --reference train.jsonl --model lookup --out DIR
     envace-audit replay mcp.jsonl --mcp-config servers.yaml --out DIR   (mcp:<profile> envs)
 
@@ -48,11 +48,34 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
                    help="diverged = verdict score < threshold (default 1.0)")
 
 
+CLUSTER_HELP = ("what intervals, paired tests and skill intervals resample: trajectory, task, "
+                "scenario (BFCL's four variants of one scenario together) or a step-row FIELD; "
+                "default: the unit the environment declares (BFCL: scenario; AgentDojo, "
+                "others: task)")
+
+
+def cluster_unit(value: str) -> str:
+    """argparse type of ``--cluster-by`` (a bad value is a usage error, exit 2)."""
+    from audit.stats.clusters import check_unit
+
+    err = check_unit(value)
+    if err:
+        raise argparse.ArgumentTypeError(err)
+    return value
+
+
+def add_cluster_by(p: argparse.ArgumentParser) -> None:
+    """``--cluster-by`` (audit replay/baseline/rescore/compare, envace probe)."""
+    p.add_argument("--cluster-by", type=cluster_unit, default=None, metavar="UNIT",
+                   help=CLUSTER_HELP)
+
+
 def _options(args: argparse.Namespace, **extra: object):
     from audit.scoring.settings import AuditOptions
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=not args.quiet, **extra)
+                        verdict_threshold=args.threshold, progress=not args.quiet,
+                        cluster_by=getattr(args, "cluster_by", None), **extra)
 
 
 def _validate_scorers(args: argparse.Namespace) -> str | None:
@@ -140,14 +163,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from audit.store.output import OutputDir
 
         with OutputDir(args.out, [args.a, args.b], kind="compare") as tmp:
-            result = compare_audits(args.a, args.b, alpha=args.alpha)
+            result = compare_audits(args.a, args.b, alpha=args.alpha,
+                                    cluster_by=args.cluster_by)
             text = render_compare(result)
             from audit.store.output import write_json_atomic
 
             write_json_atomic(tmp / AUDIT.compare_json, result)
             (tmp / AUDIT.compare_md).write_text(text, encoding="utf-8")
     else:
-        result = compare_audits(args.a, args.b, alpha=args.alpha)
+        result = compare_audits(args.a, args.b, alpha=args.alpha, cluster_by=args.cluster_by)
         text = render_compare(result)
     print(text)
     _list("skipped", result["skipped_records"], "{file}:{line}: {reason}")
@@ -173,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=1)
     r.add_argument("--reference", help="training trajectories: audit reference world models too")
     _add_scoring(r)
+    add_cluster_by(r)
     r.set_defaults(func=cmd_replay)
     b = sub.add_parser("baseline", help="audit a reference world model alone")
     b.add_argument("inputs", nargs="+")
@@ -182,17 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True)
     b.add_argument("--workers", type=int, default=1)
     _add_scoring(b)
+    add_cluster_by(b)
     b.set_defaults(func=cmd_replay)
     s = sub.add_parser("rescore", help="new scorers over a stored audit, no replay")
     s.add_argument("dir")
     s.add_argument("--out", help="write here instead of in place")
     _add_scoring(s)
+    add_cluster_by(s)
     s.set_defaults(func=cmd_rescore)
     c = sub.add_parser("compare", help="two audits side by side")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--alpha", type=float, default=0.05)
     c.add_argument("--out")
+    add_cluster_by(c)
     c.set_defaults(func=cmd_compare)
     pr = sub.add_parser("probe", help="moved to `envace probe`", description=PROBE_MOVED)
     pr.add_argument("rest", nargs=argparse.REMAINDER, help="ignored")

@@ -3,12 +3,16 @@
 Both audits are read from their ``steps.jsonl`` and reduced to the steps their statistics count
 (``audit.stats.population``: answered rehearsed steps, or the real ones of a determinism check), so
 an audit written before the current summary format compares the same way. Steps of one trajectory
-are not independent, so every difference (divergence rate, each scorer's mean) gets a
-trajectory-bootstrap interval and p-value (``audit.stats.intervals.ratio_difference``):
+are not independent, nor are BFCL's four variants of one scenario, so every difference (divergence
+rate, each scorer's mean) gets a cluster-bootstrap interval and a p-value
+(``audit.stats.intervals.ratio_difference``) that resample the environment's unit
+(``resampling_unit``, ``audit.stats.clusters``; ``cluster_by`` overrides it):
 
 - ``paired_by_trajectory`` when both audits hold the same trajectories (same ids, e.g. two
-  simulators or two verdicts over one trajectory file): trajectories are resampled together;
-- ``independent`` otherwise: each audit's trajectories are resampled on their own.
+  simulators or two verdicts over one trajectory file): clusters are resampled together, and a
+  rate over the same steps is tested by the exact cluster sign-flip test (``test``);
+- ``independent`` otherwise: each audit's clusters are resampled on their own (bootstrap
+  p-value, never below 1 / (B + 1)).
 
 ``design`` in the output says which. When both audits scored the same calls (same task, step,
 tool and arguments) the matched calls are also compared directly (``paired``: how many diverged
@@ -27,9 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from audit.stats.clusters import CLUSTER, assign_clusters, resolve_unit
 from audit.stats.compounding import clean, compounding_ratio
 from audit.stats.history import split_histories
-from audit.stats.intervals import IntervalSpec, cluster_codes, cluster_sums, ratio_difference
+from audit.stats.intervals import (
+    SIGN_FLIP,
+    IntervalSpec,
+    cluster_codes,
+    cluster_sums,
+    ratio_difference,
+)
 from audit.stats.population import population
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
@@ -80,19 +91,26 @@ def _columns(rows: list[dict], scorers: list[str]) -> np.ndarray:
 
 def _per_trajectory(rows: list[dict], scorers: list[str], ids: list[str]
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(sums, counts) per trajectory, rows of the result in the order of ``ids``."""
+    """(sums, counts) per cluster (``audit.stats.clusters``), rows of the result in the order of
+    ``ids``."""
     index = {t: i for i, t in enumerate(ids)}
-    codes = np.array([index[str(r["trajectory_id"])] for r in rows], dtype=np.int64)
+    codes = np.array([index[str(r[CLUSTER])] for r in rows], dtype=np.int64)
     return cluster_sums(codes, _columns(rows, scorers), len(ids))
 
 
 def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
-                   spec: IntervalSpec | None = None) -> dict[str, Any]:
-    """Compare two audit directories (B − A); see the module docstring for the design."""
-    spec = spec or IntervalSpec(resamples=2000, seed=0, level=1 - alpha)
+                   spec: IntervalSpec | None = None, cluster_by: str | None = None
+                   ) -> dict[str, Any]:
+    """Compare two audit directories (B − A); see the module docstring for the design.
+    ``cluster_by``: the resampling unit (None: the one the rows' environment declares)."""
     skipped: list[dict[str, Any]] = []
     sa, all_a = _load(Path(dir_a), skipped)
     sb, all_b = _load(Path(dir_b), skipped)
+    unit = resolve_unit([*all_a, *all_b], cluster_by)
+    assign_clusters(all_a, unit)
+    assign_clusters(all_b, unit)
+    spec = spec or IntervalSpec(resamples=2000, seed=0, level=1 - alpha)
+    spec = IntervalSpec(spec.resamples, spec.seed, spec.level, unit)
     all_a, _, ha = split_histories(all_a, IntervalSpec(0))
     all_b, _, hb = split_histories(all_b, IntervalSpec(0))
     pa, pb = population(all_a), population(all_b)
@@ -101,7 +119,11 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
     ids_a = sorted({str(r["trajectory_id"]) for r in a})
     ids_b = sorted({str(r["trajectory_id"]) for r in b})
     paired = bool(ids_a) and ids_a == ids_b
-    ta, tb = _per_trajectory(a, scorers, ids_a), _per_trajectory(b, scorers, ids_b)
+    cl_a = sorted({str(r[CLUSTER]) for r in a})
+    cl_b = sorted({str(r[CLUSTER]) for r in b})
+    if paired:  # the same trajectories: one list of clusters indexes both sides
+        cl_a = cl_b = sorted(set(cl_a) | set(cl_b))
+    ta, tb = _per_trajectory(a, scorers, cl_a), _per_trajectory(b, scorers, cl_b)
     diffs = (ratio_difference(ta, tb, spec, paired) if ids_a and ids_b
              else _points_only(ta, tb, 1 + len(scorers)))
     out: dict[str, Any] = {
@@ -111,6 +133,8 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
         "population": {"a": pa.kind, "b": pb.kind},
         "steps": {"a": len(a), "b": len(b)},
         "trajectories": {"a": len(ids_a), "b": len(ids_b)},
+        "resampling_unit": unit,
+        "clusters": {"a": len({r[CLUSTER] for r in a}), "b": len({r[CLUSTER] for r in b})},
         "divergence_rate": diffs[0],
         "scores": dict(zip(scorers, diffs[1:], strict=True)),
         "compounding_ratio": {"a": compounding_ratio(a, n_boot=0)["ratio"],
@@ -146,16 +170,30 @@ def _points_only(ta: tuple[np.ndarray, np.ndarray], tb: tuple[np.ndarray, np.nda
 
 
 def _matched_calls(pairs: list[tuple[dict, dict]], spec: IntervalSpec) -> dict[str, Any]:
-    """Divergence on the calls both audits scored, resampling A's trajectories (pairs kept)."""
+    """Divergence on the calls both audits scored, resampling A's clusters (pairs kept).
+
+    ``p_value`` is the exact cluster sign-flip test of the discordant calls
+    (``audit.stats.intervals.sign_flip_p``): each cluster's (only B − only A) keeps or flips its
+    sign with probability 1/2 under H0, enumerated exactly. It is a permutation test, exact at any
+    size, that needs no variance estimate (Obuchowski's clustered McNemar is a large-sample normal
+    approximation, poor with 30 clusters); with one call per cluster it *is* the exact McNemar test.
+    ``mcnemar_exact_p`` is the plain exact McNemar test (binomial on the discordant calls), which
+    treats the calls as independent: valid only with one call per cluster, given beside it to show
+    what clustering changes."""
+    from scipy.stats import binomtest
+
     va = np.array([float(bool(x["diverged"])) for x, _ in pairs])
     vb = np.array([float(bool(y["diverged"])) for _, y in pairs])
-    codes, ids = cluster_codes([x["trajectory_id"] for x, _ in pairs])
+    codes, ids = cluster_codes([x[CLUSTER] for x, _ in pairs])
     d = ratio_difference(cluster_sums(codes, va, len(ids)), cluster_sums(codes, vb, len(ids)),
                          spec, paired=True)[0]
-    return {"pairs": len(pairs), "trajectories": len(ids),
-            "only_a_diverged": int(((va == 1) & (vb == 0)).sum()),
-            "only_b_diverged": int(((vb == 1) & (va == 0)).sum()),
-            "diff": d["diff"], "ci": d["ci"], "p_value": d["p_value"], "method": d["method"]}
+    only_a = int(((va == 1) & (vb == 0)).sum())
+    only_b = int(((vb == 1) & (va == 0)).sum())
+    plain = (float(binomtest(only_b, only_a + only_b, 0.5).pvalue) if only_a + only_b else 1.0)
+    return {"pairs": len(pairs), "trajectories": len({str(x["trajectory_id"]) for x, _ in pairs}),
+            "clusters": len(ids), "only_a_diverged": only_a, "only_b_diverged": only_b,
+            "diff": d["diff"], "ci": d["ci"], "p_value": d["p_value"], "test": d["test"],
+            "method": d["method"], "mc_error": d["mc_error"], "mcnemar_exact_p": plain}
 
 
 def render_compare(c: dict[str, Any]) -> str:
@@ -166,22 +204,33 @@ def render_compare(c: dict[str, Any]) -> str:
     def ci(v: dict) -> str:
         return "–" if not v.get("ci") else f"[{f(v['ci'][0])}, {f(v['ci'][1])}]"
 
+    def fp(v: dict) -> str:  # a p-value to 3 significant digits (an exact one may be tiny)
+        x = v.get("p_value")
+        return "–" if x is None else f"{x:.3g}" + (" (exact)" if v.get("test") == SIGN_FLIP
+                                                    else "")
+
     dr = c["divergence_rate"]
-    design = ("paired by trajectory (both audits hold the same trajectories; resampled together)"
-              if c["design"] == PAIRED else
-              "independent (each audit's trajectories resampled on its own)")
+    unit = c.get("resampling_unit", "trajectory")
+    design = (f"paired by trajectory (both audits hold the same trajectories; their {unit} "
+              "clusters resampled together)" if c["design"] == PAIRED else
+              f"independent (each audit's {unit} clusters resampled on their own)")
+    err = max((v.get("mc_error") or 0.0 for v in [dr, *c["scores"].values()]), default=0.0)
     lines = [f"# Audit comparison\n\nA = {c['a']}  \nB = {c['b']}\n",
              f"Rehearsed steps only (A: {c['steps']['a']} in {c['trajectories']['a']} "
-             f"trajectories, B: {c['steps']['b']} in {c['trajectories']['b']}). Intervals and "
-             f"p-values: trajectory bootstrap, {c['interval']['resamples']} resamples, "
-             f"seed {c['interval']['seed']}; design: {design}.\n",
+             f"trajectories, B: {c['steps']['b']} in {c['trajectories']['b']}). Intervals: "
+             f"cluster bootstrap resampling the {unit} ({c['interval']['resamples']} "
+             f"resamples, seed {c['interval']['seed']}; Monte-Carlo error of the interval "
+             f"ends up to {err:.3f}); design: {design}. p: the exact cluster sign-flip test "
+             "(exact) where both sides count the same steps (a rate on the same calls; the "
+             "exact McNemar test when every cluster is one call), else the bootstrap's "
+             f"(never below 1/{c['interval']['resamples'] + 1}).\n",
              "| figure | A | B | B − A | interval | p | significant |",
              "|---|---|---|---|---|---|---|",
              f"| divergence rate | {f(dr['a'])} | {f(dr['b'])} | {f(dr['diff'])} | {ci(dr)} | "
-             f"{f(dr['p_value'])} | {dr.get('significant', '–')} |"]
+             f"{fp(dr)} | {dr.get('significant', '–')} |"]
     for name, v in c["scores"].items():
         lines.append(f"| mean {name} | {f(v['a'])} | {f(v['b'])} | {f(v['diff'])} | {ci(v)} | "
-                     f"{f(v['p_value'])} | {v.get('significant', '–')} |")
+                     f"{fp(v)} | {v.get('significant', '–')} |")
     cr = c["compounding_ratio"]
     lines.append(f"| compounding ratio | {f(cr['a'])} | {f(cr['b'])} | | | | |")
     for key, label in (("real", "divergence, real history"), ("own", "divergence, own history"),
@@ -197,10 +246,12 @@ def render_compare(c: dict[str, Any]) -> str:
     if "paired" in c:
         p = c["paired"]
         lines += ["", f"Matched on {p['pairs']} identical calls in {p['trajectories']} "
-                      f"trajectories: only A diverged {p['only_a_diverged']}, only B "
-                      f"{p['only_b_diverged']}; B − A {f(p['diff'])} {ci(p)}, trajectory "
-                      f"bootstrap p = {f(p['p_value'])} "
-                      f"({'significant' if p.get('significant') else 'n.s.'})."]
+                      f"trajectories ({p.get('clusters', '?')} clusters): only A diverged "
+                      f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; B − A "
+                      f"{f(p['diff'])} {ci(p)}, exact cluster sign-flip p = {fp(p)} "
+                      f"({'significant' if p.get('significant') else 'n.s.'}; the plain exact "
+                      f"McNemar test, calls as independent: p = "
+                      f"{fp({'p_value': p.get('mcnemar_exact_p')})})."]
     if c.get("skipped_records"):
         lines += ["", f"Not used ({len(c['skipped_records'])}):", ""]
         lines += [f"- {r['file']}:{r['line']}: {r['reason']}" for r in c["skipped_records"][:20]]

@@ -106,6 +106,8 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
         if (src / AUDIT.trajectories).is_file():
             w.copy_trajectories(src / AUDIT.trajectories)
         opts.reference = old.get("reference_file")
+        if opts.cluster_by is None and isinstance(old.get("resampling_unit"), str):
+            opts.cluster_by = old["resampling_unit"]  # rescoring keeps what was resampled
         counts = old.get("counts", {})
         n_traj = counts.get("trajectories", len({r["trajectory_id"] for r in rows}))
         summary = build_summary(

@@ -65,6 +65,16 @@ def sample_steps(trajs: list[Any], n: int, seed: int) -> dict[str, list[int]]:
     return out
 
 
+def cluster_of_id(trajectory_id: str) -> str:
+    """The resampling cluster of a sampled step's trajectory (``real-<task id>``, as
+    ``envace data export-real`` names them): BFCL's scenario, its four category variants
+    together (``envace.core.envs.units``; issue 38); any other id is its own cluster."""
+    from envace.core.envs.units import scenario_of
+
+    tid = str(trajectory_id)
+    return scenario_of(tid[len("real-"):] if tid.startswith("real-") else tid)
+
+
 def share(flags: list[Any], groups: list[str]) -> dict[str, Any]:
     """How many of the sampled steps have the flag, with a trajectory-bootstrap interval."""
     r = cluster_ratio([float(bool(f)) for f in flags], groups)
@@ -105,7 +115,7 @@ def report(results: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]
         if base is None or name == ROWS[0] or not name.startswith("tiny"):
             continue
         a, b = res["per_step"], base["per_step"]
-        groups = [tid for tid, _ in a["ids"]]
+        groups = [cluster_of_id(tid) for tid, _ in a["ids"]]
         comparison[name] = {
             key: paired_diff([float(x) for x in a[key]], [float(x) for x in b[key]], groups)
             for key in ("parsed_call", "exact_call", "rehearse_exact", "rehearse_json_f1")}
@@ -160,7 +170,7 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
     res = json.loads(path.read_text())
     for r in res["models"].values():
         ps = r["per_step"]
-        groups = [tid for tid, _ in ps["ids"]]
+        groups = [cluster_of_id(tid) for tid, _ in ps["ids"]]
         for key in ("parsed_call", "exact_call", "rehearse_exact"):
             r[key] = share(ps[key], groups)
         r["rehearse_json_f1"] = cluster_mean([float(x) for x in ps["rehearse_json_f1"]], groups)
@@ -169,8 +179,10 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
     res["history"] = [*res.get("history", []), {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": ["python", "-m", "bench.presets", "--recompute-intervals"],
-        "note": "intervals recomputed from the stored per-step figures: trajectory bootstrap "
-                "(audit.stats.intervals) instead of Wilson/t over steps; points unchanged"}]
+        "note": "intervals recomputed from the stored per-step figures: a cluster bootstrap "
+                "resampling BFCL scenarios (issue 38; before it, trajectories; before #13, "
+                "Wilson/t over steps); points unchanged; the skill column keeps its "
+                "trajectory-bootstrap interval (no per-step reference scores are stored)"}]
     return res
 
 

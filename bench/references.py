@@ -8,7 +8,8 @@ splits' real trajectories, replay every task of the environment (the determinism
 0 % divergence), then ``envace-audit baseline`` for each reference (``lookup``, ``edit``,
 ``majority``; `audit.worlds.reference`) built from train and scored on dev's ground-truth calls.
 Each reference's skill against the lookup is paired call by call, with an interval that resamples
-whole trajectories (`audit.worlds.reference.skill_with_ci`).
+the environment's unit (BFCL: whole scenarios, their four category variants together;
+`audit.worlds.reference.skill_with_ci`, `envace.core.envs.units`).
 
 ``train_leave_scenario_out`` is the figure the ``edit`` rule was fixed on, before dev was
 scored: every train call answered by the references built from the other train scenarios
@@ -65,16 +66,29 @@ def exact_by_step(steps_file: Path) -> dict[tuple[str, int], float]:
     return out
 
 
+def clusters_by_trajectory(steps_file: Path) -> dict[str, str]:
+    """trajectory id -> its cluster under the environment's resampling unit (BFCL: the
+    scenario; `envace.core.envs.units`), from an audit's ``steps.jsonl``."""
+    from envace.core.envs.units import cluster_id, infer_unit
+
+    rows = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    unit = infer_unit(r["task_id"] for r in rows)
+    return {r["trajectory_id"]: cluster_id(r["task_id"], unit, trajectory_id=r["trajectory_id"])
+            for r in rows}
+
+
 def paired_skill(model: dict[tuple[str, int], float],
-                 ref: dict[tuple[str, int], float]) -> dict[str, Any]:
-    """Skill of `model` against `ref` on the calls both scored, intervals by trajectory."""
+                 ref: dict[tuple[str, int], float],
+                 clusters: dict[str, str] | None = None) -> dict[str, Any]:
+    """Skill of `model` against `ref` on the calls both scored; the interval resamples
+    `clusters` (trajectory id -> cluster, `clusters_by_trajectory`), else trajectories."""
     from audit.worlds.reference import skill_with_ci
 
     keys = sorted(model.keys() & ref.keys())
     if len(keys) != len(model) or len(keys) != len(ref):
         raise ValueError("the two audits scored different calls")
-    return skill_with_ci([model[k] for k in keys], [ref[k] for k in keys],
-                         groups=[k[0] for k in keys])
+    groups = [k[0] if clusters is None else clusters[k[0]] for k in keys]
+    return skill_with_ci([model[k] for k in keys], [ref[k] for k in keys], groups=groups)
 
 
 def leave_scenario_out(train_file: Path, names: tuple[str, ...] = REFERENCES) -> dict[str, Any]:
@@ -205,9 +219,14 @@ def main(argv: list[str] | None = None) -> None:
         replay = load("replay_all")
         refs = {m: figures(load(f"baseline_{m}")) for m in REFERENCES}
         steps = {m: exact_by_step(Path(tmp) / f"baseline_{m}" / AUDIT.steps) for m in REFERENCES}
+        clusters = clusters_by_trajectory(Path(tmp) / "baseline_lookup" / AUDIT.steps)
         for m in REFERENCES:
-            sk = ITSELF if m == "lookup" else paired_skill(steps[m], steps["lookup"])
-            refs[m]["skill_vs_lookup"] = {k: sk[k] for k in ("point", "lo", "hi")}
+            sk = ITSELF if m == "lookup" else paired_skill(steps[m], steps["lookup"], clusters)
+            refs[m]["skill_vs_lookup"] = {k: sk[k] for k in ("point", "lo", "hi", "mc_error")
+                                          if k in sk}
+            refs[m]["resampling_unit"] = load(f"baseline_{m}").get("resampling_unit")
+            refs[m]["exact_ci_mc_error"] = load(f"baseline_{m}")["scores"]["exact"].get(
+                "mc_error")
         loso = leave_scenario_out(Path(tmp) / "train.jsonl")
         loso["readable_ceiling"] = readable_ceiling(Path(tmp) / "train.jsonl")
     data: dict[str, Any] = {"env": args.env}
@@ -224,7 +243,10 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(time.time() - start, 1),
         "note": "references built from the train split's real trajectories and scored on the "
                 "dev split's ground-truth steps; exact = share rehearsed exactly (canonical); "
-                "skill_vs_lookup paired call by call, 95 % interval resampling trajectories",
+                "skill_vs_lookup paired call by call, 95 % interval resampling the "
+                "environment's unit (BFCL: the scenario, its four category variants together; "
+                "AgentDojo: the task; issue 38), mc_error its Monte-Carlo error; before issue 38 "
+                "it resampled trajectories",
     })
     path = write_result(f"{args.env}_references", data)
     print(json.dumps(data["dev"], indent=1))

@@ -154,6 +154,14 @@ def test_compare_counts_rehearsed_steps_and_says_its_design(mixed, tmp_path):
     dr = c["divergence_rate"]
     assert dr["a"] == dr["b"] == 0.5 and dr["diff"] == 0 and dr["p_value"] == 1.0
     assert c["paired"]["pairs"] == 20
+    # the same steps on both sides: the exact cluster sign-flip test, BFCL's scenarios the unit
+    assert dr["test"] == c["paired"]["test"] == "exact_cluster_sign_flip"
+    assert c["resampling_unit"] == "scenario"
+    assert c["clusters"]["a"] <= c["trajectories"]["a"]
+    assert c["paired"]["mcnemar_exact_p"] == 1.0  # no discordant call
+    by_traj = compare_audits(old, out, cluster_by="trajectory")
+    assert by_traj["resampling_unit"] == "trajectory"
+    assert by_traj["clusters"]["a"] == by_traj["trajectories"]["a"]
     # another set of trajectories: independent resampling
     other = _write(tmp_path / "o.jsonl", _history_then_two_rehearsed(14)[10:])
     run_audit([str(other)], tmp_path / "o", AuditOptions(**QUIET))

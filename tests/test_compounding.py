@@ -233,6 +233,7 @@ def test_summarize_keys_and_json():
         "divergence_rate",
         "divergence_ci",
         "divergence_ci_method",
+        "divergence_ci_mc_error",
         "scores",
         "by_depth",
         "by_tool",

@@ -96,4 +96,7 @@ def test_one_trajectory_claims_no_bootstrap_p_value():
     pairs = [Pair("a", s, s, s == 1, s >= 1) for s in range(5)]
     d = decompose(pairs, IntervalSpec(resamples=100, seed=0))["overall"]["diff"]
     assert d["diff"] == pytest.approx(0.6) and d["method"] == "newcombe_discordant_effective"
-    assert d["p_value"] is None and d["ci"][0] < 0.0 < 0.6 < d["ci"][1]
+    # the exact sign-flip test needs no replicates: one cluster can be flipped either way and
+    # both signs are as extreme, p = 1 (never the bootstrap's 2 / (B + 1))
+    assert d["p_value"] == 1.0 and d["test"] == "exact_cluster_sign_flip"
+    assert d["ci"][0] < 0.0 < 0.6 < d["ci"][1]

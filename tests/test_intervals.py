@@ -77,7 +77,7 @@ def test_degenerate_rates_fall_back_to_wilson_on_trajectories():
     assert one["method"] == WILSON_TRAJECTORIES and one["trajectories"] == 1
     assert one["ci"][0] < 2 / 3 < one["ci"][1]
     assert cluster_ratio([], [], SPEC) == {"point": None, "ci": None, "method": None, "n": 0,
-                                           "trajectories": 0}
+                                           "trajectories": 0, "mc_error": None}
 
 
 def test_missing_scores_are_left_out_of_means():

@@ -284,10 +284,11 @@ def test_skill_block_by_read_write_and_novelty_known_answer():
     assert against["empty"]["lo"] <= against["empty"]["point"] <= against["empty"]["hi"]
     read, write = (block["by_mutates_state"]["exact"][k] for k in ("read", "write"))
     assert read["point"] == pytest.approx(0.0) and read["n"] == 20
-    # neither stratum's replicates spread (the model equals the lookup on reads and is right on
-    # every write): Wilson on the 10 trajectories, not a zero-width interval
-    assert read["method"] == write["method"] == "wilson_groups"
-    assert read["lo"] < 0.0 < read["hi"]
+    # the model equals the lookup on every read: skill is exactly 0 in every resample, a
+    # zero-width interval labelled so (issue 38); right on every write, the replicates have no
+    # spread either: Wilson on the 10 trajectories, not a zero-width interval
+    assert read["method"] == "identical_to_reference" and write["method"] == "wilson_groups"
+    assert read["lo"] == read["hi"] == read["point"] == 0.0
     assert write["point"] == pytest.approx(1.0) and write["hi"] == pytest.approx(1.0)
     assert write["lo"] == pytest.approx(1 - 0.27754, abs=1e-4)  # Wilson upper of 0/10, F_ref 0
     assert set(block["by_novelty"]["exact"]) == {"0.00-0.25", "0.75-1.00"}

@@ -36,6 +36,9 @@ class AuditOptions:
     override: str | None = None  # audit a reference alone: its name
     progress: bool = True
     plots: bool = True
+    #: what intervals resample: trajectory, task, scenario or a step-row field; None: the
+    #: environment family's declared unit (envace.core.envs.units)
+    cluster_by: str | None = None
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)

@@ -7,8 +7,10 @@ Pure functions over a list of *step records*: dicts with at least ``trajectory_i
 divergence statistics. Which records to pass (rehearsed steps only) is ``audit.stats.population``'s
 job.
 
-Intervals of rates and means resample whole trajectories (``audit.stats.intervals``: a seeded
-cluster bootstrap; steps of one trajectory are not independent).
+Intervals of rates and means resample whole clusters (``audit.stats.intervals``: a seeded cluster
+bootstrap; steps of one trajectory are not independent, nor are BFCL's four variants of one
+scenario). A step's cluster is its ``cluster`` field (set by ``audit.stats.clusters`` from the
+environment's resampling unit), else its trajectory.
 
 - :func:`by_depth`, :func:`strata`: divergence rate and mean scores per group, with intervals.
 - :func:`first_divergence_survival`: Kaplan–Meier curve of the first divergence.
@@ -31,6 +33,7 @@ from audit.stats.intervals import (
     TrajectoryResamples,
     cluster_codes,
     cluster_sums,
+    mc_error,
     ratio_intervals,
 )
 
@@ -76,6 +79,13 @@ def _scorer_names(steps: Sequence[Step], scorers: Sequence[str] | None) -> list[
     return sorted({name for s in steps for name in (s.get("scores") or {})})
 
 
+def _cluster(s: Step) -> object:
+    """A step's resampling cluster: its ``cluster`` (``audit.stats.clusters``), else its
+    trajectory."""
+    c = s.get("cluster")
+    return s.get("trajectory_id") if c is None else c
+
+
 def _score(s: Step, name: str) -> float:
     v = (s.get("scores") or {}).get(name)
     return float(v) if _finite(v) else math.nan
@@ -87,7 +97,8 @@ class _Table:
     def __init__(self, steps: Sequence[Step], scorers: Sequence[str], spec: IntervalSpec) -> None:
         self.steps, self.scorers, self.spec = steps, list(scorers), spec
         n = len(steps)
-        self.codes, self.ids = cluster_codes([s.get("trajectory_id") for s in steps])
+        self.codes, self.ids = cluster_codes([_cluster(s) for s in steps])
+        self.traj_codes, _ = cluster_codes([s.get("trajectory_id") for s in steps])
         cols = [np.fromiter((bool(s["diverged"]) for s in steps), dtype=float, count=n)]
         cols += [np.fromiter((_score(s, m) for s in steps), dtype=float, count=n)
                  for m in self.scorers]
@@ -104,7 +115,8 @@ class _Table:
         out: dict = {"n": n, "trajectories": 0, "diverged": k, "divergence_rate": None,
                      "divergence_ci": None, "divergence_ci_method": None,
                      "scores": {name: {"mean": None, "ci": None, "n": 0, "method": None}
-                                for name in self.scorers}}
+                                for name in self.scorers},
+                     "clusters": 0, "divergence_ci_mc_error": None}
         if not n:
             return out
         uniq, local = np.unique(self.codes[idx], return_inverse=True)
@@ -112,11 +124,12 @@ class _Table:
         res = ratio_intervals(sums, counts, self.spec, self.resamples,
                               None if len(uniq) == len(self.ids) else uniq,
                               binary=[True] + [False] * len(self.scorers))
-        out.update(trajectories=len(uniq), divergence_rate=k / n, divergence_ci=res[0]["ci"],
-                   divergence_ci_method=res[0]["method"])
+        out.update(trajectories=len(np.unique(self.traj_codes[idx])), divergence_rate=k / n,
+                   divergence_ci=res[0]["ci"], divergence_ci_method=res[0]["method"],
+                   clusters=len(uniq), divergence_ci_mc_error=res[0]["mc_error"])
         for name, r in zip(self.scorers, res[1:], strict=True):
             out["scores"][name] = {"mean": r["point"], "ci": r["ci"], "n": r["n"],
-                                   "method": r["method"]}
+                                   "method": r["method"], "mc_error": r["mc_error"]}
         return out
 
     def grouped(self, label: Callable[[Step], object]) -> dict:
@@ -285,7 +298,7 @@ def compounding_ratio(
             prior = prior or bool(s["diverged"])
     a, b, c, d = (int(x) for x in counts.sum(axis=0))
     ratio, note = _ratio(a, b, c, d)
-    ci = None
+    ci, err = None, None
     if ratio is not None and ci_method == "delta":
         if a > 0:
             se = math.sqrt(1 / a - 1 / (a + b) + 1 / c - 1 / (c + d))
@@ -293,7 +306,11 @@ def compounding_ratio(
         else:
             note = "no divergence after an earlier one: ratio 0, delta-method CI undefined"
     elif ratio is not None and n_boot > 0:
-        ci, boot_note = _bootstrap_ratio(counts, n_boot, seed)
+        # resample the clusters (the trajectories of one cluster drawn together)
+        codes, _ = cluster_codes([_cluster(g[0]) for g in trajs.values()])
+        by_cluster = np.zeros((int(codes.max()) + 1, 4), dtype=np.int64)
+        np.add.at(by_cluster, codes, counts)
+        ci, boot_note, err = _bootstrap_ratio(by_cluster, n_boot, seed)
         note = boot_note
     rows = [
         {
@@ -312,6 +329,7 @@ def compounding_ratio(
             "ratio": ratio,
             "ci": ci,
             "ci_method": ci_method,
+            "ci_mc_error": err,
             "p_after_divergence": a / (a + b) if a + b else None,
             "p_no_prior_divergence": c / (c + d) if c + d else None,
             "table": {
@@ -328,7 +346,8 @@ def compounding_ratio(
     )
 
 
-def _bootstrap_ratio(counts: np.ndarray, n_boot: int, seed: int) -> tuple[list | None, str | None]:
+def _bootstrap_ratio(counts: np.ndarray, n_boot: int, seed: int
+                     ) -> tuple[list | None, str | None, float | None]:
     rng = np.random.default_rng(seed)
     n = len(counts)
     batch = max(1, 2_000_000 // max(n, 1))
@@ -346,9 +365,10 @@ def _bootstrap_ratio(counts: np.ndarray, n_boot: int, seed: int) -> tuple[list |
     dropped = n_boot - len(r)
     note = f"{dropped} of {n_boot} bootstrap replicates undefined, dropped" if dropped else None
     if len(r) == 0:
-        return None, "every bootstrap replicate undefined"
+        return None, "every bootstrap replicate undefined", None
     lo, hi = np.quantile(r, [0.025, 0.975], method="inverted_cdf")
-    return [float(lo), float(hi) if np.isfinite(hi) else None], note
+    err = mc_error(r, 0.95) if np.isfinite(r).all() else None
+    return [float(lo), float(hi) if np.isfinite(hi) else None], note, err
 
 
 def novelty(actual: str, history_text: str) -> float:
@@ -365,9 +385,12 @@ def novelty(actual: str, history_text: str) -> float:
 
 
 def _design(steps: list[Step]) -> tuple[np.ndarray, np.ndarray, list[str], list[str], np.ndarray]:
-    """Feature matrix, labels, feature names, notes, trajectory index per row."""
+    """Feature matrix, labels, feature names, notes, cluster index per row (the resampling
+    unit's cluster of its trajectory)."""
     rows, notes, groups = [], [], []
-    for gi, group in enumerate(_trajectories(steps).values()):
+    trajs = _trajectories(steps)
+    cluster_index, _ = cluster_codes([_cluster(g[0]) for g in trajs.values()])
+    for gi, group in zip(cluster_index.tolist(), trajs.values(), strict=True):
         prior = 0
         for s in group:
             rows.append(
@@ -455,7 +478,8 @@ def _logistic_divergence(
         j = names.index("prior_divergence")
         out["odds_ratio_prior_divergence"] = math.exp(coef[j])
         if n_boot > 0:
-            out["odds_ratio_ci"] = _bootstrap_or(x, y, groups, j, n_boot, seed, c, notes)
+            out["odds_ratio_ci"], out["odds_ratio_ci_mc_error"] = _bootstrap_or(
+                x, y, groups, j, n_boot, seed, c, notes)
     out["note"] = "; ".join(notes) or None
     return clean(out)
 
@@ -481,7 +505,7 @@ def _bootstrap_or(
     seed: int,
     c: float,
     notes: list[str],
-) -> list | None:
+) -> tuple[list | None, float | None]:
     rng = np.random.default_rng(seed)
     members = [np.flatnonzero(groups == g) for g in range(int(groups.max()) + 1)]
     ors = []
@@ -494,8 +518,34 @@ def _bootstrap_or(
     if len(ors) < n_boot:
         notes.append(f"{n_boot - len(ors)} of {n_boot} bootstrap fits skipped (one class)")
     if not ors:
-        return None
-    return np.quantile(ors, [0.025, 0.975]).tolist()
+        return None, None
+    return np.quantile(ors, [0.025, 0.975]).tolist(), mc_error(np.array(ors), 0.95)
+
+
+#: Which figure of the ``compounding`` block (and of the ``history`` block) answers which
+#: question: the summary and the report say so beside the figures.
+QUESTIONS = {
+    "ratio": "are later errors associated with earlier ones? (pooled risk ratio: association "
+             "only; trajectories that are simply harder push it above 1)",
+    "depth_trend": "do errors grow with depth? (odds ratio of divergence per depth, "
+                   "cluster-robust)",
+    "history.own_minus_real": "do a model's own errors cause later ones? (envace probe "
+                              "--history both: the same calls given its own earlier answers "
+                              "minus given the real ones; the causal measure)",
+}
+
+
+def _compounding(scored: list[Step], n_boot: int, seed: int, z: float) -> dict:
+    """The ``compounding`` block: the pooled ratio, the depth trend beside it, and which
+    question each answers."""
+    from audit.stats.trend import depth_trend
+
+    block = compounding_ratio(scored, n_boot=n_boot, seed=seed)
+    block["depth_trend"] = clean(depth_trend(
+        [_depth(s) for s in scored], [float(bool(s["diverged"])) for s in scored],
+        [_cluster(s) for s in scored], z))
+    block["questions"] = dict(QUESTIONS)
+    return block
 
 
 def summarize(
@@ -505,16 +555,19 @@ def summarize(
     seed: int = 0,
     logistic_boot: int = 200,
     level: float = 0.95,
+    unit: str = "trajectory",
 ) -> dict:
     """Everything above in one JSON-serialisable dict (see the README for its keys).
 
-    ``n_boot`` trajectory resamples (seeded) give the intervals of rates and means and of the
-    compounding ratio; ``logistic_boot`` those of the logistic odds ratio.
+    ``n_boot`` cluster resamples (seeded) give the intervals of rates and means and of the
+    compounding ratio; ``logistic_boot`` those of the logistic odds ratio. A step's cluster is
+    its ``cluster`` field (``audit.stats.clusters``), else its trajectory; ``unit`` names it in
+    ``interval``.
     """
     all_steps = list(steps)
     scored = _scored(all_steps)
     names = _scorer_names(scored, scorers)
-    spec = IntervalSpec(resamples=n_boot, seed=seed, level=level)
+    spec = IntervalSpec(resamples=n_boot, seed=seed, level=level, unit=unit)
     table = _Table(scored, names, spec)  # one set of trajectory resamples for every figure
     overall = table.stats(None)
     fd = first_divergence_survival(scored)
@@ -529,6 +582,7 @@ def summarize(
             "divergence_rate": overall["divergence_rate"],
             "divergence_ci": overall["divergence_ci"],
             "divergence_ci_method": overall["divergence_ci_method"],
+            "divergence_ci_mc_error": overall["divergence_ci_mc_error"],
             "scores": overall["scores"],
             "by_depth": _by_depth(table),
             "by_tool": _strata(table, "tool", NOVELTY_BINS),
@@ -536,7 +590,7 @@ def summarize(
             "by_novelty": _strata(table, "novelty", NOVELTY_BINS),
             "first_divergence": fd,
             "median_first_divergence": fd["median"],
-            "compounding": compounding_ratio(scored, n_boot=n_boot, seed=seed),
+            "compounding": _compounding(scored, n_boot, seed, spec.z),
             "logistic": logistic_divergence(scored, n_boot=logistic_boot, seed=seed),
             "interval": spec.describe(),
         }

@@ -37,11 +37,13 @@ import numpy as np
 
 from audit.stats.intervals import (
     BOOTSTRAP,
+    SIGN_FLIP,
     IntervalSpec,
     TrajectoryResamples,
     _column_percentiles,
     cluster_codes,
     cluster_sums,
+    mc_error,
     ratio_difference,
     ratio_intervals,
     wilson_ci,
@@ -65,6 +67,7 @@ class Pair:
     own: bool  # diverged given its own history
     write: bool | None = None  # the tool mutates state (None: unknown)
     novelty: float | None = None
+    cluster: str | None = None  # the resampling unit's cluster (None: the trajectory)
 
 
 def _key(row: dict[str, Any]) -> tuple[str, int]:
@@ -90,9 +93,11 @@ def pair_verdicts(real_rows: Iterable[dict[str, Any]], own_rows: Iterable[dict[s
         d = depth.get(t, 0)
         depth[t] = d + 1
         nov = r.get("novelty")
+        cluster = r.get("cluster")
         pairs.append(Pair(t, s, d, bool(r["diverged"]), bool(o["diverged"]),
                           r.get("mutates_state"),
-                          float(nov) if isinstance(nov, int | float) else None))
+                          float(nov) if isinstance(nov, int | float) else None,
+                          None if cluster is None else str(cluster)))
     return pairs
 
 
@@ -111,7 +116,9 @@ class _Data:
 
     def __init__(self, pairs: Sequence[Pair], spec: IntervalSpec) -> None:
         self.pairs, self.spec = list(pairs), spec
-        self.codes, self.ids = cluster_codes([p.trajectory for p in self.pairs])
+        self.codes, self.ids = cluster_codes(
+            [p.trajectory if p.cluster is None else p.cluster for p in self.pairs])
+        self.traj_codes, _ = cluster_codes([p.trajectory for p in self.pairs])
         self.c = len(self.ids)
         self.shared = TrajectoryResamples(self.c, spec) if spec.resamples > 0 and self.c else None
         real = np.array([p.real for p in self.pairs], dtype=float)
@@ -127,7 +134,10 @@ class _Data:
         remap = {int(c): i for i, c in enumerate(members)}
         codes = np.array([remap[int(c)] for c in self.codes[mask]], dtype=np.int64)
         sums, counts = cluster_sums(codes, self.values[mask], len(members))
-        return self._figures(sums, counts, members)
+        out = self._figures(sums, counts, members)
+        out["trajectories"] = int(len(np.unique(self.traj_codes[mask])))
+        out["clusters"] = int(len(members))
+        return out
 
     def _figures(self, sums: np.ndarray, counts: np.ndarray, members: np.ndarray
                  ) -> dict[str, Any]:
@@ -147,7 +157,8 @@ class _Data:
             "n": int(round(float(counts[:, 0].sum()))),
             "trajectories": int((counts[:, 0] > 0).sum()),
             "real": rates[0], "own": rates[1],
-            "diff": {k: diff[k] for k in ("diff", "ci", "p_value", "method")},
+            "diff": {k: diff.get(k) for k in ("diff", "ci", "p_value", "method", "test",
+                                              "mc_error")},
             "diverged_real": int(round(n_real)), "diverged_own": int(round(n_own)),
             "induced": {**induced, "count": int(round(float(sums[:, 2].sum())))},
             "recovered": {**recovered, "count": int(round(float(sums[:, 3].sum())))},
@@ -166,7 +177,7 @@ class _Data:
         remap = {int(c): i for i, c in enumerate(members)}
         codes = np.array([remap[int(c)] for c in self.codes[mask]], dtype=np.int64)
         sums, _ = cluster_sums(codes, self.values[mask][:, :2], len(members))
-        ci, method = None, None
+        ci, method, err = None, None, None
         if self.shared is not None:
             # numerator own - real and denominator own, resampled together
             num = (sums[:, [1]] - sums[:, [0]])
@@ -175,7 +186,8 @@ class _Data:
             if bounds is not None:
                 ci, method = [min(bounds[0], point), max(bounds[1], point)], \
                     "trajectory_bootstrap"
-        out = {"point": point, "ci": ci, "method": method}
+                err = mc_error(reps[:, 0], self.spec.level)
+        out = {"point": point, "ci": ci, "method": method, "mc_error": err}
         if ci is None:
             out["note"] = "no interval: the resamples have no spread (too few trajectories)"
         if own < 10:
@@ -227,9 +239,12 @@ def _with_discordant_floor(diff: dict[str, Any], induced: np.ndarray, recovered:
     if diff["method"] == BOOTSTRAP:
         ci = [min(diff["ci"][0], floor[0], d), max(diff["ci"][1], floor[1], d)]
         return {**diff, "ci": ci}
-    # no spread: the replicates test nothing (one trajectory would read p = 2 / (B + 1))
+    # no spread: the replicates test nothing (one trajectory would read p = 2 / (B + 1));
+    # an exact sign-flip p-value stands (it needs no replicates)
+    exact = diff.get("test") == SIGN_FLIP
     return {**diff, "ci": [min(floor[0], d), max(floor[1], d)], "method": DISCORDANT,
-            "p_value": None}
+            "p_value": diff["p_value"] if exact else None,
+            "test": diff.get("test") if exact else None}
 
 
 def split_histories(rows: list[dict[str, Any]], spec: IntervalSpec = IntervalSpec()
@@ -264,7 +279,8 @@ def decompose(pairs: Sequence[Pair], spec: IntervalSpec = IntervalSpec(),
     return {
         "method": ("the same ground-truth calls rehearsed given the real history (history: "
                    "real) and given the world model's own earlier rehearsed responses (history: "
-                   "own); paired by step, intervals resample whole trajectories"),
+                   "own); paired by step, intervals resample whole clusters "
+                   "(interval.resampling_unit)"),
         "interval": spec.describe(),
         "pairs": len(pairs),
         "overall": overall,

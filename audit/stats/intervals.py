@@ -41,6 +41,12 @@ BOOTSTRAP = "trajectory_bootstrap"
 WILSON_TRAJECTORIES = "wilson_trajectories"
 NEWCOMBE_TRAJECTORIES = "newcombe_wilson_trajectories"
 NO_SPREAD = "no_spread"  # replicates without spread for a mean outside [0, 1]: no interval
+SIGN_FLIP = "exact_cluster_sign_flip"  # exact McNemar when every cluster is one pair
+BOOTSTRAP_P = "bootstrap"
+MC_ERROR = ("each bootstrap interval's mc_error: the larger Monte-Carlo standard error of its "
+            "two percentile endpoints, half the distance between the order statistics of "
+            "ranks B*q -/+ sqrt(B*q*(1-q)) of the B replicates (it shrinks as 1/sqrt(B)); "
+            "rerun with another seed to see it")
 _BATCH_CELLS = 2_000_000  # B x C cells drawn at once (bounded memory for big audits)
 
 
@@ -61,11 +67,14 @@ def wilson_ci(k: float, n: float, z: float = 1.96) -> tuple[float | None, float 
 
 @dataclass(frozen=True)
 class IntervalSpec:
-    """How intervals are computed: resamples, seed and level of the trajectory bootstrap."""
+    """How intervals are computed: resamples, seed and level of the cluster bootstrap, and the
+    unit it resamples (``unit``: its name, ``envace.core.envs.units``; the clusters themselves
+    are the rows the caller passes)."""
 
     resamples: int = 1000
     seed: int = 0
     level: float = 0.95
+    unit: str = "trajectory"
 
     @property
     def z(self) -> float:
@@ -80,7 +89,10 @@ class IntervalSpec:
             "resamples": self.resamples,
             "seed": self.seed,
             "level": self.level,
-            "kind": "percentile, resampling whole trajectories (clusters) with replacement",
+            "resampling_unit": self.unit,
+            "kind": f"percentile, resampling whole clusters (unit: {self.unit}) with "
+                    "replacement, every trajectory and step of a drawn cluster kept",
+            "monte_carlo_error": MC_ERROR,
             "fallback": f"{WILSON_TRAJECTORIES}: when the replicates have no spread (0 or all "
                         "diverged, one trajectory, equal scores), Wilson's interval with n = "
                         "the number of trajectories",
@@ -169,7 +181,7 @@ class TrajectoryResamples:
 def _replicates(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
                 seed_offset: int = 0) -> np.ndarray:
     """``(B x m)`` bootstrap replicates of each column's ratio (NaN where a resample is empty)."""
-    shifted = IntervalSpec(spec.resamples, spec.seed + seed_offset, spec.level)
+    shifted = IntervalSpec(spec.resamples, spec.seed + seed_offset, spec.level, spec.unit)
     return TrajectoryResamples(len(sums), shifted, cache_cells=0).replicates(None, sums, counts)
 
 
@@ -192,6 +204,48 @@ def _column_percentiles(reps: np.ndarray, level: float) -> list[tuple[float, flo
                 for j in range(reps.shape[1])]
     return [_percentile(reps[:, j], level) if _spread(reps[:, j]) > 1e-12 else None
             for j in range(reps.shape[1])]
+
+
+def mc_error(values: np.ndarray, level: float) -> float | None:
+    """Monte-Carlo standard error of a percentile interval's endpoints from its ``B``
+    replicates (the larger of the two): half the distance between the order statistics of
+    ranks ``B q -/+ sqrt(B q (1 - q))``, the binomial spread of the rank of the ``q``-quantile
+    (a distribution-free estimate). None when fewer than two replicates are finite."""
+    v = np.sort(np.asarray(values, dtype=float)[np.isfinite(values)])
+    b = len(v)
+    if b < 2:
+        return None
+    out = 0.0
+    for q in ((1 - level) / 2, (1 + level) / 2):
+        h = math.sqrt(b * q * (1 - q))
+        lo = int(min(b - 1, max(0, math.floor(q * (b - 1) - h))))
+        hi = int(min(b - 1, max(0, math.ceil(q * (b - 1) + h))))
+        out = max(out, float(v[hi] - v[lo]) / 2)
+    return out
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float | None:
+    """Exact two-sided p-value of the cluster sign-flip (permutation) test of a paired
+    difference: under H0 (A and B exchangeable within each cluster) every cluster's integer
+    difference ``d_i`` (B's count minus A's) is as likely negated, so ``T = sum d_i`` has the
+    distribution of ``sum e_i d_i`` over all 2^G signs, computed exactly by convolution; p =
+    P(|T| >= |t|). With one pair per cluster (``d_i`` in {-1, 0, 1}) this is the exact
+    McNemar test (binomial on the discordant pairs). None when a ``d_i`` is not an integer."""
+    d = np.asarray(diffs, dtype=float)
+    if len(d) and not np.allclose(d, np.round(d)):
+        return None
+    a = np.abs(np.round(d).astype(np.int64))
+    a = a[a > 0]
+    t = abs(int(round(float(d.sum()))))
+    total = int(a.sum())
+    if total == 0:
+        return 1.0
+    dist = np.zeros(2 * total + 1)
+    dist[total] = 1.0  # index total is T = 0
+    for k in a:  # every cluster: half its mass shifted up by k, half down by k
+        dist = 0.5 * (np.roll(dist, int(k)) + np.roll(dist, -int(k)))
+    values = np.arange(-total, total + 1)
+    return float(min(1.0, dist[np.abs(values) >= t].sum()))
 
 
 def _spread(values: np.ndarray) -> float:
@@ -239,7 +293,8 @@ def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
         n = float(counts[:, j].sum())
         clusters = int((counts[:, j] > 0).sum())
         if n <= 0:
-            out.append({"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0})
+            out.append({"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0,
+                        "mc_error": None})
             continue
         point = float(sums[:, j].sum() / n)
         ci, method = None, None
@@ -257,8 +312,10 @@ def ratio_intervals(sums: np.ndarray, counts: np.ndarray, spec: IntervalSpec,
                 lo, hi = wilson_ci(point * n_eff, n_eff, spec.z)
                 if lo is not None:
                     ci = [min(ci[0], lo), max(ci[1], hi)]
+        err = (mc_error(reps[:, j], spec.level) if reps is not None and method == BOOTSTRAP
+               else None)
         out.append({"point": point, "ci": ci, "method": method, "n": int(round(n)),
-                    "trajectories": clusters})
+                    "trajectories": clusters, "mc_error": err})
     return out
 
 
@@ -272,7 +329,8 @@ def cluster_ratio(values: Sequence[float], groups: Sequence[object],
     if len(values) != len(groups):
         raise ValueError("values and groups must have the same length")
     if not len(values):
-        return {"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0}
+        return {"point": None, "ci": None, "method": None, "n": 0, "trajectories": 0,
+                "mc_error": None}
     codes, _ = cluster_codes(groups)
     v = np.asarray(values, dtype=float)
     sums, counts = cluster_sums(codes, v)
@@ -296,8 +354,12 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
 
     ``paired``: both hold the same trajectories, row ``i`` of ``a`` and ``b`` the same one; the
     two are resampled together (one ``W``). Otherwise each audit's trajectories are resampled
-    independently. Per column: ``a``, ``b``, ``diff``, ``ci`` (percentile), ``p_value`` (two-sided,
-    from the share of replicates on either side of 0, never below ``1 / (B + 1)``), ``method``.
+    independently. Per column: ``a``, ``b``, ``diff``, ``ci`` (percentile), ``method``,
+    ``mc_error`` (of the interval's endpoints, :func:`mc_error`), ``p_value`` (two-sided) and
+    ``test``, how it was made: ``exact_cluster_sign_flip`` (:func:`sign_flip_p`) when the design
+    is paired and both sides count the same steps of every cluster with integer sums (a rate on
+    the same calls: the exact McNemar test, clustered); otherwise ``bootstrap``, from the share
+    of replicates on either side of 0 (never below ``1 / (B + 1)``).
     """
     (sa, na), (sb, nb) = a, b
     if paired and sa.shape[0] != sb.shape[0]:
@@ -314,7 +376,7 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
     for j in range(sa.shape[1]):
         pa, pb = ra[j]["point"], rb[j]["point"]
         row: dict[str, Any] = {"a": pa, "b": pb, "diff": None, "ci": None, "p_value": None,
-                               "method": None}
+                               "method": None, "test": None, "mc_error": None}
         if pa is None or pb is None:
             out.append(row)
             continue
@@ -328,8 +390,15 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
                 row["ci"] = _newcombe(pa, ra[j]["trajectories"], pb, rb[j]["trajectories"],
                                       spec.z)
                 row["method"] = NEWCOMBE_TRAJECTORIES
+            if row["method"] == BOOTSTRAP:
+                row["mc_error"] = mc_error(col, spec.level)
             if len(col):
                 below, above = int((col <= 0).sum()), int((col >= 0).sum())
                 row["p_value"] = min(1.0, 2 * (1 + min(below, above)) / (len(col) + 1))
+                row["test"] = BOOTSTRAP_P
+        exact = (sign_flip_p(sb[:, j] - sa[:, j])
+                 if paired and np.array_equal(na[:, j], nb[:, j]) else None)
+        if exact is not None:
+            row["p_value"], row["test"] = exact, SIGN_FLIP
         out.append(row)
     return out

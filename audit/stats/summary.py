@@ -6,7 +6,9 @@ counted from each trajectory's first rehearsed step (``audit.stats.population``;
 responses only is a determinism check, its statistics over the real steps). Unanswered and
 malformed calls are counted separately. Real (non-rehearsed) responses are summarised on their
 own in ``by_source`` as a determinism check: they must never diverge, and a warning says so when
-one does. Intervals resample whole trajectories (``audit.stats.intervals``).
+one does. Intervals resample whole clusters of the environment's resampling unit
+(``audit.stats.clusters``: BFCL's scenario, the task elsewhere; ``opts.cluster_by`` overrides it),
+named in ``resampling_unit``.
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from audit.stats.clusters import CLUSTER, assign_clusters, resolve_unit
 from audit.stats.compounding import clean, group_stats, stratum_label, summarize
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
 from audit.stats.population import DETERMINISM, population
-from audit.store.models import SUMMARY_VERSION
+from audit.store.models import SUMMARY_VERSION, StepRow
 from audit.worlds.reference import skill, skill_with_ci
 
-N_BOOT = 1000  # trajectory resamples of every interval (rates, means, ratio, skill)
+N_BOOT = 1000  # cluster resamples of every interval (rates, means, ratio, skill)
 LOGISTIC_BOOT = 200  # resamples of the logistic odds-ratio interval (each one a model fit)
 SEED = 0
 
 
 __all__ = ["SUMMARY_VERSION", "build_summary", "compact"]
+_ROW_FIELDS = frozenset(StepRow.model_fields) | {"ref_scores", "cluster"}
 
 
 def compact(rec: dict[str, Any]) -> dict[str, Any]:
@@ -39,9 +43,17 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("history") is not None:
         row["history"] = rec["history"]
     row["malformed"] = rec.get("malformed") is not None
+    for k, v in rec.items():  # a writer's own scalar fields: what --cluster-by FIELD reads
+        if k not in _ROW_FIELDS and isinstance(v, (str, int, float, bool)):
+            row[k] = v
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row
+
+
+def _cluster(r: dict[str, Any]) -> str:
+    c = r.get(CLUSTER)
+    return str(r["trajectory_id"] if c is None else c)
 
 
 def _bucket_order(kv: tuple[Any, list]) -> tuple[bool, Any]:
@@ -60,7 +72,7 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"references": refs, "by_scorer": {}, "by_depth": {}, "by_tool": {},
                            "by_mutates_state": {}, "by_novelty": {}}
-    groups = [r["trajectory_id"] for r in rows]
+    groups = [_cluster(r) for r in rows]
     for s in scorers:
         model = [r["scores"][s] for r in rows]
         means = {n: sum(r["ref_scores"][n][s] for r in rows) / len(rows) for n in refs}
@@ -73,7 +85,7 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
                 model, [r["ref_scores"][n][s] for r in rows], groups=groups, n_boot=N_BOOT,
                 seed=SEED)
             against[n] = {k: each[k] for k in ("point", "lo", "hi", "f_ref", "n_boot_used",
-                                                     "method")}
+                                                     "method", "mc_error")}
         out["by_scorer"][s] = {"reference_means": means, "best_reference": best, **ci,
                                "against": against}
         for key, label in (("depth", "by_depth"), ("tool", "by_tool")):
@@ -94,7 +106,7 @@ def _skill_block(rows: list[dict], scorers: list[str]) -> dict[str, Any]:
             out[f"by_{key}"][s] = {
                 k: skill_with_ci([r["scores"][s] for r in m],
                                  [r["ref_scores"][best][s] for r in m],
-                                 groups=[r["trajectory_id"] for r in m], n_boot=N_BOOT, seed=SEED)
+                                 groups=[_cluster(r) for r in m], n_boot=N_BOOT, seed=SEED)
                 for k, m in sorted(strata.items())}
     return out
 
@@ -109,7 +121,9 @@ def _by_source(rows: list[dict], spec: IntervalSpec) -> dict[str, Any]:
             out[label] = {"steps": g["n"], "trajectories": g["trajectories"],
                           "diverged": g["diverged"], "divergence_rate": g["divergence_rate"],
                           "divergence_ci": g["divergence_ci"],
-                          "divergence_ci_method": g["divergence_ci_method"]}
+                          "divergence_ci_method": g["divergence_ci_method"],
+                          "clusters": g["clusters"],
+                          "divergence_ci_mc_error": g["divergence_ci_mc_error"]}
     real = [r for r in rows if r.get("source_rehearsed") is False and r["diverged"]]
     if real:
         ids = sorted({str(r["trajectory_id"]) for r in real})
@@ -146,7 +160,9 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
     A probe run with both histories (``history`` "real" and "own" on its rows) has its
     statistics over the real-history (teacher-forced) rows and the decomposition of the two in
     a ``history`` block (``audit.stats.history``); the own-history rows are counted apart."""
-    spec = IntervalSpec(resamples=N_BOOT, seed=SEED)
+    unit = resolve_unit(rows, getattr(opts, "cluster_by", None))
+    missing_field = assign_clusters(rows, unit)
+    spec = IntervalSpec(resamples=N_BOOT, seed=SEED, unit=unit)
     rows, own_rows, history_block = split_histories(rows, spec)
     answered = [r for r in rows if not r["unanswered"]]
     scorers = list(opts.scorers)
@@ -154,7 +170,11 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         scorers.append(opts.verdict_scorer)
     pop = population(answered)
     stats = summarize(pop.rows, scorers, n_boot=N_BOOT, seed=SEED,
-                      logistic_boot=LOGISTIC_BOOT if logistic_boot is None else logistic_boot)
+                      logistic_boot=LOGISTIC_BOOT if logistic_boot is None else logistic_boot,
+                      unit=unit)
+    stats["interval"]["clusters"] = len({_cluster(r) for r in pop.rows})
+    if missing_field:
+        stats["interval"]["rows_without_field"] = missing_field
     counts = {
         "records_read": read,
         "trajectories": trajectories,
@@ -169,6 +189,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "unmarked_steps": pop.counts["unmarked_steps_counted_as_rehearsed"],
         "real_steps": sum(r.get("source_rehearsed") is False for r in answered),
         "diverged": stats["counts"]["diverged"],
+        "scored_clusters": stats["interval"]["clusters"],
     }
     if own_rows:
         counts["own_history_steps"] = len(own_rows)
@@ -181,6 +202,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "reference_file": opts.reference,
         "audited_model": f"reference:{opts.override}" if opts.override else None,
         "counts": counts,
+        "resampling_unit": unit,
         "reconciles": read == trajectories + sum(1 for s in skipped if s["line"] is not None),
         "skipped_records": skipped,
         "warnings": warnings,

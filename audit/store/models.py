@@ -154,6 +154,7 @@ class AuditSummary(BaseModel):
     reference_file: str | None = None
     audited_model: str | None = None
     counts: dict[str, int] | None = None
+    resampling_unit: str | None = None  #: what the intervals resample (audit.stats.clusters)
     reconciles: bool | None = None
     skipped_records: list[Skipped] | None = None
     warnings: list[Warning_] | None = None
@@ -165,6 +166,7 @@ class AuditSummary(BaseModel):
     divergence_rate: Number | None = None
     divergence_ci: list[Number | None] | None = None
     divergence_ci_method: str | None = None
+    divergence_ci_mc_error: Number | None = None
     scores: dict[str, Any] | None = None
     by_depth: list[dict[str, Any]] | None = None
     by_tool: dict[str, Any] | None = None

@@ -106,7 +106,9 @@ def history_lines(h: dict[str, Any]) -> list[str]:
     lines = ["", "## Real vs own history (error compounding, isolated)", "",
              "The same ground-truth calls rehearsed given the real responses of earlier calls "
              "and given the model's own earlier answers; paired by step. What the real history "
-             "already shows is difficulty; own − real is what its own history costs.", "",
+             "already shows is difficulty; own − real is what its own history costs: the "
+             "figure that answers *do a model's own errors cause later ones?* (the "
+             "compounding ratio and the depth trend above do not).", "",
              f"- divergence with the real history {_pct_ci(o.get('real'))}, with its own "
              f"{_pct_ci(o.get('own'))}; own − real {_fmt(o['diff'].get('diff'), True)}"
              f"{_ci(o['diff'].get('ci'))} over {o.get('n')} calls",
@@ -148,10 +150,17 @@ def _scope(s: dict[str, Any]) -> list[str]:
                 + (f"; {unmarked} responses without a `rehearsed` flag counted as rehearsed"
                    if unmarked else "") + ".", ""]
     if iv:
+        unit = iv.get("resampling_unit") or s.get("resampling_unit") or "trajectory"
+        err = s.get("divergence_ci_mc_error")
         out += [f"Intervals: {iv.get('level', 0.95):.0%}, {iv.get('method')} "
-                f"({iv.get('resamples')} resamples of whole trajectories, seed {iv.get('seed')}); "
-                "where the resamples have no spread, Wilson's interval on the number of "
-                "trajectories.", ""]
+                f"({iv.get('resamples')} resamples of whole clusters, unit: **{unit}**"
+                + (f", {iv['clusters']} clusters" if iv.get("clusters") is not None else "")
+                + f", seed {iv.get('seed')}); where the resamples have no spread, Wilson's "
+                "interval on the number of clusters. Monte-Carlo error of the interval ends "
+                "(`mc_error`, from the order statistics of the replicates): "
+                + (f"{err:.3f} for the divergence rate's" if isinstance(err, float)
+                   else "in the summary") + "; it is not below the printed precision, so the "
+                "third decimal of an interval end moves with the seed.", ""]
     if s.get("determinism_warning"):
         out += [f"**Warning:** {s['determinism_warning']}.", ""]
     return out
@@ -179,7 +188,19 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     comp = s.get("compounding") or {}
     lines.append(f"- compounding ratio P(div | earlier div) / P(div | none): "
                  f"{_fmt(comp.get('ratio'))}{_ci(comp.get('ci'), False)}"
-                 + (f" ({comp['note']})" if comp.get("note") else ""))
+                 + (f" ({comp['note']})" if comp.get("note") else "")
+                 + " — answers *are later errors associated with earlier ones?* (association "
+                 "only: harder trajectories alone push it above 1)")
+    trend = comp.get("depth_trend")
+    if trend:
+        lines.append(f"- depth trend, odds ratio of divergence per depth (logistic, "
+                     f"cluster-robust): {_fmt(trend.get('odds_ratio_per_depth'))}"
+                     f"{_ci(trend.get('ci'), False)}"
+                     + (f" ({trend['note']})" if trend.get("note") else "")
+                     + " — answers *do errors grow with depth?*")
+    lines.append("- *do a model's own errors cause later ones?* only own − real history "
+                 "answers that (`envace probe --history both`"
+                 + ("; below" if s.get("history") else "") + ")")
     lg = s.get("logistic") or {}
     lines.append(f"- odds ratio of a prior divergence (logistic): "
                  f"{_fmt(lg.get('odds_ratio_prior_divergence'))}"

@@ -58,7 +58,6 @@ Torch-free; imports rapidfuzz.
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ from rapidfuzz import fuzz
 
 from audit.scoring.canonical import canonical_text
 from audit.worlds.reference import canonical_arguments, most_common_response
+from envace.core.envs.units import scenario_of
 from envace.core.errors import UsageError
 from envace.core.schema import read_trajectories
 from envace.core.worldmodel import Unanswered
@@ -77,7 +77,6 @@ ARG_CHARS = 200
 RESPONSE_CHARS = 300
 NOTE_CHARS = 1200
 NOTE_TITLE = "Similar calls and what the real environment returned:"
-_BFCL_TASK = re.compile(r"^multi_turn_[a-z_]+_(\d+)$")
 
 #: (messages, tools, tool, arguments): one request of the probe (`audit.probe.Request`)
 Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]]
@@ -91,9 +90,7 @@ def scenario_key(task_id: str) -> str:
     """The scenario a task belongs to: ``bfcl:<n>`` for BFCL ``multi_turn_<category>_<n>``
     (its four categories share it; ``@t<k>`` per-turn suffixes are dropped), else the task id
     itself (an AgentDojo ``<suite>/user_task_<n>`` is its own scenario)."""
-    base = str(task_id).split("@t", 1)[0]
-    m = _BFCL_TASK.match(base)
-    return f"bfcl:{int(m.group(1))}" if m else base
+    return scenario_of(str(task_id).split("@t", 1)[0])  # the resampling unit's own rule
 
 
 @dataclass(frozen=True)

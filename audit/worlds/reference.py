@@ -41,6 +41,7 @@ from rapidfuzz import fuzz
 
 from audit.scoring.canonical import canonical_text
 
+IDENTICAL = "identical_to_reference"  # skill's method when the model scores as the reference
 REFERENCE_NAMES = ("majority", "lookup", "edit", "echo", "empty")
 EMPTY = "{}"
 
@@ -348,8 +349,11 @@ def skill_with_ci(
     replicates have no spread (every resample gives the same skill: a model right on every
     step, or one group) a percentile interval would have zero width; the interval is then the
     Wilson score interval of the model's miss rate with n = the number of groups, divided by
-    the reference's miss rate (``method`` says which). Returns ``point``, ``lo``, ``hi`` (None
-    when undefined), ``f_model``, ``f_ref``, ``n``, ``n_boot_used`` and ``method``.
+    the reference's miss rate (``method`` says which). A model that scores exactly as the
+    reference on every step has skill 0 in every resample: ``point``, ``lo`` and ``hi`` are 0
+    (method ``identical_to_reference``). Returns ``point``, ``lo``, ``hi`` (None when
+    undefined), ``f_model``, ``f_ref``, ``n``, ``n_boot_used``, ``method`` and ``mc_error``
+    (of a percentile interval's endpoints, ``audit.stats.intervals.mc_error``).
     """
     if len(model_values) != len(ref_values):
         raise ValueError("model_values and ref_values must have the same length")
@@ -371,11 +375,15 @@ def skill_with_ci(
         "n": n,
         "n_boot_used": 0,
         "method": "bootstrap",
+        "mc_error": None,
     }
     if n == 0:
         return out
     f_m, f_r = float(m.mean()), float(r.mean())
     out.update(point=skill(f_m, f_r), f_model=f_m, f_ref=f_r)
+    if np.array_equal(m, r) and f_r < 1.0:  # every resample's skill is exactly 0
+        out.update(point=0.0, lo=0.0, hi=0.0, method=IDENTICAL, n_boot_used=n_boot)
+        return out
     if n_boot <= 0:
         return out
     if groups is None:
@@ -411,4 +419,7 @@ def skill_with_ci(
     alpha = (1 - level) / 2
     lo, hi = np.quantile(values, [alpha, 1 - alpha])
     out["lo"], out["hi"] = float(lo), float(hi)
+    from audit.stats.intervals import mc_error
+
+    out["mc_error"] = mc_error(values, level)
     return out

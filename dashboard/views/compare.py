@@ -59,7 +59,7 @@ def compare_audits(ctx: ui.Context) -> None:
     cols[0].metric(f"A · {md(a)}", ui.pct(dr.get("a")), help="divergence rate")
     cols[1].metric(f"B · {md(b)}", ui.pct(dr.get("b")), help="divergence rate")
     cols[2].metric("B − A", "–" if dr.get("diff") is None else f"{dr['diff'] * 100:+.1f} pts",
-                   help=f"trajectory bootstrap p = {_fmt(dr.get('p_value'))}")
+                   help=f"{dr.get('test') or 'bootstrap'} p = {_fmt(dr.get('p_value'))}")
 
     def row(figure: str, v: dict) -> dict:
         lo, hi = (v.get("ci") or [None, None])[:2]
@@ -72,9 +72,10 @@ def compare_audits(ctx: ui.Context) -> None:
     rows.append({"figure": "compounding ratio", "A": cr.get("a"), "B": cr.get("b"),
                  "B − A": None, "lo": None, "hi": None, "p": None, "significant": None})
     st.dataframe(pd.DataFrame(rows), hide_index=True)
-    design = ("paired by trajectory: both audits hold the same trajectories, resampled together"
-              if c.get("design") == "paired_by_trajectory" else
-              "independent: each audit's trajectories resampled on their own")
+    unit = c.get("resampling_unit", "trajectory")
+    design = (f"paired by trajectory: both audits hold the same trajectories, their {unit} "
+              "clusters resampled together" if c.get("design") == "paired_by_trajectory" else
+              f"independent: each audit's {unit} clusters resampled on their own")
     iv = c.get("interval") or {}
     tr = c.get("trajectories") or {}
     st.caption(f"Rehearsed steps: A {c['steps']['a']} in {tr.get('a')} trajectories, B "
@@ -87,8 +88,8 @@ def compare_audits(ctx: ui.Context) -> None:
     if "paired" in c:
         p = c["paired"]
         st.markdown(f"Paired on **{p['pairs']}** identical calls: only A diverged "
-                    f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; trajectory "
-                    f"bootstrap p = {_fmt(p['p_value'])} "
+                    f"{p['only_a_diverged']}, only B {p['only_b_diverged']}; "
+                    f"{p.get('test') or 'bootstrap'} p = {_fmt(p['p_value'])} "
                     f"({'significant' if p.get('significant') else 'not significant'}).")
     _side_by_side(a, audits[a], b, audits[b])
 

@@ -76,7 +76,8 @@ def headline(s: dict[str, Any], run: Run, audit_label: str) -> None:
                + (f", {stats['unmarked_steps_counted_as_rehearsed']} unmarked responses counted "
                   "as rehearsed" if stats.get("unmarked_steps_counted_as_rehearsed") else "")
                + (f". Intervals: {iv.get('method')} ({iv.get('resamples')} resamples of whole "
-                  f"trajectories, seed {iv.get('seed')})." if iv else "."))
+                  f"clusters, unit {iv.get('resampling_unit', 'trajectory')}, seed "
+                  f"{iv.get('seed')})." if iv else "."))
 
 
 def by_depth(s: dict[str, Any]) -> None:

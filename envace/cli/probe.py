@@ -64,6 +64,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "real responses of earlier calls), own (self-conditioned: the model's "
                         "own earlier answers), both (each call twice, paired: the summary's "
                         "history block splits divergence into difficulty and compounding)")
+    from audit.cli import add_cluster_by
+
+    add_cluster_by(p)
     p.add_argument("--quiet", action="store_true", help="no progress")
     g = p.add_argument_group("grounded world models (a memory of real responses)")
     g.add_argument("--memory", metavar="TRAIN.jsonl",
@@ -260,7 +263,8 @@ def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=progress,
-                        reference=getattr(args, "reference", None))
+                        reference=getattr(args, "reference", None),
+                        cluster_by=getattr(args, "cluster_by", None))
 
 
 def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -> int:

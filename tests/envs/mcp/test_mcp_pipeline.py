@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.family import family
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.pipeline import AuditOptions, run_audit
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
 from envace.core.envs.mcp.record import record as record_tasks
 from envace.core.schema import TrajectoryWriter, read_trajectories
 from tests.envs.mcp.conftest import CONFIG, ROOT, TASKS, node_servers

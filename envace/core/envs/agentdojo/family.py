@@ -11,6 +11,7 @@ from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, SPLITS, AgentDojoT
 from envace.core.envs.agentdojo.tasks import split_tasks as _split_tasks
 from envace.core.envs.agentdojo.verify import reward
 from envace.core.envs.family import Family
+from envace.core.envs.units import resampling_unit
 
 
 def _split(split: str, unit: str) -> list[AgentDojoTask]:
@@ -25,14 +26,9 @@ def _new_env(task: Any = None) -> AgentDojoEnv:
     return AgentDojoEnv(getattr(task, "version", None) or DEFAULT_VERSION)
 
 
-def cluster_id(task_id: str) -> str:
-    """A user task is its own unit (``workspace/user_task_3``)."""
-    return task_id
-
-
 FAMILY = Family(
     name="agentdojo", summary="AgentDojo: workspace, travel, banking, slack; 97 user tasks",
     splits=SPLITS, split_tasks=_split, get_task=_task, new_env=_new_env,
-    real_trajectory=real_trajectory, reward=reward, resampling_unit="task",
-    cluster_id=cluster_id,
+    real_trajectory=real_trajectory, reward=reward,
+    resampling_unit=resampling_unit("agentdojo"), cluster_id=str,  # a user task is its own unit
 )

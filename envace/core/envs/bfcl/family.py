@@ -12,6 +12,7 @@ from envace.core.envs.bfcl.tasks import SPLITS, Task, get_task, split_tasks
 from envace.core.envs.bfcl.turns import resolve, turn_tasks
 from envace.core.envs.bfcl.verify import reward
 from envace.core.envs.family import Family
+from envace.core.envs.units import resampling_unit, scenario_of
 
 #: Per-turn task ids are ``<task id>@t<k>``.
 TURN_MARK = "@t"
@@ -28,14 +29,6 @@ def _task(task_id: str, version: str | None = None) -> Task:
     return resolve(task_id) if TURN_MARK in task_id else get_task(task_id)
 
 
-def cluster_id(task_id: str) -> str:
-    """The scenario of a task: ``multi_turn_miss_func_12`` and ``multi_turn_base_12@t1`` are
-    both ``scenario_12`` (ids that are not BFCL's are their own unit)."""
-    base = task_id.split(TURN_MARK, 1)[0]
-    tail = base.rsplit("_", 1)[-1]
-    return f"scenario_{tail}" if base.startswith("multi_turn_") and tail.isdigit() else base
-
-
 def _new_env(task: Any = None) -> BFCLEnv:
     return BFCLEnv()
 
@@ -43,6 +36,6 @@ def _new_env(task: Any = None) -> BFCLEnv:
 FAMILY = Family(
     name="bfcl", summary="BFCL v4 multi-turn: 8 stateful backends, 800 tasks",
     splits=SPLITS, split_tasks=_split, get_task=_task, new_env=_new_env,
-    real_trajectory=real_trajectory, reward=reward, resampling_unit="scenario",
-    cluster_id=cluster_id,
+    real_trajectory=real_trajectory, reward=reward, resampling_unit=resampling_unit("bfcl"),
+    cluster_id=scenario_of,
 )

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -101,7 +101,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--world", type=int, default=2)
@@ -109,7 +109,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     out = tempfile.mkdtemp(prefix="envace-fsdp-bench-")
     res: dict[str, Any] = {k: getattr(args, k) for k in ("model", "world", "episodes", "length",
                                                            "micro_batch", "steps")}
@@ -134,7 +135,8 @@ def main() -> None:
     print(table(rows, ["sharding", "training state / rank (MiB)", "whole copy for generation "
                        "(MiB)", "RSS after the updates (MiB)", "peak RSS / rank (MiB)",
                        "s / update"]))
-    print("->", write_result("fsdp_memory", res))
+    print("->", write_result("fsdp_memory", {**res, **run_record("bench.fsdp_memory", argv,
+                                                                load_start)}))
 
 
 if __name__ == "__main__":

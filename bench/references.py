@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -194,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", choices=["bfcl", "agentdojo"], default="bfcl")
     args = ap.parse_args(argv)
-    from bench.machine import write_result
+    from bench.machine import run_record, write_result
+
+    load_start = os.getloadavg()
 
     commands = commands_for(args.env)
     start = time.time()
@@ -226,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                 "dev split's ground-truth steps; exact = share rehearsed exactly (canonical); "
                 "skill_vs_lookup paired call by call, 95 % interval resampling trajectories",
     })
-    path = write_result(f"{args.env}_references", data)
+    path = write_result(f"{args.env}_references",
+                        {**data, **run_record("bench.references", argv, load_start)})
     print(json.dumps(data["dev"], indent=1))
     print(f"-> {path}")
 

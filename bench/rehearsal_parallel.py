@@ -23,7 +23,7 @@ import dataclasses
 import os
 import time
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.evaluation.evaluate import select_tasks
 from envace.model.models import load_model
 from envace.model.rollout import RolloutConfig, run_episodes
@@ -31,7 +31,7 @@ from envace.model.rollout import RolloutConfig, run_episodes
 DEFAULT_MODEL = "data/models/tiny-sft"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tasks", type=int, default=6)
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy, equal work on both sides (default); > 0: sampled plans")
     ap.add_argument("--name", default="rehearsal_parallel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load_start = os.getloadavg()
     model, tok = load_model(args.model)
     tasks = select_tasks("dev", "turn", args.tasks, tok, 4096, args.max_new_tokens, 0)
@@ -70,8 +70,7 @@ def main() -> None:
         rows.append([n, t_batched, t_single, t_batched / t_single, per_tok, toks[0], toks[1]])
     print(table(rows, ["N plans", "batched s", "N independent s", "ratio", "ratio per token",
                        "tokens (batched)", "tokens (indep.)"]))
-    res["load_average"] = {"start": load_start, "end": os.getloadavg()}
-    res["quiet_machine"] = max(load_start[0], os.getloadavg()[0]) < 1.5
+    res.update(run_record("bench.rehearsal_parallel", argv, load_start))
     print("->", write_result(args.name, res))
 
 

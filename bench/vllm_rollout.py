@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.machine import table, write_result
 
+    args_given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python", "-m", "bench.vllm_rollout", *args_given])
+
     load = os.getloadavg()[0]
     print(f"1-minute load average {load:.2f}: {'quiet' if load < 1.5 else 'BUSY (noisy)'}")
     results: dict[str, Any] = {}
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     out = write_result(args.out, {
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "command": command, "device": "cuda" if torch.cuda.is_available() else "cpu",
         "quiet_machine": load < 1.5, "load_avg_1min": load,
         "load_avg_1min_end": os.getloadavg()[0], "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "min_ground_truth_calls": args.min_calls, "models": results})

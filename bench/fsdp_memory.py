@@ -95,6 +95,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     torch.distributed.destroy_process_group()
 
 
+def ratios(replicate: dict[str, float], fsdp: dict[str, float]) -> dict[str, float]:
+    """FSDP over replicate for each figure of the busiest rank (state, RSS, peak, time)."""
+    return {k: fsdp[k] / replicate[k] for k in ("train_state", "rss_after_mib", "peak_rss_mib",
+                                                "seconds_per_update")}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -121,9 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         ranks = [torch.load(Path(out) / f"{sharding}-rank{r}.pt") for r in range(args.world)]
         res[sharding] = {k: max(r[k] for r in ranks) for k in ranks[0]}  # the busiest rank
     rep, fs = res["replicate"], res["fsdp"]
-    res["ratio_fsdp_over_replicate"] = {
-        k: fs[k] / rep[k] for k in ("train_state", "rss_after_mib", "peak_rss_mib",
-                                    "seconds_per_update")}
+    res["ratio_fsdp_over_replicate"] = ratios(rep, fs)
     mib = 2**20
     rows = [[s, f"{res[s]['train_state'] / mib:.0f}", f"{res[s]['whole_copy'] / mib:.0f}",
              f"{res[s]['rss_after_mib']:.0f}", f"{res[s]['peak_rss_mib']:.0f}",

@@ -90,6 +90,15 @@ def _summary(episodes: list, seconds: float) -> dict[str, Any]:
             "end_reasons": _count(e.end_reason.split(":")[0] for e in episodes)}
 
 
+def side_ratios(sides: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """The figures: vLLM's tokens/s over transformers' (``hf``), and vLLM's with prefix caching
+    over without, for greedy episodes and sampled groups."""
+    rate = lambda side, w: sides[side][w]["tokens_per_s"]  # noqa: E731
+    return {"ratio_vllm_over_hf": {w: rate("vllm", w) / rate("hf", w) for w in ("greedy", "group")},
+            "ratio_prefix_cache": {w: rate("vllm", w) / rate("vllm_noprefix", w)
+                                   for w in ("greedy", "group")}}
+
+
 def _count(items: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for x in items:
@@ -178,15 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in sides.values():
             s["greedy"].pop("ids")
             s["group"].pop("ids")
-        hf = sides["hf"]
         results[name] = {
             "note": note, "path": str(path), "plan": PLAN[name], "sides": sides,
             "identical_greedy_episodes": same,
-            "ratio_vllm_over_hf": {w: sides["vllm"][w]["tokens_per_s"] / hf[w]["tokens_per_s"]
-                                   for w in ("greedy", "group")},
-            "ratio_prefix_cache": {w: sides["vllm"][w]["tokens_per_s"]
-                                   / sides["vllm_noprefix"][w]["tokens_per_s"]
-                                   for w in ("greedy", "group")},
+            **side_ratios(sides),
         }
     rows = [[n, w, r["sides"]["hf"][w]["episodes"], r["sides"]["vllm"][w]["requests_per_episode"],
              r["sides"]["hf"][w]["generated_tokens"],

@@ -221,3 +221,17 @@ def test_dashboard_load_replicates_to_the_asked_size(tmp_path, examples):
     assert n == len(got) == 5 * len(rows) + 1
     keys = {(r["trajectory_id"], r["step"]) for r in got}
     assert len(keys) == len(got)  # every copy is a trajectory of its own
+
+
+def test_reproduce_compares_bit_for_bit():
+    from bench.reproduce import compare
+
+    rec = {"a": [0.1, 0.2], "b": 0.3, "c": {"steps": 4, "rate": 0.5}}
+    assert all(c["identical"] and c["max_abs_diff"] == 0.0
+               for c in compare(rec, rec).values())
+    got = compare({"a": [0.1, 0.2 + 1e-16], "b": 0.3, "c": {"steps": 4, "rate": 0.25}}, rec)
+    assert not got["a"]["identical"] and 0 < got["a"]["max_abs_diff"] < 1e-15
+    assert got["b"]["identical"] and got["c"]["max_abs_diff"] == 0.25
+    assert compare({"a": [0.1]}, rec)["a"] == {"identical": False, "max_abs_diff": None}
+    r = result("reproduce_learn2_envace")
+    assert r["all_identical"] == all(c["identical"] for c in r["comparison"].values())

@@ -235,3 +235,44 @@ def test_reproduce_compares_bit_for_bit():
     assert compare({"a": [0.1]}, rec)["a"] == {"identical": False, "max_abs_diff": None}
     r = result("reproduce_learn2_envace")
     assert r["all_identical"] == all(c["identical"] for c in r["comparison"].values())
+
+
+def test_ranker_cv_known_answer():
+    """Candidates whose one feature says which is right: half the calls have the right one
+    first (where ``edit`` is right too), half second. Cross-validated over scenarios the ranker
+    is right on all, ``edit`` on half: skill against ``edit`` 1 - (1 - 1) / (1 - 0.5) = 1."""
+    from bench.ranker_cv import cross_validate
+
+    calls = []
+    for s in range(10):
+        for i in range(10):
+            first = (s + i) % 2 == 0
+            calls.append({"scenario": f"sc{s}", "x": [[1.0], [0.0]] if first else [[0.0], [1.0]],
+                          "y": [1, 0] if first else [0, 1]})
+    calls.append({"scenario": "sc0", "x": [], "y": []})  # no candidate: wrong on both sides
+    got = cross_validate(calls, {"max_iter": 20, "min_samples_leaf": 5}, folds=5)
+    assert got["calls"] == 101
+    assert got["exact"] == pytest.approx(100 / 101)
+    assert got["edit_exact"] == pytest.approx(50 / 101)
+    assert got["skill_vs_edit"]["point"] == pytest.approx(1 - (1 / 101) / (51 / 101))
+
+
+def test_compounding_report_rows(tmp_path, monkeypatch):
+    """bench.compounding's table reads the probe's history block: real, own, their difference
+    and interval, the induced count, and the deep (depth >= 3) figures."""
+    import bench.machine
+    from bench.compounding import _report
+
+    monkeypatch.setattr(bench.machine, "RESULTS", tmp_path)
+    history = {"overall": {"n": 137, "real": {"point": 0.825}, "own": {"point": 0.905},
+                           "diff": {"diff": 0.08, "ci": [0.04, 0.132]},
+                           "induced": {"count": 11}},
+               "deep": {"n": 40, "real": {"point": 0.5}, "own": {"point": 0.6},
+                        "compounding_share": {"point": 0.117, "ci": [0.034, 0.212]}}}
+    _report("c", {"split": "dev"}, {"m": {"history": history}, "none": {"history": None}},
+            (0.5, 0.5, 0.5))
+    rows = json.loads((tmp_path / "c.json").read_text())["table"]["rows"]
+    assert rows[0] == ["m", 137, "82.5%", "90.5%", "8.0%", "[+4.0%, +13.2%]", 11, 40, "50.0%",
+                       "60.0%", "11.7%", "[+3.4%, +21.2%]"]
+    assert rows[1] == ["none", None, "n/a", "n/a", "n/a", "n/a", None, None, "n/a", "n/a",
+                       "n/a", "n/a"]

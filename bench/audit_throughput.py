@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from bench.bfcl_replay import run_bfcl
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.core.envs.bfcl.tasks import load_tasks
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
@@ -46,6 +47,7 @@ def audit(path: Path, out: Path, workers: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="envace-bench-"))
     tasks = list(load_tasks().values())
     one, ten = tmp / "x1.jsonl", tmp / "x10.jsonl"
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows, ["what", "input", "workers", "seconds", "steps/s", "time / bfcl exec",
                        "peak RSS MiB"]))
     print(f"peak memory, 10x input over 1x: {res['peak_rss_growth_x10_over_x1']:.2f}")
-    print("->", write_result("audit_throughput", res))
+    print("->", write_result("audit_throughput", {**res, **run_record("bench.audit_throughput",
+                                                                      argv, load_start)}))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ on the same calls; plus the cost of resetting a task's state. Writes bench/resul
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from typing import Any
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.core.envs.bfcl.env import BFCLEnv
 from envace.core.envs.bfcl.tasks import load_tasks
 from envace.core.envs.bfcl.verify import ground_truth_calls
@@ -52,10 +54,31 @@ def run_bfcl(tasks, tag: str) -> tuple[float, int]:
     return time.perf_counter() - a, n
 
 
-def main() -> None:
+def summarise(tasks: int, steps: int, ours: list[tuple[float, float]],
+              theirs: list[float]) -> dict[str, Any]:
+    """The figures of `repeats` runs: `ours` holds (reset seconds, execute seconds) per repeat,
+    `theirs` bfcl-eval's seconds per repeat (its reset is inside its first call); medians."""
+    reset = statistics.median(x[0] for x in ours)
+    ours_total = statistics.median(x[0] + x[1] for x in ours)
+    bfcl_total = statistics.median(theirs)
+    return {
+        "tasks": tasks, "steps": steps,
+        "ours_steps_per_s": steps / ours_total,
+        "ours_exec_only_steps_per_s": steps / statistics.median(x[1] for x in ours),
+        "bfcl_eval_steps_per_s": steps / bfcl_total,
+        "ratio_ours_over_bfcl": bfcl_total / ours_total,
+        "reset_ms_per_task": 1000 * reset / tasks,
+        "note": "both include state setup per task (bfcl-eval builds instances inside its first "
+                "call); medians of --repeats runs",
+        "repeats": len(ours),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     tasks = list(load_tasks().values())
     env = BFCLEnv()
     calls = []
@@ -69,20 +92,7 @@ def main() -> None:
         t_b, n_b = run_bfcl(tasks, f"bench{r}")  # bfcl-eval resets inside its first call
         theirs.append(t_b)
         assert n == n_b
-    reset = statistics.median(x[0] for x in ours)
-    ours_total = statistics.median(x[0] + x[1] for x in ours)
-    bfcl_total = statistics.median(theirs)
-    res = {
-        "tasks": len(tasks), "steps": n,
-        "ours_steps_per_s": n / ours_total,
-        "ours_exec_only_steps_per_s": n / statistics.median(x[1] for x in ours),
-        "bfcl_eval_steps_per_s": n / bfcl_total,
-        "ratio_ours_over_bfcl": (n / ours_total) / (n / bfcl_total),
-        "reset_ms_per_task": 1000 * reset / len(tasks),
-        "note": "both include state setup per task (bfcl-eval builds instances inside its first "
-                "call); medians of --repeats runs",
-        "repeats": args.repeats,
-    }
+    res = summarise(len(tasks), n, ours, theirs)
     print(table([
         ["envace adapter (reset + execute)", res["ours_steps_per_s"], 1.0],
         ["bfcl-eval execute_multi_turn_func_call", res["bfcl_eval_steps_per_s"],
@@ -90,7 +100,8 @@ def main() -> None:
     ], ["executor", "steps/s", "throughput vs ours"]))
     print(f"reset: {res['reset_ms_per_task']:.3f} ms per task; ratio ours/bfcl = "
           f"{res['ratio_ours_over_bfcl']:.2f}x")
-    print("->", write_result("bfcl_replay", res))
+    print("->", write_result("bfcl_replay", {**res, **run_record("bench.bfcl_replay", argv,
+                                                                load_start)}))
 
 
 if __name__ == "__main__":

@@ -291,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                                "mean, 95% t interval over seeds", "success difference",
                                "training reward, last − first third"]))
     res.update(run_record("bench.claims", argv, load_start))
+    res.update(quiet_machine=None, load_scope="aggregation",
+               load_not_recorded="the runs were measured when they trained and evaluated; "
+                                 "envace train does not record the load, and this file's "
+                                 "load_average is the reading's")
     res["table"] = {"per_seed": rows, "summary": summary_rows}
     print("->", write_result(args.name, res))
     return 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -132,12 +131,13 @@ def bench_pages(root: Path) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--source", type=Path, help="an audit directory to replicate")
     ap.add_argument("--keep", type=Path, help="build the big run here and keep it")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     work = Path(args.keep or tempfile.mkdtemp(prefix="dashboard-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     src = args.source or make_source(work)
@@ -146,15 +146,18 @@ def main() -> None:
     res = {"steps": n, "steps_jsonl_mb": round(size / 2**20, 1),
            **bench_readers(work / "root" / "big"), **bench_pages(work / "root")}
     res = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}
-    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-               "python": platform.python_version(), "processor": platform.processor()}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"machine": machine, "results": res,
-                               "when": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
+    from bench.machine import machine as machine_facts
+    from bench.machine import run_record, write_result
+
+    record = run_record("bench.dashboard_load", argv, load_start)
+    record["command"] = record["command"].replace("python -m bench.dashboard_load",
+                                                  "python bench/dashboard_load.py")
+    write_result(OUT.stem, {**record, "results": res})
+    machine = machine_facts()
     print(f"{'measure':<28} value")
     for k, v in res.items():
         print(f"{k:<28} {v}")
-    print(f"machine: {machine['platform']}, {machine['cpu_count']} CPUs, "
+    print(f"machine: {machine['platform']}, {machine['cpus']} CPUs, "
           f"Python {machine['python']}")
     print(f"-> {OUT}")
 

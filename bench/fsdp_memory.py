@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -95,13 +95,19 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     torch.distributed.destroy_process_group()
 
 
+def ratios(replicate: dict[str, float], fsdp: dict[str, float]) -> dict[str, float]:
+    """FSDP over replicate for each figure of the busiest rank (state, RSS, peak, time)."""
+    return {k: fsdp[k] / replicate[k] for k in ("train_state", "rss_after_mib", "peak_rss_mib",
+                                                "seconds_per_update")}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--world", type=int, default=2)
@@ -109,7 +115,8 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     out = tempfile.mkdtemp(prefix="envace-fsdp-bench-")
     res: dict[str, Any] = {k: getattr(args, k) for k in ("model", "world", "episodes", "length",
                                                            "micro_batch", "steps")}
@@ -120,9 +127,7 @@ def main() -> None:
         ranks = [torch.load(Path(out) / f"{sharding}-rank{r}.pt") for r in range(args.world)]
         res[sharding] = {k: max(r[k] for r in ranks) for k in ranks[0]}  # the busiest rank
     rep, fs = res["replicate"], res["fsdp"]
-    res["ratio_fsdp_over_replicate"] = {
-        k: fs[k] / rep[k] for k in ("train_state", "rss_after_mib", "peak_rss_mib",
-                                    "seconds_per_update")}
+    res["ratio_fsdp_over_replicate"] = ratios(rep, fs)
     mib = 2**20
     rows = [[s, f"{res[s]['train_state'] / mib:.0f}", f"{res[s]['whole_copy'] / mib:.0f}",
              f"{res[s]['rss_after_mib']:.0f}", f"{res[s]['peak_rss_mib']:.0f}",
@@ -134,7 +139,8 @@ def main() -> None:
     print(table(rows, ["sharding", "training state / rank (MiB)", "whole copy for generation "
                        "(MiB)", "RSS after the updates (MiB)", "peak RSS / rank (MiB)",
                        "s / update"]))
-    print("->", write_result("fsdp_memory", res))
+    print("->", write_result("fsdp_memory", {**res, **run_record("bench.fsdp_memory", argv,
+                                                                load_start)}))
 
 
 if __name__ == "__main__":

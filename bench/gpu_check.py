@@ -375,7 +375,7 @@ def probe(path: Path, require_cuda: bool) -> int:
             info[dist] = None
     problems = []
     for mod in ("torch", "transformers", "pydantic", "rapidfuzz", "bfcl_eval", "yaml", "scipy",
-                "sklearn", "matplotlib", "pytest", "envace.cli", "envace.cli.train",
+                "sklearn", "matplotlib", "pytest", "envace.cli", "envace.training.command",
                 "envace.training.train", "envace.model.rollout", "audit.pipeline",
                 "bench.gpu_throughput"):
         try:

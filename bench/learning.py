@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.core.layout import AUDIT, RUN
 
 
@@ -87,12 +88,13 @@ def fidelity(run: Path) -> dict:
             "interval": (s.get("interval") or {}).get("method")}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--runs", nargs="+", required=True)
     ap.add_argument("--name", default="learning_tiny", help="bench/results/<name>.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     base = per_task(Path(args.base))
     rows, rows2, res = [], [], {"base": args.base, "base_fidelity": fidelity(Path(args.base)),
                                 "runs": {}}
@@ -146,7 +148,12 @@ def main() -> None:
                        "eval success", "train reward first->last third", "diff 95% CI"]))
     print(table(rows2, ["policy", "steps", "eval success", "eval reward",
                         "rehearsed responses diverging (95% CI)"]))
-    print("->", write_result(args.name, res))
+    # the runs were measured when they trained: this process only reads them
+    print("->", write_result(args.name, {
+        **res, **run_record("bench.learning", argv, load_start), "quiet_machine": None,
+        "load_scope": "aggregation",
+        "load_not_recorded": "the runs' own load is not in their directories (envace train "
+                             "does not record it); this file's load_average is the reading's"}))
 
 
 def _div(f: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,11 +47,11 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
 def run_record(module: str, argv: list[str] | None,
                load_start: tuple[float, float, float]) -> dict[str, Any]:
     """What every result file records about its run: the command that made it (`argv`, or the
-    process's own arguments when None), the load average at its start and end, and whether
-    the machine was quiet (1-minute load below 1.5 at both)."""
+    process's own arguments when None; quoted as a shell needs them), the load average at its
+    start and end, and whether the machine was quiet (1-minute load below 1.5 at both)."""
     end = os.getloadavg()
     args = sys.argv[1:] if argv is None else argv
-    return {"command": " ".join(["python", "-m", module, *args]),
+    return {"command": shlex.join(["python", "-m", module, *args]),
             "load_average": {"start": list(load_start), "end": list(end)},
             "quiet_machine": max(load_start[0], end[0]) < 1.5}
 

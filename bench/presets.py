@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -444,7 +445,7 @@ def main() -> None:
         "load_average": {"start": load0, "end": os.getloadavg()},
         "probe_threads": threads,
         "seconds": round(time.perf_counter() - t_start, 1),
-        "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
+        "command": shlex.join(["python", "-m", "bench.presets", *sys.argv[1:]]),
         "history": [*history, {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
                                "rows": [n for n, *_ in plan], "probe_threads": threads,

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.core.layout import AUDIT
 
 BIN = Path(sys.executable).parent
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "reference": "built from the train split's real trajectories",
                                     "probe": "teacher-forced, greedy", "threads": 1,
                                     "load_average": {"start": load_start, "end": os.getloadavg()},
+                                    **run_record("bench.presets_agentdojo", argv, load_start),
                                     "models": models, "commands": commands,
                                     "table": {"header": header, "rows": shown}})
     print(f"wrote {path}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", choices=["bfcl", "agentdojo"], default="bfcl")
     args = ap.parse_args(argv)
-    from bench.machine import write_result
+    from bench.machine import run_record, write_result
+
+    load_start = os.getloadavg()
 
     commands = commands_for(args.env)
     start = time.time()
@@ -248,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                 "AgentDojo: the task; issue 38), mc_error its Monte-Carlo error; before issue 38 "
                 "it resampled trajectories",
     })
-    path = write_result(f"{args.env}_references", data)
+    path = write_result(f"{args.env}_references",
+                        {**data, **run_record("bench.references", argv, load_start)})
     print(json.dumps(data["dev"], indent=1))
     print(f"-> {path}")
 

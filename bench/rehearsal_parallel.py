@@ -23,7 +23,7 @@ import dataclasses
 import os
 import time
 
-from bench.machine import table, write_result
+from bench.machine import run_record, table, write_result
 from envace.evaluation.evaluate import select_tasks
 from envace.model.models import load_model
 from envace.model.rollout import RolloutConfig, run_episodes
@@ -31,7 +31,17 @@ from envace.model.rollout import RolloutConfig, run_episodes
 DEFAULT_MODEL = "data/models/tiny-sft"
 
 
-def main() -> None:
+def batching(t_batched: float, t_single: float, tokens_batched: int,
+             tokens_single: int) -> dict[str, float]:
+    """N plans in one batch against N one-plan runs: the wall-time ratio (the figure) and the
+    same per generated token (a side that generated nothing counts as one token)."""
+    per_tok = (t_batched / max(1, tokens_batched)) / (t_single / max(1, tokens_single))
+    return {"batched_s": t_batched, "independent_s": t_single, "ratio": t_batched / t_single,
+            "ratio_per_token": per_tok, "tokens_batched": tokens_batched,
+            "tokens_independent": tokens_single}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tasks", type=int, default=6)
@@ -39,7 +49,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy, equal work on both sides (default); > 0: sampled plans")
     ap.add_argument("--name", default="rehearsal_parallel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load_start = os.getloadavg()
     model, tok = load_model(args.model)
     tasks = select_tasks("dev", "turn", args.tasks, tok, 4096, args.max_new_tokens, 0)
@@ -63,15 +73,11 @@ def main() -> None:
                 single += run_episodes(model, tok, [x], c)
             t_single += time.perf_counter() - t
         toks = [sum(len(e.ids) - e.prompt_len for e in eps) for eps in (batched, single)]
-        per_tok = (t_batched / max(1, toks[0])) / (t_single / max(1, toks[1]))
-        res["runs"][str(n)] = {"batched_s": t_batched, "independent_s": t_single,
-                               "ratio": t_batched / t_single, "ratio_per_token": per_tok,
-                               "tokens_batched": toks[0], "tokens_independent": toks[1]}
-        rows.append([n, t_batched, t_single, t_batched / t_single, per_tok, toks[0], toks[1]])
+        r = res["runs"][str(n)] = batching(t_batched, t_single, toks[0], toks[1])
+        rows.append([n, t_batched, t_single, r["ratio"], r["ratio_per_token"], toks[0], toks[1]])
     print(table(rows, ["N plans", "batched s", "N independent s", "ratio", "ratio per token",
                        "tokens (batched)", "tokens (indep.)"]))
-    res["load_average"] = {"start": load_start, "end": os.getloadavg()}
-    res["quiet_machine"] = max(load_start[0], os.getloadavg()[0]) < 1.5
+    res.update(run_record("bench.rehearsal_parallel", argv, load_start))
     print("->", write_result(args.name, res))
 
 

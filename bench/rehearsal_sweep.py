@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from audit.worlds.memory import ResponseMemory
-from bench.machine import RESULTS, table, write_result
+from bench.machine import RESULTS, run_record, table, write_result
 from envace.evaluation.evaluate import select_tasks
 from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
 from envace.model.models import load_model
 from envace.model.rehearsal import WORLDS, RehearsalSettings
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", required=True, help="label=path")
     ap.add_argument("--tasks", type=int, default=30)
@@ -60,7 +61,8 @@ def main() -> None:
     ap.add_argument("--keep", default=None,
                     help="write each setting's plans, commits and audits under this folder "
                          "(default: a temporary folder)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="envace-sweep-"))
     rows, res = [], {"tasks": args.tasks, "reward": args.reward, "max_turns": args.max_turns,
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed, "settings": {}}
@@ -114,9 +116,11 @@ def main() -> None:
                          round(r["budget"].get("rehearsal_tokens", 0)),
                          "–" if div is None else f"{div:.1%}"])
             print(table(rows[-1:], head), flush=True)
-            write_result(args.name, res)
+            write_result(args.name, {**res, **run_record("bench.rehearsal_sweep", argv,
+                                                          load_start)})
     print(table(rows, head))
-    print("->", write_result(args.name, res))
+    print("->", write_result(args.name, {**res, **run_record("bench.rehearsal_sweep", argv,
+                                                              load_start)}))
 
 
 def previous_settings(name: str, want: dict[str, Any]) -> dict[str, Any]:

@@ -279,7 +279,6 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
         ref, ref_forward, t_ref = [], 0, float("nan")
     g_ours = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ours)
     g_ref = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in ref)
-    ceiling = bw * 1e9 / param_bytes
     fwd_rate, e2e_rate = probe.decode_calls / probe.decode_s, probe.decode_calls / t_ours
     kv_bytes = probe.decode_kv_positions / max(probe.decode_calls, 1) * kv_bytes_per_position(gen)
     return {
@@ -301,17 +300,38 @@ def bench_model(path: Path, tasks: list, cfg: RolloutConfig, bw: float, guide: s
         "messages_per_episode": sum(len(e.trajectory.messages) for e in ours) / len(ours),
         "tool_calls_per_episode": sum(len(c) for e in ours for c in e.calls_per_turn) / len(ours),
         "end_reasons": dict(Counter(e.end_reason.split(":")[0] for e in ours)),
-        "ceiling": {"copy_bandwidth_gb_s": bw, "decode_steps_per_s": ceiling,
-                    "achieved_forward_steps_per_s": fwd_rate,
-                    "achieved_end_to_end_steps_per_s": e2e_rate,
-                    "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling,
-                    # a decode step also reads the whole (padded) KV cache of every row
-                    "kv_bytes_per_decode_step": kv_bytes,
-                    "kv_real_share": probe.decode_kv_real / max(probe.decode_kv_positions, 1),
-                    "ratio_forward_with_kv": fwd_rate / (bw * 1e9 / (param_bytes + kv_bytes)),
-                    # against the fp32 weights' bytes (what the same model reads undowncast)
-                    "ratio_forward_fp32_bytes": fwd_rate / (bw * 1e9 / fp32_bytes)},
+        "ceiling": ceiling_block(bw, param_bytes, fp32_bytes, kv_bytes, fwd_rate, e2e_rate,
+                                 probe.decode_kv_real / max(probe.decode_kv_positions, 1)),
     }
+
+
+def ceiling_block(bw: float, param_bytes: float, fp32_bytes: float, kv_bytes: float,
+                  fwd_rate: float, e2e_rate: float, kv_real_share: float) -> dict[str, float]:
+    """Decode steps against the weights-only bandwidth ceiling: at `bw` GB/s a step that reads
+    `param_bytes` of weights runs at most bw * 1e9 / param_bytes times a second; the achieved
+    forward and end-to-end step rates as shares of it, of a ceiling that also counts the KV
+    cache a step reads (`kv_bytes`), and of one that counts the fp32 weights' bytes."""
+    ceiling = bw * 1e9 / param_bytes
+    return {"copy_bandwidth_gb_s": bw, "decode_steps_per_s": ceiling,
+            "achieved_forward_steps_per_s": fwd_rate,
+            "achieved_end_to_end_steps_per_s": e2e_rate,
+            "ratio_forward": fwd_rate / ceiling, "ratio_end_to_end": e2e_rate / ceiling,
+            # a decode step also reads the whole (padded) KV cache of every row
+            "kv_bytes_per_decode_step": kv_bytes, "kv_real_share": kv_real_share,
+            "ratio_forward_with_kv": fwd_rate / (bw * 1e9 / (param_bytes + kv_bytes)),
+            # against the fp32 weights' bytes (what the same model reads undowncast)
+            "ratio_forward_fp32_bytes": fwd_rate / (bw * 1e9 / fp32_bytes)}
+
+
+def repeat_ratios(variant: list[dict[str, Any]], base: list[dict[str, Any]]) -> dict[str, Any]:
+    """A variant against the base, interleaved repeats paired in order: per rate, the ratio of
+    each repeat and their median (the figure)."""
+    out: dict[str, Any] = {}
+    for k in ("achieved_forward_steps_per_s", "achieved_end_to_end_steps_per_s"):
+        each = [o[k] / b[k] for o, b in zip(variant, base, strict=True)]
+        out[k] = statistics.median(each)
+        out[f"{k}_each_repeat"] = each
+    return out
 
 
 def variant_key(name: str, dtype: str, kernel: str, below: float = DEFAULT_COMPACT) -> str:
@@ -389,12 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios[name] = {"base": base_key}
             for v in variants[1:]:
                 key = variant_key(name, *v)
-                ratios[name][key] = {}
-                for k in ("achieved_forward_steps_per_s", "achieved_end_to_end_steps_per_s"):
-                    each = [o["ceiling"][k] / b["ceiling"][k]
-                            for o, b in zip(runs[key], runs[base_key], strict=True)]
-                    ratios[name][key][k] = statistics.median(each)
-                    ratios[name][key][f"{k}_each_repeat"] = each
+                ratios[name][key] = repeat_ratios([r["ceiling"] for r in runs[key]],
+                                                  [r["ceiling"] for r in runs[base_key]])
     nan = float("nan")
     rows = [[n, r["episodes"], r["guide"], r["ours"]["generated_tokens"],
              (r["reencode"] or {}).get("generated_tokens"), r["identical_episodes"],

@@ -175,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.sweep_seeds: {exc}")
         return 2
     print(markdown(summary))
-    path = write_result(args.name, {**run_record("bench.sweep_seeds", argv, os.getloadavg()),
-                                    "inputs": args.names, **summary})
+    record = {**run_record("bench.sweep_seeds", argv, os.getloadavg()), "quiet_machine": None}
+    path = write_result(args.name, {**record, "load_scope": "aggregation",
+                                    "measured_in": list(args.names), "inputs": args.names,
+                                    **summary})
     print("->", path)
     return 0
 

@@ -201,6 +201,15 @@ def summary(res: dict[str, Any], skip: int) -> dict[str, Any]:
             "mean_reward": sum(s["reward"] for s in steps) / len(steps)}
 
 
+def ours_over_trl(sums: dict[str, dict[str, Any]], raw: dict[str, dict[str, Any]]
+                  ) -> dict[str, float]:
+    """The figures: each summary rate of ours over trl's, and the peak memory."""
+    ratio = {k: sums["ours"][k] / sums["trl"][k] for k in
+             ("steps_per_min", "update_tokens_per_s", "update_completion_tokens_per_s")}
+    ratio["peak_rss"] = raw["ours"]["peak_rss"] / raw["trl"]["peak_rss"]
+    return ratio
+
+
 def child(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging
@@ -255,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[s, x["measured_steps"], x["steps_per_min"], x["update_tokens_per_s"],
              x["update_completion_tokens_per_s"], x["mean_forward_tokens"],
              x["mean_completion_tokens"], raw[s]["peak_rss"] / 2**20] for s, x in sums.items()]
-    ratio = {k: sums["ours"][k] / sums["trl"][k] for k in
-             ("steps_per_min", "update_tokens_per_s", "update_completion_tokens_per_s")}
-    ratio["peak_rss"] = raw["ours"]["peak_rss"] / raw["trl"]["peak_rss"]
+    ratio = ours_over_trl(sums, raw)
     rows.append(["ours/trl", "", ratio["steps_per_min"], ratio["update_tokens_per_s"],
                  ratio["update_completion_tokens_per_s"], "", "", ratio["peak_rss"]])
     print(table(rows, ["trainer", "steps", "steps/min", "update tok/s", "update compl tok/s",

@@ -90,6 +90,15 @@ def _summary(episodes: list, seconds: float) -> dict[str, Any]:
             "end_reasons": _count(e.end_reason.split(":")[0] for e in episodes)}
 
 
+def side_ratios(sides: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """The figures: vLLM's tokens/s over transformers' (``hf``), and vLLM's with prefix caching
+    over without, for greedy episodes and sampled groups."""
+    rate = lambda side, w: sides[side][w]["tokens_per_s"]  # noqa: E731
+    return {"ratio_vllm_over_hf": {w: rate("vllm", w) / rate("hf", w) for w in ("greedy", "group")},
+            "ratio_prefix_cache": {w: rate("vllm", w) / rate("vllm_noprefix", w)
+                                   for w in ("greedy", "group")}}
+
+
 def _count(items: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for x in items:
@@ -151,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.machine import table, write_result
 
+    args_given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python", "-m", "bench.vllm_rollout", *args_given])
+
     load = os.getloadavg()[0]
     print(f"1-minute load average {load:.2f}: {'quiet' if load < 1.5 else 'BUSY (noisy)'}")
     results: dict[str, Any] = {}
@@ -175,15 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in sides.values():
             s["greedy"].pop("ids")
             s["group"].pop("ids")
-        hf = sides["hf"]
         results[name] = {
             "note": note, "path": str(path), "plan": PLAN[name], "sides": sides,
             "identical_greedy_episodes": same,
-            "ratio_vllm_over_hf": {w: sides["vllm"][w]["tokens_per_s"] / hf[w]["tokens_per_s"]
-                                   for w in ("greedy", "group")},
-            "ratio_prefix_cache": {w: sides["vllm"][w]["tokens_per_s"]
-                                   / sides["vllm_noprefix"][w]["tokens_per_s"]
-                                   for w in ("greedy", "group")},
+            **side_ratios(sides),
         }
     rows = [[n, w, r["sides"]["hf"][w]["episodes"], r["sides"]["vllm"][w]["requests_per_episode"],
              r["sides"]["hf"][w]["generated_tokens"],
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     out = write_result(args.out, {
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "command": command, "device": "cuda" if torch.cuda.is_available() else "cpu",
         "quiet_machine": load < 1.5, "load_avg_1min": load,
         "load_avg_1min_end": os.getloadavg()[0], "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "min_ground_truth_calls": args.min_calls, "models": results})

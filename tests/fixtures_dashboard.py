@@ -10,7 +10,13 @@ Builds, under OUT_DIR:
   (a plain audit directory: real responses, never diverges);
 - ``lookup_dev/`` — ``envace-audit baseline ... --model lookup`` (a reference world model
   audited as if it were the rehearser: realistic divergence);
-- ``demo/`` — a *finished training run*: ``rollouts/step_{0,5,10}.jsonl`` (the dev trajectories
+- ``tiny/`` — a **real** finished training run: ``envace train --config configs/tiny.yaml`` (the
+  demo's preset) cut to ``TINY_ARGS`` (3 steps of 2 × 2 episodes, 3 dev tasks: well under a
+  minute), with everything the trainer writes: ``metrics.jsonl``, ``rollouts/``, an audit per
+  step, checkpoints, ``eval/dev`` and ``eval/dev_rehearsed`` with its audit, ``report.md``.
+  The dashboard tests open this run wherever a real run has what they check;
+- ``demo/`` — a *synthetic* finished training run, kept only for cases no short real run
+  produces: ``rollouts/step_{0,5,10}.jsonl`` (the dev trajectories
   rewritten as rehearsals: some responses replaced by the lookup model's guesses, fewer at later
   steps, and in some trajectories a call skipped or repeated), each audited by
   ``envace-audit replay`` into ``audit/step_<N>/``; ``eval/rehearsal_dev/`` (test-time rehearsal
@@ -20,12 +26,21 @@ Builds, under OUT_DIR:
 - ``live/`` — a run still writing: ``RUNNING``, a truncated last metrics line, no audit yet;
 - ``died/`` — a run whose metrics stopped long ago, no report; ``empty/`` — an empty directory.
 
-SYNTHETIC until the trainer exists: every ``metrics.jsonl`` here is written by this script in the
+Everything but ``tiny/``, ``inputs/``, ``real_dev/`` and ``lookup_dev/`` is SYNTHETIC, and each is
+kept for a case the real run does not give: ``demo``'s rollouts have a call skipped and one
+repeated against the real trajectory (the Trajectories page's alignment), every step rewrites
+the same dev trajectories (so two steps' audits pair call by call on the Compare page, and
+some tasks never diverge, which the filters need: the real run samples new tasks each step and
+diverges nearly everywhere), its step audits were
+made with ``--reference`` (the skill tables: the trainer audits without one), ``KL`` and clip
+fractions by role are logged (``kl_coef`` is 0 in the tiny preset), and its test-time rehearsal
+evaluation succeeds on two tasks of three (the Rehearsal page's success and failure branches: the
+tiny model's own ``envace eval --rehearsal`` succeeds on none); ``live``, ``died`` and ``empty``
+are states a finished run is not in. Their ``metrics.jsonl`` is written by this script in the
 documented flat format (the ``fidelity/*`` values of ``demo`` are the real audit figures of its
 step; loss, reward, KL, ... are made up), the rollouts and rehearsal plans are edited real
 trajectories rather than a policy's, and the eval summary's success figures are made up (its
-layout follows ``envace/evaluation/rehearsal_eval.py``). The lead will swap in a real tiny training
-run.
+layout follows ``envace/evaluation/rehearsal_eval.py``).
 """
 
 from __future__ import annotations
@@ -159,6 +174,11 @@ def _times(step: int, checkpoint: bool) -> dict[str, float]:
     return timer.metrics()
 
 
+# The real run: the tiny preset, cut short (the whole fixture is made once per test session).
+TINY_ARGS = ["--config", "configs/tiny.yaml", "steps=3", "prompts_per_step=2", "group_size=2",
+             "max_new_tokens=32", "max_turns=2", "eval_tasks=3", "checkpoint_every=2", "--quiet"]
+
+
 CONFIG = """# resolved configuration (fixture: synthetic until the trainer exists)
 mode: envace
 preset: tiny
@@ -255,6 +275,15 @@ def build(out: str | os.PathLike[str], n_tasks: int = 12) -> Path:
     out = Path(out).resolve()
     (out / "inputs").mkdir(parents=True, exist_ok=True)
     train = (ROOT / "data" / "splits" / "train.txt").read_text().split()[::4]  # a quarter: fast
+    with ThreadPoolExecutor(1) as trainer:  # the real run beside the other commands
+        real = trainer.submit(_run, [*ENVACE, "train", *TINY_ARGS, f"output_dir={out}",
+                                     "run_name=tiny"], ROOT)
+        _build_synthetic(out, train, n_tasks)
+        real.result()
+    return out
+
+
+def _build_synthetic(out: Path, train: list[str], n_tasks: int) -> None:
     _run_all([([*ENVACE, "data", "export-real", "--tasks", *dev_tasks(n_tasks), "--out",
                 "inputs/dev.jsonl"], out),
               ([*ENVACE, "data", "export-real", "--tasks", *train, "--out",
@@ -290,7 +319,6 @@ def build(out: str | os.PathLike[str], n_tasks: int = 12) -> Path:
     (run / "checkpoints" / f"step_{STEPS[-1]}").mkdir(parents=True, exist_ok=True)
     (run / "report.md").write_text("# demo (fixture run)\n\nSynthetic metrics; real audits.\n")
     _small_runs(out)
-    return out
 
 
 def shared_root(base: Path) -> Path:

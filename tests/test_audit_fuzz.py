@@ -227,7 +227,10 @@ def test_damaged_inputs_never_crash_the_audit(rnd: random.Random) -> None:
 
 
 def test_damaged_inputs_through_the_real_process(tmp_path) -> None:
-    """A few damaged files through `envace-audit` as a process: exit codes, no traceback."""
+    """A few damaged files through `envace-audit` as a process: exit codes, no traceback; the
+    report's real plots drawn from what survived (the in-process fuzz above mocks plotting for
+    speed: this is where plotting meets damaged input)."""
+    drawn = 0
     for seed in range(3):
         rnd = random.Random(seed)
         src = tmp_path / f"in{seed}.jsonl"
@@ -241,7 +244,13 @@ def test_damaged_inputs_through_the_real_process(tmp_path) -> None:
         n, _ = expected(src)
         s = json.loads((tmp_path / f"a{seed}" / "summary.json").read_text())
         assert s["counts"]["records_read"] == n and s["reconciles"]
+        png = tmp_path / f"a{seed}" / "depth.png"
+        assert png.exists() == bool(s.get("by_depth"))  # drawn exactly when there is a curve
+        if png.exists():
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            drawn += 1
         r = subprocess.run([sys.executable, "-m", "audit.cli", "--quiet", "compare",
                             str(tmp_path / f"a{seed}"), str(tmp_path / f"a{seed}")],
                            capture_output=True, text=True, timeout=300)
         clean_exit(r.returncode, r.stderr)
+    assert drawn, "no seed left a rehearsed step to plot: the plotting was not exercised"

@@ -144,16 +144,68 @@ def test_bad_out_values_are_usage_errors(tmp_path, examples, monkeypatch):
     assert rc == 2
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+NOBODY = 65534
+
+
+def unprivileged(fn):
+    """fn() as a user the permissions apply to: itself when the suite is not root; as root
+    (where every directory is writable) in a forked child that drops to nobody first. The
+    child inherits every module already imported (the stdlib under a private /root may not
+    be readable once it has dropped), so call fn once as root before, where it can succeed.
+    Returns what fn returns (JSON-able)."""
+    if os.geteuid() != 0:
+        return fn()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(w, json.dumps(fn()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0 and data, "the unprivileged child failed"
+    return json.loads(data)
+
+
 def test_an_unwritable_out_is_a_usage_error(tmp_path, examples):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
+    """Runs as root too: then the command runs in a child that has dropped to nobody, on a
+    copy of the input it can read (pytest's own temporary folder is root's alone)."""
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="envace-unwritable-"))
     try:
-        rc, _, err = cli("replay", examples / "real.jsonl", "--out", ro / "a")
-        assert rc == 2 and "internal error" not in err
+        shared.chmod(0o755)
+        src = shared / "real.jsonl"
+        src.write_text((examples / "real.jsonl").read_text())
+        src.chmod(0o644)
+        assert cli("replay", src, "--out", tmp_path / "warm")[0] == 0  # imports everything
+        ro = shared / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+
+        def attempt():
+            rc, _, err = cli("replay", src, "--out", ro / "a")
+            return [os.access(ro, os.W_OK), rc, err]
+
+        writable, rc, err = unprivileged(attempt)
+        assert not writable  # the case is real: this user cannot write there
+        assert rc == 2 and "internal error" not in err and f"cannot write in {ro}" in err
+        assert list(ro.iterdir()) == []
     finally:
-        ro.chmod(0o755)
+        for p in (shared / "ro", shared):
+            p.chmod(0o755)
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_a_second_writer_is_refused(tmp_path, examples):

@@ -8,7 +8,7 @@ import os
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from envace.core.envs.base import ToolKind, UnknownEnvironment, make_env
@@ -157,17 +157,33 @@ HOSTILE = ["__import__('os').system('touch /tmp/envace_pwned')", "os.system", "_
            "subprocess.run", "; rm -rf /", "$(touch /tmp/envace_pwned)"]
 
 
+# Real tools of multi_turn_base_0 (its file system) and their own argument names: with these
+# the strategy forms valid write calls carrying hostile values, not only unknown names.
+FS_TOOLS = ["touch", "mkdir", "echo", "cd", "rm", "cat", "ls"]
+FS_KEYS = ["file_name", "dir_name", "folder", "content"]
+
+
 @settings(max_examples=200, deadline=None)
-@given(name=st.one_of(st.sampled_from(HOSTILE), st.text(max_size=30)),
-       key=st.one_of(st.sampled_from(HOSTILE), st.text(max_size=10)),
+@given(name=st.one_of(st.sampled_from(HOSTILE + FS_TOOLS), st.text(max_size=30)),
+       key=st.one_of(st.sampled_from(HOSTILE + FS_KEYS), st.text(max_size=10)),
        value=st.one_of(st.sampled_from(HOSTILE), st.text(max_size=30), st.integers()))
+@example(name="touch", key="file_name", value="__import__('os').getcwd()")  # a valid write
+@example(name="mkdir", key="dir_name", value="$(id)")
 def test_injection_attempts_execute_nothing(name, key, value):
+    """Hostile names and values are data: an unknown tool or a bad argument is an error result
+    that leaves the state alone; a real tool with its own argument runs as itself, the hostile
+    string stored as a name, never executed."""
     env = BFCLEnv()
     env.reset("multi_turn_base_0")
     before = env.state_hash()
     r = env.execute(name, {key: value})
-    assert r.error  # never a real tool of this task with such arguments
-    assert env.state_hash() == before
+    if r.error:
+        assert env.state_hash() == before
+    else:
+        assert name in FS_TOOLS and key in FS_KEYS
+    if (name, key) in {("touch", "file_name"), ("mkdir", "dir_name")} and isinstance(value, str) \
+            and value and "/" not in value:
+        assert not r.error and env.state_hash() != before  # the write happened, as data
     assert not os.path.exists("/tmp/envace_pwned")
 
 

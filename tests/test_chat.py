@@ -311,8 +311,9 @@ def test_parse_unclosed_before_next_block_and_plain_text():
     parsed = parse_assistant('<tool_call>{"name": "a"<tool_call>{"name": "b"}</tool_call> ok')
     assert [c.name for c in parsed.calls] == ["b"] and parsed.calls[0].index == 1
     assert parsed.malformed[0].raw == '<tool_call>{"name": "a"' and parsed.content == " ok"
-    assert parse_assistant("just text </tool_call>") == parse_assistant("just text </tool_call>")
-    assert parse_assistant("just text </tool_call>").content == "just text </tool_call>"
+    # a stray closing tag in plain text is text: no call, no malformed block
+    stray = parse_assistant("just text </tool_call>")
+    assert (stray.content, stray.calls, stray.malformed) == ("just text </tool_call>", [], [])
     assert parse_assistant(None).content == "None"  # type: ignore[arg-type]
 
 

@@ -57,3 +57,25 @@ def test_kernels_only_never_beats_either_floor(rows, bandwidth, peak, attention_
     # the ridge is where the FLOP time of one row count equals the bytes' time
     assert (rows > r["ridge_rows_fp32"]) == (flop_us > floor_us) or \
         abs(rows - r["ridge_rows_fp32"]) < 1e-6
+
+
+def test_roofline_known_answer():
+    """One 1000 x 1000 fp32 layer at 8 rows, 4 GB/s and 16 GFLOP/s: its 4 MB take 1 ms to read
+    and its 16 MFLOP 1 ms to compute, so 8 rows is the ridge; measured 2 ms packed (twice its
+    roofline, half the peak) plus 1 ms of attention is a 3 ms step against a 1 ms ceiling.
+    (The property above holds by construction of its kernel times; this one does not.)"""
+    g = [{"shape": [1000, 1000], "per_step": 1, "rows": 8, "packed": True,
+          "fp32_floor_us": 1000.0, "fp32_us": 5000.0, "fp32_packed_us": 2000.0},
+         {"shape": [1000, 1000], "per_step": 1, "rows": 2, "packed": True,
+          "fp32_floor_us": 1000.0, "fp32_us": 9.0, "fp32_packed_us": 9.0}]
+    r = roofline(g, 8, 4.0, {"fp32": 16.0, "bf16": 32.0}, 1.0, 1.0)
+    assert r["ridge_rows_fp32"] == 8.0 and r["ridge_rows_bf16"] == 8.0
+    assert r["linear_gflop_per_step"] == pytest.approx(0.016)
+    assert r["linear_compute_floor_ms"] == pytest.approx(1.0)
+    assert r["linear_kernels_ms"] == pytest.approx(2.0)  # the packed time; the 2-row row unread
+    assert r["kernels_only_ms"] == pytest.approx(3.0)
+    assert r["kernels_only_share_of_ceiling"] == pytest.approx(1 / 3)
+    assert r["linear_share_of_peak"] == pytest.approx(0.5)
+    assert g[0]["fp32_roofline_us"] == pytest.approx(1000.0)
+    assert g[0]["fp32_vs_roofline"] == pytest.approx(2.0)
+    assert "fp32_vs_roofline" not in g[1]

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_TOOLS = {
     "bench/__init__.py": "the package marker",
     "bench/machine.py": "helpers: machine facts and the result writer every benchmark uses",
+    "bench/provenance.py": "helpers: what a result file must record (checked by a test)",
 }
 
 # Subcommands that only say where they went (one line on stderr, exit 2 without --help).

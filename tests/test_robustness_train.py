@@ -301,7 +301,6 @@ def _rows(run: Path) -> dict[int, dict]:
     return out
 
 
-@pytest.mark.slow
 def default_sigint() -> None:
     """In the child: Ctrl-C as a terminal delivers it. A suite started in the background by a
     non-interactive shell inherits SIGINT ignored, and Python then never raises
@@ -309,6 +308,7 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_sigint_then_a_torn_tail_then_resume(tmp_path):
     """Ctrl-C (SIGINT) in a real run: exit 130, one line, no traceback; the dashboard reads it
     as died; then its last metrics line is torn (a kill mid-write) and --resume brings every

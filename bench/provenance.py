@@ -17,7 +17,7 @@ A file put together by hand from what its command wrote says so in ``assembled``
 only then may the command write another name. ``quiet_machine: true`` is accepted only where
 the recorded 1-minute loads are all below 1.5.
 A command's file is ``<--name>.json`` (``--out`` for ``bench.vllm_rollout``, ``--env`` +
-``_references`` for ``bench.references``), else the module's default (``DEFAULT_NAMES``).
+``_references`` for ``experiments.references``), else the module's default (``DEFAULT_NAMES``).
 ``tests/test_results_provenance.py`` holds every file and both docs to this.
 """
 
@@ -43,10 +43,10 @@ DEFAULT_NAMES: dict[str, str] = {
     "rehearsal_sweep": "rehearsal_sweep", "rollout_engine": "rollout_engine",
     "sweep_seeds": "rehearsal_sweep_seeds", "trainer_vs_trl": "trainer_vs_trl",
     "vllm_rollout": "vllm_rollout", "world_model_skill": "world_model_skill",
-    "world_model_test": "world_model_skill_test",
+    "world_model_test": "world_model_skill_test", "mcp_bridge": "mcp_bridge",
 }
 
-_MODULE = re.compile(r"(?:-m\s+bench\.|bench/)(\w+)")
+_MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")
 
 
 def _option(words: list[str], flag: str) -> str | None:
@@ -75,6 +75,9 @@ def written_name(command: str) -> str | None:
         return _option(words, "--out") or DEFAULT_NAMES[module]
     if module == "references":
         return f"{_option(words, '--env') or 'bfcl'}_references"
+    if module == "clustered_intervals":
+        return _option(words, "--name") or \
+            f"clustered_intervals_{_option(words, '--env') or 'bfcl'}_dev"
     return _option(words, "--name") or DEFAULT_NAMES.get(module)
 
 

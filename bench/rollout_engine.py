@@ -19,26 +19,24 @@ malformed call and stops; zero-shot SmolLM2 answers in prose), so ``Probe`` mask
 steer greedy decoding along each task's real trajectory: the forward pass is the model's own,
 only the winning token is scripted. ``act`` steers assistant messages, the model rehearses freely
 (tiny: the cold start of ``envace sft --preset tiny``, cached as ``<cache>/bench-sft-tiny`` as
-``bench.presets`` does, trained if missing); ``all`` also steers tool responses to the real ones
-(smollm2: zero-shot unless ``<cache>/bench-sft-smollm2`` exists). Ceiling: copy bandwidth (read +
-write bytes of a 256 MiB ``copy_``, best of 5, on the decode thread count) / parameter bytes per
-decode step = decode steps/s, against ours (one-token forwards only, and end to end). A decode
-step also reads every row's whole (padded) KV cache: ``kv_bytes_per_decode_step`` is its mean
-over the run's one-token steps (``kv_real_share``: the share of those positions that hold a real
-token, not padding), and ``ratio_forward_with_kv`` the ratio against a ceiling that counts
-weights and cache. With
-``--gen-dtype bfloat16`` the rollout decodes with the model's bf16 copy (``rollout_dtype``,
-``envace.model.backends.hf.generation_model``): the ceiling then counts the bf16 bytes it reads,
-and ``ratio_forward_fp32_bytes`` the fp32 bytes the same model has; several dtypes run in turn on
-the same tasks. ``--kernels packed plain`` runs the linear layers on oneDNN-packed weights (the
-default, ``envace.model.backends.packed_linear``) and on plain ``F.linear`` in turn; ``ratios``
-holds each variant's speed over the first one run; ``--compact-below 0.75 0`` likewise with and
-without dropping the cache's padding (``envace.model.backends.kv_cache.compact``). ``--repeats R``
-runs all variants R times, interleaved (this shared machine's speed moves from minute to minute):
-a variant's row is its median repeat and ``ratios`` the median of the per-repeat ratios, each
-repeat's kept beside it. Writes
-bench/results/rollout_engine.json (``quiet_machine``: 1-min load average < 1.5) and a table.
-"""
+``experiments.presets`` does, trained if missing); ``all`` also steers tool responses to the real
+ones (smollm2: zero-shot unless ``<cache>/bench-sft-smollm2`` exists). Ceiling: copy bandwidth (read
++ write bytes of a 256 MiB ``copy_``, best of 5, on the decode thread count) / parameter bytes per
+decode step = decode steps/s, against ours (one-token forwards only, and end to end). A decode step
+also reads every row's whole (padded) KV cache: ``kv_bytes_per_decode_step`` is its mean over the
+run's one-token steps (``kv_real_share``: the share of those positions that hold a real token, not
+padding), and ``ratio_forward_with_kv`` the ratio against a ceiling that counts weights and cache.
+With ``--gen-dtype bfloat16`` the rollout decodes with the model's bf16 copy (``rollout_dtype``,
+``envace.model.backends.hf.generation_model``): the ceiling then counts the bf16 bytes it reads, and
+``ratio_forward_fp32_bytes`` the fp32 bytes the same model has; several dtypes run in turn on the
+same tasks. ``--kernels packed plain`` runs the linear layers on oneDNN-packed weights (the default,
+``envace.model.backends.packed_linear``) and on plain ``F.linear`` in turn; ``ratios`` holds each
+variant's speed over the first one run; ``--compact-below 0.75 0`` likewise with and without
+dropping the cache's padding (``envace.model.backends.kv_cache.compact``). ``--repeats R`` runs all
+variants R times, interleaved (this shared machine's speed moves from minute to minute): a variant's
+row is its median repeat and ``ratios`` the median of the per-repeat ratios, each repeat's kept
+beside it. Writes bench/results/rollout_engine.json (``quiet_machine``: 1-min load average < 1.5)
+and a table. """
 
 from __future__ import annotations
 

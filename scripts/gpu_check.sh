@@ -40,7 +40,7 @@ if [ "$DRY" = 1 ]; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   say "CPU dry run with $PY (no wheels, no GPU: toy sizes)"
   set +e
-  "$PY" -m bench.gpu_check --cpu-dry-run --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
+  "$PY" -m scripts.gpu_check --cpu-dry-run --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
     ${ENVACE_GPU_STAGES:+--stages "$ENVACE_GPU_STAGES"} | tee -a "$LOG"
   exit "${PIPESTATUS[0]}"
 fi
@@ -67,6 +67,6 @@ export PYTHONPATH="$SITE:$PWD"
 say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1);" \
   "$("$PY" -c 'import sys, torch, transformers; print("Python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
 set +e
-"$PY" -m bench.gpu_check --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
+"$PY" -m scripts.gpu_check --out "$OUT" ${ENVACE_GPU_BUDGET_S:+--budget-s "$ENVACE_GPU_BUDGET_S"} \
   ${ENVACE_GPU_STAGES:+--stages "$ENVACE_GPU_STAGES"} | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

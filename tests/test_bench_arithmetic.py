@@ -161,7 +161,7 @@ def test_vllm_side_ratios():
 
 
 def test_learning_intervals_known_answers():
-    from bench.learning import boot_diff, paired_ci
+    from experiments.learning import boot_diff, paired_ci
 
     # every task moved by exactly +0.25: every resample's mean is +0.25
     assert paired_ci([0.0, 0.5, 0.25, 1.0], [0.25, 0.75, 0.5, 1.25]) == pytest.approx(
@@ -174,9 +174,9 @@ def test_learning_intervals_known_answers():
 
 
 def test_learning_reeval_summary_is_a_t_interval_over_seed_means():
-    """bench.learning_reeval summarises runs with bench.claims.across_seeds: seed means 1, 2, 3
-    have sd 1 and t(0.975, 2) = 4.302653, so the interval is 2 +- 4.302653 / sqrt(3)."""
-    from bench.claims import across_seeds
+    """experiments.learning_reeval summarises runs with experiments.claims.across_seeds: seed means
+    1, 2, 3 have sd 1 and t(0.975, 2) = 4.302653, so the interval is 2 +- 4.302653 / sqrt(3)."""
+    from experiments.claims import across_seeds
 
     got = across_seeds([[1.0, 1.0], [2.0], [3.0, 2.0, 4.0]])
     assert got["mean"] == 2.0
@@ -189,7 +189,7 @@ def test_learning_reeval_summary_is_a_t_interval_over_seed_means():
 
 
 def test_presets_shares_and_paired_difference():
-    from bench.presets import cluster_mean, paired_diff, share
+    from experiments.presets import cluster_mean, paired_diff, share
 
     s = share([True, False, True, True], ["a", "a", "b", "b"])
     assert (s["k"], s["n"], s["rate"]) == (3, 4, 0.75)
@@ -224,7 +224,7 @@ def test_dashboard_load_replicates_to_the_asked_size(tmp_path, examples):
 
 
 def test_reproduce_compares_bit_for_bit():
-    from bench.reproduce import compare
+    from experiments.reproduce import compare
 
     rec = {"a": [0.1, 0.2], "b": 0.3, "c": {"steps": 4, "rate": 0.5}}
     assert all(c["identical"] and c["max_abs_diff"] == 0.0
@@ -241,7 +241,7 @@ def test_ranker_cv_known_answer():
     """Candidates whose one feature says which is right: half the calls have the right one
     first (where ``edit`` is right too), half second. Cross-validated over scenarios the ranker
     is right on all, ``edit`` on half: skill against ``edit`` 1 - (1 - 1) / (1 - 0.5) = 1."""
-    from bench.ranker_cv import cross_validate
+    from experiments.ranker_cv import cross_validate
 
     calls = []
     for s in range(10):
@@ -258,10 +258,10 @@ def test_ranker_cv_known_answer():
 
 
 def test_compounding_report_rows(tmp_path, monkeypatch):
-    """bench.compounding's table reads the probe's history block: real, own, their difference
+    """experiments.compounding's table reads the probe's history block: real, own, their difference
     and interval, the induced count, and the deep (depth >= 3) figures."""
     import bench.machine
-    from bench.compounding import _report
+    from experiments.compounding import _report
 
     monkeypatch.setattr(bench.machine, "RESULTS", tmp_path)
     history = {"overall": {"n": 137, "real": {"point": 0.825}, "own": {"point": 0.905},

@@ -1,4 +1,4 @@
-"""bench.claims: modes against their start and each other, seed by seed, task by task.
+"""experiments.claims: modes against their start and each other, seed by seed, task by task.
 
 - `task_ci` and `across_seeds` (hypothesis and known answers): one seed's task bootstrap inside
   its data's range, widened for success differences (−1/0/+1) to McNemar's exact interval (known
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.claims import across_seeds, exact_paired_ci, main, task_ci, train_reward
+from experiments.claims import across_seeds, exact_paired_ci, main, task_ci, train_reward
 
 DIFFS = st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=8), min_size=1, max_size=4)
 

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Python files under bench/ and scripts/ that are not command-line tools.
 NOT_TOOLS = {
     "bench/__init__.py": "the package marker",
+    "experiments/__init__.py": "the package marker",
     "bench/machine.py": "helpers: machine facts and the result writer every benchmark uses",
     "bench/provenance.py": "helpers: what a result file must record (checked by a test)",
 }
@@ -84,16 +85,18 @@ def cli_cases() -> list[tuple[str, tuple[str, ...]]]:
 
 
 def tool_files() -> list[str]:
-    """Every ``bench/*.py`` and ``scripts/*.py`` that is a command-line tool."""
-    files = sorted(str(p.relative_to(ROOT)) for d in ("bench", "scripts")
+    """Every ``bench/*.py``, ``experiments/*.py`` and ``scripts/*.py`` that is a command-line
+    tool."""
+    files = sorted(str(p.relative_to(ROOT)) for d in ("bench", "experiments", "scripts")
                    for p in (ROOT / d).glob("*.py"))
     return [f for f in files if f not in NOT_TOOLS]
 
 
 def tool_argv(path: str) -> list[str]:
-    """``python -m bench.X`` for a benchmark, ``python scripts/X.py`` for a script."""
-    if path.startswith("bench/"):
-        return [sys.executable, "-m", "bench." + Path(path).stem]
+    """``python -m bench.X`` / ``experiments.X`` for a benchmark or an experiment, ``python
+    scripts/X.py`` for a script."""
+    if path.startswith(("bench/", "experiments/")):
+        return [sys.executable, "-m", path.split("/")[0] + "." + Path(path).stem]
     return [sys.executable, path]
 
 
@@ -160,7 +163,7 @@ def test_discovery_finds_the_known_entry_points() -> None:
             "envace eval", "envace probe", "envace-audit replay", "envace-audit rescore",
             "envace-audit compare", "envace-audit baseline"} <= found
     tools = set(tool_files())
-    assert {"bench/gpu_check.py", "bench/audit_throughput.py", "scripts/make_splits.py"} <= tools
+    assert {"scripts/gpu_check.py", "bench/audit_throughput.py", "scripts/make_splits.py"} <= tools
     assert not tools & set(NOT_TOOLS)
     assert all((ROOT / f).exists() for f in NOT_TOOLS), "NOT_TOOLS names a file that is gone"
 

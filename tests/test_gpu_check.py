@@ -25,7 +25,7 @@ def _num(x: object) -> bool:
 
 
 def test_cpu_dry_run_runs_every_stage_with_numbers(tmp_path):
-    from bench.gpu_check import STAGES
+    from scripts.gpu_check import STAGES
 
     out = tmp_path / "out"
     # caps x4: on cores shared with training jobs the dry run runs several times slower (its
@@ -102,7 +102,7 @@ def test_without_a_gpu_or_a_wheel_it_fails_early_in_one_line(tmp_path, case):
 
 
 def test_a_failing_or_overrunning_stage_keeps_the_others_results(tmp_path, monkeypatch):
-    import bench.gpu_check as gc
+    import scripts.gpu_check as gc
 
     def cmd(code: str):
         return lambda ctx: [sys.executable, "-c", code]
@@ -128,7 +128,7 @@ def test_a_failing_or_overrunning_stage_keeps_the_others_results(tmp_path, monke
 
 
 def test_a_failed_preflight_skips_the_rest_with_its_reason(tmp_path, monkeypatch):
-    import bench.gpu_check as gc
+    import scripts.gpu_check as gc
 
     monkeypatch.setattr(gc, "STAGES", [
         gc.Stage("preflight", {"dry": 30},
@@ -157,7 +157,7 @@ def test_throughput_shapes_and_flop_count(shape, params):
 
 
 def test_a_rerun_can_select_stages_after_the_preflight(tmp_path, monkeypatch):
-    import bench.gpu_check as gc
+    import scripts.gpu_check as gc
 
     ok = lambda ctx: [sys.executable, "-c", "pass"]  # noqa: E731
     monkeypatch.setattr(gc, "STAGES", [gc.Stage(n, {"dry": 30}, ok, lambda ctx, res: None)
@@ -169,7 +169,7 @@ def test_a_rerun_can_select_stages_after_the_preflight(tmp_path, monkeypatch):
 
 
 def test_tests_stopped_at_their_cap_are_counted_from_the_log(tmp_path, monkeypatch):
-    import bench.gpu_check as gc
+    import scripts.gpu_check as gc
 
     (tmp_path / "suite.xml").write_text("<testsuite tests='9'/>")  # a previous run's: ignored
     code = ("print('tests/a.py::t1 PASSED'); print('tests/a.py::t2 FAILED', flush=True); "

@@ -251,8 +251,8 @@ def test_a_rare_event_rate_is_never_narrower_than_wilson_with_the_effective_size
 
 
 def test_a_mean_outside_zero_one_without_spread_gets_no_rates_interval():
-    """Found by hypothesis through bench.sweep_seeds: every value −1 (a difference) used to get
-    Wilson's interval of a rate, [0, …], which does not hold its own point."""
+    """Found by hypothesis through experiments.sweep_seeds: every value −1 (a difference) used to
+    get Wilson's interval of a rate, [0, …], which does not hold its own point."""
     res = cluster_ratio([-1.0, -1.0, -1.0], ["a", "b", "c"], SPEC)
     assert res["point"] == -1.0 and res["ci"] is None and res["method"] == "no_spread"
     res = cluster_ratio([2.5, 2.5], ["a", "b"], SPEC)

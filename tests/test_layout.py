@@ -18,7 +18,7 @@ from envace.core.layout import AUDIT, RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "docs" / "spec"
-CODE = ("envace", "audit", "dashboard", "bench", "scripts")
+CODE = ("envace", "audit", "dashboard", "bench", "experiments", "scripts")
 # names that are also words of the code (a run's kind, a command, a JSON key): not checked as
 # literals
 WORDS = {RUN.audit, RUN.eval, RUN.rollouts, RUN.checkpoints, RUN.initial_model,

@@ -296,8 +296,8 @@ def test_skill_block_by_read_write_and_novelty_known_answer():
 
 
 def test_references_bench_pairs_calls_by_trajectory(tmp_path):
-    """bench.references: skill of one baseline against another, call by call."""
-    from bench.references import exact_by_step, paired_skill
+    """experiments.references: skill of one baseline against another, call by call."""
+    from experiments.references import exact_by_step, paired_skill
 
     def write(name, scores):
         path = tmp_path / name
@@ -316,11 +316,11 @@ def test_references_bench_pairs_calls_by_trajectory(tmp_path):
 
 
 def test_leave_scenario_out_answers_from_other_scenarios_only(small_real_files, tmp_path):
-    """bench.references' train figure: a call never sees its own scenario's calls; with one
+    """experiments.references' train figure: a call never sees its own scenario's calls; with one
     scenario in the file every reference has nothing to copy and answers ``{}``."""
     from audit.scoring.canonical import canonical_text
     from audit.worlds.memory import ResponseMemory, scenario_key
-    from bench.references import leave_scenario_out
+    from experiments.references import leave_scenario_out
 
     entries = ResponseMemory.from_file(small_real_files["train"]).entries
     got = leave_scenario_out(small_real_files["train"])
@@ -338,9 +338,9 @@ def test_leave_scenario_out_answers_from_other_scenarios_only(small_real_files, 
 
 
 def test_readable_ceiling_known_answer(tmp_path):
-    """bench.references' bound on copying: a response value found in no other scenario's
+    """experiments.references' bound on copying: a response value found in no other scenario's
     responses of the tool and nowhere in what the call shows makes the call unreadable."""
-    from bench.references import readable_ceiling, response_values
+    from experiments.references import readable_ceiling, response_values
 
     assert sorted(response_values('{"a": [1, "x"], "b": {"c": null}}')) == ["1", "null", "x"]
     assert response_values("None") == ["None"] and response_values("plain text") == ["plain text"]

@@ -161,8 +161,8 @@ def test_a_plans_writes_stay_in_its_own_copy(trained):
 
 
 def test_the_sweep_keeps_earlier_keys_for_the_policys_own_rehearsal():
-    from bench.rehearsal_sweep import setting_key
-    from bench.sweep_markdown import row
+    from experiments.rehearsal_sweep import setting_key
+    from experiments.sweep_markdown import row
 
     assert setting_key("base", "parallel", 2) == "base/parallel/2"
     assert setting_key("base", "none", 0, "oracle") == "base/none/0"

@@ -19,7 +19,7 @@ MACHINE = {"platform": "Linux", "cpus": 2}
 
 
 def good(**over):
-    rec = {"machine": MACHINE, "command": "python -m bench.ranker_cv",
+    rec = {"machine": MACHINE, "command": "python -m experiments.ranker_cv",
            "load_average": {"start": [0.5, 0.4, 0.3], "end": [0.9, 0.5, 0.3]}}
     return {**rec, **over}
 
@@ -47,14 +47,15 @@ def test_the_docs_link_only_to_files_that_exist(doc):
 
 @pytest.mark.parametrize("module", sorted(DEFAULT_NAMES))
 def test_default_names_are_the_benches_own(module):
-    source = (ROOT / "bench" / f"{module}.py").read_text()
+    home = next(d for d in ("bench", "experiments") if (ROOT / d / f"{module}.py").exists())
+    source = (ROOT / home / f"{module}.py").read_text()
     name = DEFAULT_NAMES[module]
     if module == "references":  # <env>_references, bfcl by default
         assert 'f"{args.env}_references"' in source and 'default="bfcl"' in source
         return
     forms = [f'"--name", default="{name}"', f'"--out", default="{name}"',
              f'write_result("{name}"', f'"{name}.json"']
-    assert any(f in source for f in forms), f"bench/{module}.py does not write {name}.json"
+    assert any(f in source for f in forms), f"{home}/{module}.py does not write {name}.json"
 
 
 def test_written_name_reads_the_last_benchmark_and_its_options():
@@ -62,9 +63,14 @@ def test_written_name_reads_the_last_benchmark_and_its_options():
                         ) == "rollout_engine_bf16"
     assert written_name("python -m bench.rollout_engine --tiny x") == "rollout_engine"
     assert written_name("git worktree add /tmp/o HEAD && (cd /tmp/o && python -m "
-                        "bench.decode_profile --name a); python -m bench.ranker_cv") == "ranker_cv"
-    assert written_name("python -m bench.claims --mode 'a b=runs/x' --name=c") == "c"
-    assert written_name("python -m bench.references --env agentdojo") == "agentdojo_references"
+                        "bench.decode_profile --name a); python -m experiments.ranker_cv"
+                        ) == "ranker_cv"
+    assert written_name("python -m experiments.claims --mode 'a b=runs/x' --name=c") == "c"
+    assert written_name("python -m experiments.references --env agentdojo"
+                        ) == "agentdojo_references"
+    assert written_name("python -m experiments.clustered_intervals --env agentdojo"
+                        ) == "clustered_intervals_agentdojo_dev"
+    assert written_name("python -m experiments.clustered_intervals --name z") == "z"
     assert written_name(".venv-vllm/bin/python -m bench.vllm_rollout --only tiny --out q") == "q"
     assert written_name("python bench/dashboard_load.py --steps 10") == "dashboard_load"
     assert written_name("envace train steps=3") is None
@@ -74,7 +80,7 @@ def test_written_name_reads_the_last_benchmark_and_its_options():
 def test_a_file_lacking_any_field_or_naming_another_file_fails():
     assert problems("ranker_cv", good(), {"ranker_cv"}) == []
     assert problems("ranker_cv", {k: v for k, v in good().items() if k != "machine"}, set())
-    assert problems("ranker_cv", good(command=["python", "-m", "bench.ranker_cv"]), set())
+    assert problems("ranker_cv", good(command=["python", "-m", "experiments.ranker_cv"]), set())
     assert problems("ranker_cv", good(command="envace train"), set())
     assert problems("other", good(), set()) == [
         "the command writes ranker_cv.json, not other.json"]

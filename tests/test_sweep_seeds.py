@@ -1,5 +1,5 @@
-"""Pooling rehearsal sweeps over sampling seeds (`bench.sweep_seeds`): known answers, refusals,
-and properties of the task-resampling interval."""
+"""Pooling rehearsal sweeps over sampling seeds (`experiments.sweep_seeds`): known answers,
+refusals, and properties of the task-resampling interval."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import bench.machine
-import bench.sweep_seeds as ss
+import experiments.sweep_seeds as ss
 
 
 def _setting(rewards: dict[str, float]) -> dict:

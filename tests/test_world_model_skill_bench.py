@@ -1,4 +1,4 @@
-"""bench.world_model_skill's pure logic: cells, seeds, the best world model as probe args."""
+"""experiments.world_model_skill's pure logic: cells, seeds, the best world model as probe args."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from bench.world_model_skill import (
+from experiments.world_model_skill import (
     base_label,
     best_cell,
     cell_result,
@@ -133,7 +133,7 @@ def test_merge_keeps_earlier_cells_and_replaces_a_label_probed_again(tmp_path, m
                                     "--out train.jsonl", "b": "make b"}
     assert got["built"] == {"a": "make a", "b": "make b"}
     argv = shlex.split(got["command"])
-    assert argv[:3] == ["python", "-m", "bench.world_model_skill"] and "--merge" not in argv
+    assert argv[:3] == ["python", "-m", "experiments.world_model_skill"] and "--merge" not in argv
     cells = [argv[i + 1] for i, a in enumerate(argv) if a == "--cell"]
     assert [parse_cell(c) for c in cells] == [("old", ["--model", "a"]),
                                               ("new#s0", ["--model", "b", "--memory",
@@ -171,8 +171,8 @@ def test_merge_refuses_a_missing_or_foreign_file(tmp_path):
 
 
 def test_the_test_split_is_read_once(tmp_path):
-    """bench.world_model_test: the best world model of the skill result, on test, once."""
-    from bench.world_model_test import TEST, best_of, previous_looks, probe_argv, refusal
+    """experiments.world_model_test: the best world model of the skill result, on test, once."""
+    from experiments.world_model_test import TEST, best_of, previous_looks, probe_argv, refusal
 
     with pytest.raises(ValueError, match="no best world model"):
         best_of({"cells": {}})

@@ -12,10 +12,9 @@ batches. Prompts are cut as the SFT windows are (`envace.model.windows.prompt_id
 model's context length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else
 `DEFAULT_CONTEXT` tokens.
 
-`act_probe` (used by `bench/presets.py`): given the real history up to a ground-truth call, the
-model writes the assistant turn; the probe says whether a call parsed and whether it is the
-ground-truth call (same name, same arguments up to int/float spelling).
-"""
+`act_probe` (used by `experiments/presets.py`): given the real history up to a ground-truth call,
+the model writes the assistant turn; the probe says whether a call parsed and whether it is the
+ground-truth call (same name, same arguments up to int/float spelling). """
 
 from __future__ import annotations
 

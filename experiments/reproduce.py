@@ -1,16 +1,16 @@
 """Does a training run reproduce a recorded one? Its figures against a learning result file's.
 
-    .venv/bin/python -m bench.reproduce --run runs/prov-envace-s0 --against learning_tiny_dev \
+    .venv/bin/python -m experiments.reproduce --run runs/prov-envace-s0 --against learning_tiny_dev
+    \
         --as runs/learn2-envace --name reproduce_learn2_envace [--note TEXT]
 
-Reads the run as ``bench.learning`` does (per-step training reward and divergence, first and last
-third, the dev evaluation's reward and success, its rehearsals' fidelity) and compares each figure
-with the recorded run ``--as`` of ``bench/results/<--against>.json``: bit for bit (``==``) and by
-the largest absolute difference. Beside it, the same question asked of the optimizer directly:
-torch's fused AdamW (the trainer's since commit 62c7d34) against the default one on the tiny
-model's parameter shapes, five steps of the same random gradients, how many weights differ and
-by how much. Writes ``bench/results/<--name>.json``.
-"""
+Reads the run as ``experiments.learning`` does (per-step training reward and divergence, first and
+last third, the dev evaluation's reward and success, its rehearsals' fidelity) and compares each
+figure with the recorded run ``--as`` of ``bench/results/<--against>.json``: bit for bit (``==``)
+and by the largest absolute difference. Beside it, the same question asked of the optimizer
+directly: torch's fused AdamW (the trainer's since commit 62c7d34) against the default one on the
+tiny model's parameter shapes, five steps of the same random gradients, how many weights differ and
+by how much. Writes ``bench/results/<--name>.json``. """
 
 from __future__ import annotations
 
@@ -22,18 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning import fidelity, per_task, step_rewards
 from bench.machine import RESULTS, run_record, write_result
 from envace.core.layout import RUN
+from experiments.learning import fidelity, per_task, step_rewards
 
 
 def figures(run: Path) -> dict[str, Any]:
-    """The run's figures in ``bench.learning``'s names."""
+    """The run's figures in ``experiments.learning``'s names."""
     per_step = step_rewards(run)
     k = max(1, len(per_step) // 3)
     metrics = [json.loads(x) for x in (run / RUN.metrics).read_text().splitlines()]
     cur = per_task(run)
-    tasks = sorted(cur)  # bench.learning's order (a float sum's last bit depends on it)
+    tasks = sorted(cur)  # experiments.learning's order (a float sum's last bit depends on it)
     return {
         "train_reward_by_step": [float(np.mean(x)) for x in per_step],
         "train_divergence_by_step": [m.get("fidelity/divergence_rate") for m in metrics],
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         recorded = json.loads((RESULTS / f"{args.against}.json").read_text())["runs"][args.as_run]
         got = figures(args.run)
     except (OSError, KeyError, ValueError) as exc:
-        print(f"bench.reproduce: {exc}")
+        print(f"experiments.reproduce: {exc}")
         return 2
     cmp = compare(got, recorded)
     for key, c in cmp.items():
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fused vs default AdamW, {drift['steps']} steps: {drift['differing_weights']} of "
           f"{drift['parameters']} weights differ, max {drift['max_abs_diff']:.3g}")
     path = write_result(args.name, {
-        **run_record("bench.reproduce", argv, load_start), "quiet_machine": None,
+        **run_record("experiments.reproduce", argv, load_start), "quiet_machine": None,
         "load_scope": "aggregation",
         "load_not_recorded": "the run's load: envace train does not record it" + (
             f"; {args.note}" if args.note else ""),

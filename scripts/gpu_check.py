@@ -1,7 +1,8 @@
 """The GPU check's stages, each in its own process under its own time cap, one JSON after each.
 
-    python -m bench.gpu_check --out OUTDIR                 # on the lent GPU (scripts/gpu_check.sh)
-    python -m bench.gpu_check --out OUTDIR --cpu-dry-run   # every stage at toy sizes on the CPU
+    python -m scripts.gpu_check --out OUTDIR                 # on the lent GPU
+    (scripts/gpu_check.sh) python -m scripts.gpu_check --out OUTDIR --cpu-dry-run   # every stage at
+    toy sizes on the CPU
 
 Stages, in order (a stage that fails or runs out of time does not stop the next ones; a failed
 preflight does, since nothing after it could run):
@@ -75,7 +76,7 @@ class Context:
 
 
 def _preflight_cmd(ctx: Context) -> list[str]:
-    return [ctx.python, "-m", "bench.gpu_check", "--probe", str(ctx.scratch / "probe.json"),
+    return [ctx.python, "-m", "scripts.gpu_check", "--probe", str(ctx.scratch / "probe.json"),
             *(["--require-cuda"] if ctx.mode == "gpu" else [])]
 
 
@@ -144,7 +145,7 @@ def _throughput_collect(ctx: Context, res: dict[str, Any]) -> None:
 
 
 def _train_cmd(ctx: Context) -> list[str]:
-    return [ctx.python, "-m", "bench.gpu_check", "--train", str(ctx.scratch / "train.json"),
+    return [ctx.python, "-m", "scripts.gpu_check", "--train", str(ctx.scratch / "train.json"),
             "--", *TRAIN[ctx.mode], f"output_dir={ctx.scratch / 'runs'}",
             "run_name=gpu-check", f"model={TINY_SFT}"]
 

@@ -1,12 +1,12 @@
 """The held-out test split, read once: the best world model of the skill bench on BFCL test.
 
-    .venv/bin/python -m bench.world_model_test --keep runs/world_model_skill
+    .venv/bin/python -m experiments.world_model_test --keep runs/world_model_skill
 
 Every choice of issue #17 (which lever, which model, which options) is made on the dev split by
-`bench.world_model_skill`, whose result file names the winner under ``best`` (its ``probe_args``).
-This probes exactly that world model, teacher-forced and greedy on every ground-truth call of
-the **test** split (``envace data export-real --split test``), against the same reference (the
-lookup and majority built from the train split), one thread, and writes
+`experiments.world_model_skill`, whose result file names the winner under ``best`` (its
+``probe_args``). This probes exactly that world model, teacher-forced and greedy on every
+ground-truth call of the **test** split (``envace data export-real --split test``), against the same
+reference (the lookup and majority built from the train split), one thread, and writes
 ``bench/results/world_model_skill_test.json``: the test skill block (point and trajectory-bootstrap
 interval, by read/write tool and by novelty) beside the dev figures it was chosen on.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 from bench import machine
 from bench.machine import write_result
-from bench.world_model_skill import EXPORT, TRAIN, cell_result, dirname
 from envace.core.layout import AUDIT
+from experiments.world_model_skill import EXPORT, TRAIN, cell_result, dirname
 
 TEST = "test.jsonl"
 TEST_EXPORT = "envace data export-real --split test --out test.jsonl"
@@ -40,7 +40,8 @@ def best_of(result: dict[str, Any]) -> dict[str, Any]:
     """The ``best`` block of a skill-bench result; ValueError (one line) when it has none."""
     best = result.get("best") if isinstance(result, dict) else None
     if not isinstance(best, dict) or not isinstance(best.get("probe_args"), list):
-        raise ValueError("the skill result names no best world model: run bench.world_model_skill")
+        raise ValueError("the skill result names no best world model: run "
+                         "experiments.world_model_skill")
     return best
 
 
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         best = best_of(json.loads((machine.RESULTS / f"{args.skill}.json").read_text()))
         looks = previous_looks(out_path)
     except (OSError, json.JSONDecodeError, ValueError) as exc:
-        print(f"bench.world_model_test: {exc}", file=sys.stderr)
+        print(f"experiments.world_model_test: {exc}", file=sys.stderr)
         return 2
     why = refusal(looks, args.again)
     if why:
-        print(f"bench.world_model_test: {why}", file=sys.stderr)
+        print(f"experiments.world_model_test: {why}", file=sys.stderr)
         return 2
     keep = Path(args.keep)
     data = keep / "data"
@@ -107,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     r = subprocess.run(probe_argv(best["probe_args"], data, out),
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     if r.returncode != 0 or not (out / AUDIT.summary).is_file():
-        print(f"bench.world_model_test: probe failed ({r.returncode}): {r.stderr.strip()[-500:]}",
-              file=sys.stderr)
+        print(f"experiments.world_model_test: probe failed ({r.returncode}): "
+              f"{r.stderr.strip()[-500:]}", file=sys.stderr)
         return 1
     cell = cell_result(json.loads((out / AUDIT.summary).read_text()))
     look = {"label": best["label"], "probe_args": best["probe_args"],
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(args.name, {
         "split": "test", "reference": "train", "decoding": "greedy, teacher-forced",
         "threads": 1, "files": {**best.get("files", {}), TEST: TEST_EXPORT},
-        "command": "python -m bench.world_model_test --keep " + str(keep)
+        "command": "python -m experiments.world_model_test --keep " + str(keep)
                    + (" --again" if args.again else ""),
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "looks": [*looks, look], "latest": look})

@@ -1,7 +1,7 @@
 """Test-time rehearsal sweep, reported as the paper's table is: N = 0..3 x {parallel,
 sequential} x {base, trained} on dev, with 95 % intervals and the tokens each setting spent.
 
-    .venv/bin/python -m bench.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
+    .venv/bin/python -m experiments.rehearsal_sweep --models base=PATH trained=PATH [--tasks 30]
         [--name rehearsal_sweep_tiny] [--max-n 3] [--reward action_partial] [--resume]
         [--worlds self hybrid oracle] [--strategies parallel sequential] [--seed 0]
 
@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
                          round(r["budget"].get("rehearsal_tokens", 0)),
                          "–" if div is None else f"{div:.1%}"])
             print(table(rows[-1:], head), flush=True)
-            write_result(args.name, {**res, **run_record("bench.rehearsal_sweep", argv,
+            write_result(args.name, {**res, **run_record("experiments.rehearsal_sweep", argv,
                                                           load_start)})
     print(table(rows, head))
-    print("->", write_result(args.name, {**res, **run_record("bench.rehearsal_sweep", argv,
+    print("->", write_result(args.name, {**res, **run_record("experiments.rehearsal_sweep", argv,
                                                               load_start)}))
 
 

@@ -1,10 +1,10 @@
 """Rehearsal sweeps of several sampling seeds, pooled: does rehearsal change the commit's reward,
 and does it matter who answers the plans (no model runs; reads ``bench/results/<name>.json``).
 
-    .venv/bin/python -m bench.sweep_seeds rehearsal_sweep_tiny rehearsal_worlds_tiny_s0 \\
+    .venv/bin/python -m experiments.sweep_seeds rehearsal_sweep_tiny rehearsal_worlds_tiny_s0 \\
         rehearsal_worlds_tiny_s1 rehearsal_worlds_tiny_s2 --name rehearsal_worlds_tiny
 
-Each input is one ``bench.rehearsal_sweep`` result; its ``seed`` (0 when absent: sweeps made
+Each input is one ``experiments.rehearsal_sweep`` result; its ``seed`` (0 when absent: sweeps made
 before ``--seed`` existed) says which sampling seed it ran. Several files may hold one seed (a
 sweep resumed under another name): a setting present in two of them must hold the same attempts,
 or the files are refused. Every setting is compared with the same seed's no-rehearsal run, task
@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         results = [json.loads((RESULTS / f"{n}.json").read_text()) for n in args.names]
         summary = summarise(by_seed(results), versus)  # type: ignore[arg-type]
     except (OSError, ValueError, KeyError) as exc:
-        print(f"bench.sweep_seeds: {exc}")
+        print(f"experiments.sweep_seeds: {exc}")
         return 2
     print(markdown(summary))
-    record = {**run_record("bench.sweep_seeds", argv, os.getloadavg()), "quiet_machine": None}
+    record = {**run_record("experiments.sweep_seeds", argv, os.getloadavg()), "quiet_machine": None}
     path = write_result(args.name, {**record, "load_scope": "aggregation",
                                     "measured_in": list(args.names), "inputs": args.names,
                                     **summary})

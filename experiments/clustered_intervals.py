@@ -1,8 +1,9 @@
 """Benchmark: the BFCL dev intervals of the model-free world models, resampling scenarios
 against resampling trajectories (issue 38).
 
-    .venv/bin/python -m bench.clustered_intervals # bench/results/clustered_intervals_bfcl_dev.json
-    .venv/bin/python -m bench.clustered_intervals --env agentdojo  # ..._agentdojo_dev.json
+    .venv/bin/python -m experiments.clustered_intervals #
+    bench/results/clustered_intervals_bfcl_dev.json .venv/bin/python -m
+    experiments.clustered_intervals --env agentdojo  # ..._agentdojo_dev.json
 
 BFCL dev is 30 scenarios x 4 category variants that share most calls, so its trajectories are
 not independent. Runs the commands a user would, with no model: export train and dev, then
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             for d, label in ((name, "declared"), (f"{name}_by_trajectory", "trajectory")):
                 summary = json.loads((Path(tmp) / d / AUDIT.summary).read_text())
                 out[name][label] = figures(summary, Path(tmp) / d / AUDIT.steps)
-    data = {**run_record("bench.clustered_intervals", argv, load_start),
+    data = {**run_record("experiments.clustered_intervals", argv, load_start),
             "env": args.env, "commands": [" ".join(c) for c in cmds], "results": out,
             "seconds": round(time.time() - start, 1),
             "note": "declared: the environment's unit (BFCL: the scenario, its four category "

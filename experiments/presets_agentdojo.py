@@ -1,6 +1,6 @@
 """Benchmark: the model presets as world models on AgentDojo dev, beside its reference world models.
 
-    .venv/bin/python -m bench.presets_agentdojo --models "tiny + SFT=data/models/tiny-sft" \
+    .venv/bin/python -m experiments.presets_agentdojo --models "tiny + SFT=data/models/tiny-sft" \
         "smollm2 zero-shot=.cache/envace/smollm2-135m-instruct-v1" \
         "smollm2 + SFT=.cache/envace/bench-sft-smollm2" --keep runs/presets_agentdojo
 
@@ -10,7 +10,7 @@ model. The table gives each model's divergence, exact and json_f1 means, and its
 against the best reference world model built from train (lookup or majority), with the
 trajectory-bootstrap interval the audit computes. Writes bench/results/presets_agentdojo.json
 (machine, load before and after each model, seconds, the commands) and keeps each audit under
---keep. The BFCL presets table is `bench.presets`; both are in docs/results.md.
+--keep. The BFCL presets table is `experiments.presets`; both are in docs/results.md.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "reference": "built from the train split's real trajectories",
                                     "probe": "teacher-forced, greedy", "threads": 1,
                                     "load_average": {"start": load_start, "end": os.getloadavg()},
-                                    **run_record("bench.presets_agentdojo", argv, load_start),
+                                    **run_record("experiments.presets_agentdojo", argv, load_start),
                                     "models": models, "commands": commands,
                                     "table": {"header": header, "rows": shown}})
     print(f"wrote {path}")

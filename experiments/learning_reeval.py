@@ -1,6 +1,6 @@
 """Is learning real? Re-evaluate a run's starting point and its final policy with many samples.
 
-    .venv/bin/python -m bench.learning_reeval --runs runs/pool2-envace runs/pool2-grpo \
+    .venv/bin/python -m experiments.learning_reeval --runs runs/pool2-envace runs/pool2-grpo \
         --seeds 8 --name learning_tiny_pool
 
 A run's own final evaluation draws ``eval_seeds`` samples per task; with a few dozen tasks and a
@@ -10,7 +10,7 @@ run started from and its last checkpoint, ``--seeds`` samples per task each (sam
 and reports the mean reward and success of each, with the paired
 bootstrap 95 % interval of the per-task difference. Also: the training reward of the first and
 last third of the steps. Several runs of one mode (seeds) are also summarised together under
-``across_runs``: a t interval over the runs' mean differences (``bench.claims.across_seeds``).
+``across_runs``: a t interval over the runs' mean differences (``experiments.claims.across_seeds``).
 Writes bench/results/<name>.json, after every run.
 
 ``--conditions eval`` (default): as the run's own evaluation, in the real environment at the
@@ -29,14 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.claims import across_seeds
-from bench.learning import boot_diff, paired_ci, step_rewards
 from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
 from envace.evaluation.evaluate import EvalSettings, evaluate
 from envace.model.models import load_model
 from envace.training.config import TrainConfig, load_config
 from envace.training.train_report import eval_tasks
+from experiments.claims import across_seeds
+from experiments.learning import boot_diff, paired_ci, step_rewards
 
 
 def per_task(out: Path) -> dict[str, tuple[float, float]]:
@@ -112,7 +112,7 @@ def main() -> None:
                      f"[{sci[0]:+.1%}, {sci[1]:+.1%}]"])
         print(table(rows[-1:], HEAD), flush=True)
         # written after every run: a long sweep that dies keeps the runs it finished
-        path = write_result(args.name, {**res, **run_record("bench.learning_reeval", None,
+        path = write_result(args.name, {**res, **run_record("experiments.learning_reeval", None,
                                                               load_start)})
     print(table(rows, HEAD))
     for m, a in res.get("across_runs", {}).items():

@@ -1,7 +1,7 @@
 """Benchmark: error compounding isolated — the same calls rehearsed with the real history and
 with the world model's own (issue #20).
 
-    .venv/bin/python -m bench.compounding --models "tiny + SFT=data/models/tiny-sft" \
+    .venv/bin/python -m experiments.compounding --models "tiny + SFT=data/models/tiny-sft" \
         "smollm2 zero-shot=smollm2" "smollm2 + SFT=.cache/envace/bench-sft-smollm2" \
         --trajectories 24 --max-calls 8 --name compounding_bfcl_dev
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     keep.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     load_start = os.getloadavg()
-    command = "python -m bench.compounding " + " ".join(
+    command = "python -m experiments.compounding " + " ".join(
         f'"{a}"' if " " in a else a for a in (argv if argv is not None else sys.argv[1:]))
     info = {"split": "dev", "trajectories": [t.id for t in trajs], "max_calls": args.max_calls,
             "min_calls": args.min_calls, "seed": args.seed,

@@ -1,6 +1,6 @@
 """Is learning real? Compare trained runs with their starting point on the same dev tasks.
 
-    .venv/bin/python -m bench.learning --base runs/learn2-base \
+    .venv/bin/python -m experiments.learning --base runs/learn2-base \
         --runs runs/learn2-envace runs/learn2-grpo runs/learn2-split
 
 Each run directory holds the final evaluation on dev (``eval/dev/trajectories.jsonl``: reward and
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
                         "rehearsed responses diverging (95% CI)"]))
     # the runs were measured when they trained: this process only reads them
     print("->", write_result(args.name, {
-        **res, **run_record("bench.learning", argv, load_start), "quiet_machine": None,
+        **res, **run_record("experiments.learning", argv, load_start), "quiet_machine": None,
         "load_scope": "aggregation",
         "load_not_recorded": "the runs' own load is not in their directories (envace train "
                              "does not record it); this file's load_average is the reading's"}))

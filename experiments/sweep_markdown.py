@@ -1,6 +1,6 @@
 """The rehearsal sweep's results as the markdown table of ``docs/results.md`` (no model runs).
 
-    .venv/bin/python -m bench.sweep_markdown rehearsal_sweep_tiny rehearsal_sweep_tiny_trained
+    .venv/bin/python -m experiments.sweep_markdown rehearsal_sweep_tiny rehearsal_sweep_tiny_trained
 
 One row per setting of each ``bench/results/<name>.json``: success with its interval, mean reward,
 the paired difference from the same model without rehearsal, rehearsal tokens per task, and the

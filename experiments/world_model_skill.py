@@ -1,6 +1,6 @@
 """Benchmark: world-model skill on held-out scenarios (BFCL or AgentDojo), per world model.
 
-    .venv/bin/python -m bench.world_model_skill \
+    .venv/bin/python -m experiments.world_model_skill \
         --cell "tiny cold start=--model data/models/tiny-sft" \
         --cell "tiny + memory=--model data/models/tiny-sft --memory train.jsonl" \
         --cell "tiny + hybrid=--model data/models/tiny-sft --hybrid train.jsonl" \
@@ -190,7 +190,7 @@ def command_for(cells: dict[str, list[str]], built: dict[str, str], limit: int =
                 env: str = "bfcl", name: str = "world_model_skill",
                 keep: str = "runs/world_model_skill") -> str:
     """The bench command that probes all these cells again (a merged result's `command`)."""
-    parts = ["python", "-m", "bench.world_model_skill", "--keep", keep]
+    parts = ["python", "-m", "experiments.world_model_skill", "--keep", keep]
     if env != "bfcl":
         parts += ["--env", env]
     if name != "world_model_skill":
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     command = command_for({**{label: c["probe_args"] for label, c in cells.items()},
                            **dict(cells_in)}, built, args.limit, args.env, args.name,
                           args.keep) if args.merge else \
-        "python -m bench.world_model_skill " + " ".join(
+        "python -m experiments.world_model_skill " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     info = {"env": args.env, "split": "dev", "reference": "train",
             "decoding": "greedy, teacher-forced", "threads": 1, "limit": args.limit or None,

@@ -1,16 +1,16 @@
 """Benchmark: the paper's claims again, at equal steps and several seeds (issue #17).
 
-    .venv/bin/python -m bench.claims --base "runs/tc-base-s*" \
+    .venv/bin/python -m experiments.claims --base "runs/tc-base-s*" \
         --mode "grpo=runs/tc-grpo-s*" --mode "envace=runs/tc-envace-s*" \
         --mode "split=runs/tc-split-s*" --mode "grpo + real-obs loss=runs/tc-grpo-obs-s*" \
         --versus envace:grpo --name claims_tiny_dev
 
 Every run directory is an `envace train` run with its own evaluation in the real environment
-(``eval/<split>/trajectories.jsonl``, `bench.learning.per_task`) and the audit of its rehearsed
-evaluation (``eval/<split>_rehearsed/audit``, `bench.learning.fidelity`). A run's seed is read
-from its ``config.yaml``; the evaluated tasks are sampled with the seed, so each run is compared
-with the start (``--base``, step 0: ``envace train ... steps=0``) evaluated with the same seed,
-task by task.
+(``eval/<split>/trajectories.jsonl``, `experiments.learning.per_task`) and the audit of its
+rehearsed evaluation (``eval/<split>_rehearsed/audit``, `experiments.learning.fidelity`). A run's
+seed is read from its ``config.yaml``; the evaluated tasks are sampled with the seed, so each run is
+compared with the start (``--base``, step 0: ``envace train ... steps=0``) evaluated with the same
+seed, task by task.
 
 Per mode: each seed's reward and success and their difference from the start, paired over
 tasks, with a bootstrap interval resampling that seed's tasks (`task_ci`: what one seed shows);
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning import boot_diff, eval_split, fidelity, per_task, step_rewards
 from bench.machine import run_record, table, write_result
 from envace.core.layout import RUN
+from experiments.learning import boot_diff, eval_split, fidelity, per_task, step_rewards
 
 
 def exact_paired_ci(worse: int, better: int, tasks: int,
@@ -68,7 +68,7 @@ def exact_paired_ci(worse: int, better: int, tasks: int,
 def train_reward(run: Path) -> dict[str, Any]:
     """The run's training reward, first against last third of its steps (the rewards its own
     rollouts earned: the real environment's for `grpo`, its own rehearsals' for `envace`), with
-    a bootstrap interval of the difference resampling episodes (`bench.learning.boot_diff`);
+    a bootstrap interval of the difference resampling episodes (`experiments.learning.boot_diff`);
     {} for a run without rollouts."""
     per_step = [x for x in step_rewards(run) if x]
     if not per_step:
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summary_rows, ["comparison", "seeds", "reward difference per seed",
                                "mean, 95% t interval over seeds", "success difference",
                                "training reward, last − first third"]))
-    res.update(run_record("bench.claims", argv, load_start))
+    res.update(run_record("experiments.claims", argv, load_start))
     res.update(quiet_machine=None, load_scope="aggregation",
                load_not_recorded="the runs were measured when they trained and evaluated; "
                                  "envace train does not record the load, and this file's "

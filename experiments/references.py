@@ -1,7 +1,8 @@
 """Benchmark: the reference world models on dev, the figures a learned world model has to beat.
 
-    .venv/bin/python -m bench.references --env bfcl        # bench/results/bfcl_references.json
-    .venv/bin/python -m bench.references --env agentdojo   # bench/results/agentdojo_references.json
+    .venv/bin/python -m experiments.references --env bfcl        #
+    bench/results/bfcl_references.json .venv/bin/python -m experiments.references --env agentdojo
+    # bench/results/agentdojo_references.json
 
 Runs exactly the commands a user would (recorded in the result): export the train and dev
 splits' real trajectories, replay every task of the environment (the determinism check: must be
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                 "it resampled trajectories",
     })
     path = write_result(f"{args.env}_references",
-                        {**data, **run_record("bench.references", argv, load_start)})
+                        {**data, **run_record("experiments.references", argv, load_start)})
     print(json.dumps(data["dev"], indent=1))
     print(f"-> {path}")
 

@@ -1,6 +1,6 @@
 """Benchmark: the learned ranker's settings, chosen on the train split alone (issue #17).
 
-    .venv/bin/python -m bench.ranker_cv --train runs/world_model_skill/data/train.jsonl
+    .venv/bin/python -m experiments.ranker_cv --train runs/world_model_skill/data/train.jsonl
 
 `audit.worlds.ranker` picks among real training responses and their copy-edits with a
 gradient-boosted classifier. Its settings (``audit.worlds.ranker.BOOSTING``) were chosen here, by
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{r['skill_vs_edit']['hi']:+.3f}]"] for r in results]
     header = ["setting", "calls", "exact", "edit exact", "skill vs edit (95 % CI, scenarios)"]
     print(table(rows, header))
-    write_result(args.name, {**run_record("bench.ranker_cv", argv, load_start),
+    write_result(args.name, {**run_record("experiments.ranker_cv", argv, load_start),
                              "train": args.train, "folds": args.folds,
                              "seconds": time.perf_counter() - t0, "results": results,
                              "table": {"header": header, "rows": rows}})

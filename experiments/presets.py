@@ -1,9 +1,9 @@
 """Benchmark: the model presets as actors and as world models, before and after the SFT cold start.
 
-    .venv/bin/python -m bench.presets                      # trains what is missing (~20 min)
-    .venv/bin/python -m bench.presets --tiny-sft DIR --smollm2-sft DIR --steps 150
-    .venv/bin/python -m bench.presets --only "tiny (untrained)" "tiny + SFT" --free-running 120
-    .venv/bin/python -m bench.presets --extra "tiny 30 min=data/models/tiny-sft"
+    .venv/bin/python -m experiments.presets                      # trains what is missing (~20 min)
+    .venv/bin/python -m experiments.presets --tiny-sft DIR --smollm2-sft DIR --steps 150
+    .venv/bin/python -m experiments.presets --only "tiny (untrained)" "tiny + SFT" --free-running
+    120 .venv/bin/python -m experiments.presets --extra "tiny 30 min=data/models/tiny-sft"
 
 On a fixed random sample of dev steps (same for every model; scenario-level held-out split), each
 model is probed one step at a time on the *real* history:
@@ -179,7 +179,7 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
     res["table"], res["tiny_sft_vs_untrained"] = text, comparison
     res["history"] = [*res.get("history", []), {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": ["python", "-m", "bench.presets", "--recompute-intervals"],
+        "command": ["python", "-m", "experiments.presets", "--recompute-intervals"],
         "note": "intervals recomputed from the stored per-step figures: a cluster bootstrap "
                 "resampling BFCL scenarios (issue 38; before it, trajectories; before #13, "
                 "Wilson/t over steps); points unchanged; the skill column keeps its "
@@ -445,9 +445,9 @@ def main() -> None:
         "load_average": {"start": load0, "end": os.getloadavg()},
         "probe_threads": threads,
         "seconds": round(time.perf_counter() - t_start, 1),
-        "command": shlex.join(["python", "-m", "bench.presets", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "experiments.presets", *sys.argv[1:]]),
         "history": [*history, {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "command": ["python", "-m", "bench.presets", *sys.argv[1:]],
+                               "command": ["python", "-m", "experiments.presets", *sys.argv[1:]],
                                "rows": [n for n, *_ in plan], "probe_threads": threads,
                                "load_average": {"start": load0, "end": os.getloadavg()}}],
     })

@@ -293,8 +293,8 @@ def test_anchored_groups_roll_out_in_reality_as_groups_of_their_own():
 
 @pytest.mark.parametrize("overrides,message", [
     (["mode=grpo", "real_obs_coef=-0.1"], "real_obs_coef=-0.1: set real_obs_coef >= 0"),
-    (["anchor_fraction=1.5"], r"anchor_fraction=1.5: set it in \[0, 1\]"),
-    (["anchor_fraction=-0.5"], r"anchor_fraction=-0.5: set it in \[0, 1\]"),
+    (["anchor_fraction=1.5"], r"anchor_fraction=1.5: set anchor_fraction in \[0, 1\]"),
+    (["anchor_fraction=-0.5"], r"anchor_fraction=-0.5: set anchor_fraction in \[0, 1\]"),
     (["real_obs_coef=0.5"], "mode=envace with anchor_fraction=0 has none .*rehearsed.*"
                             "set anchor_fraction > 0, mode=grpo or real_obs_coef=0"),
     (["mode=split", "real_obs_coef=0.5"], "mode=split with anchor_fraction=0 has none"),

@@ -40,6 +40,25 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
                    help="diverged = verdict score < threshold (default 1.0)")
 
 
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
+
+    p.add_argument("--call-timeout", type=float, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                   help="wall-clock limit of every real environment call, C code included: the "
+                        "environment runs in a child process killed past it, the call answers "
+                        "an error marked timeout (default %(default)g; 0: no limit)")
+    p.add_argument("--call-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                   help="memory a call may add to the environment's process (RLIMIT_AS; "
+                        "default %(default)d; 0: no limit)")
+
+
+def _limits(args: argparse.Namespace) -> dict[str, object]:
+    if not hasattr(args, "call_timeout"):
+        return {}
+    return {"call_timeout_s": args.call_timeout or None,
+            "call_memory_mb": args.call_memory_mb or None}
+
+
 def _options(args: argparse.Namespace, **extra: object):
     from audit.settings import AuditOptions
 
@@ -104,8 +123,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.reference and _unreadable([args.reference]):
         print(f"envace-audit: reference: {_unreadable([args.reference])}", file=sys.stderr)
         return EXIT_USAGE
+    if args.call_timeout < 0 or args.call_memory_mb < 0:
+        print("envace-audit: --call-timeout and --call-memory-mb must be >= 0 (0: no limit)",
+              file=sys.stderr)
+        return EXIT_USAGE
     opts = _options(args, workers=args.workers, reference=args.reference,
-                    override=getattr(args, "model", None))
+                    override=getattr(args, "model", None), **_limits(args))
     return _finish(run_audit(args.inputs, args.out, opts), args.out)
 
 
@@ -165,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=1)
     r.add_argument("--reference", help="training trajectories: audit reference world models too")
     _add_scoring(r)
+    _add_limits(r)
     r.set_defaults(func=cmd_replay)
     b = sub.add_parser("baseline", help="audit a reference world model alone")
     b.add_argument("inputs", nargs="+")
@@ -174,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True)
     b.add_argument("--workers", type=int, default=1)
     _add_scoring(b)
+    _add_limits(b)
     b.set_defaults(func=cmd_replay)
     s = sub.add_parser("rescore", help="new scorers over a stored audit, no replay")
     s.add_argument("dir")

@@ -64,6 +64,9 @@ class StepRow(BaseModel):
     unanswered_reason: str | None = None
     #: the probe's history: "real" (teacher-forced) or "own" (self-conditioned, ``--history``)
     history: Literal["real", "own"] | None = None
+    #: the real call ran past the call limit (or its process died) and was ended; written
+    #: only when true
+    timeout: bool | None = None
 
     def dump(self) -> dict[str, Any]:
         """The row as written: the fields it was given, in the spec's order."""

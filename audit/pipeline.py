@@ -249,7 +249,15 @@ class _Pool:
             return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
 
     def close(self, cancel: bool) -> None:
-        self.ex.shutdown(wait=True, cancel_futures=cancel)
+        """Wait for the workers; ``cancel`` (Ctrl-C, an error): kill them instead, so that a
+        call in flight (an environment call up to its limit) does not hold the exit."""
+        if cancel:
+            for proc in list((getattr(self.ex, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, AttributeError):
+                    proc.kill()
+            self.ex.shutdown(wait=False, cancel_futures=True)
+            return
+        self.ex.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------- the audit

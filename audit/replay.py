@@ -22,7 +22,8 @@ from audit.compounding import novelty
 from audit.population import assign_depths, is_rehearsed
 from audit.scorers import ScoreContext, score_step
 from audit.settings import AuditSettings, Override
-from envace.core.envs.base import Environment, make_env
+from envace.core.envs.base import Environment
+from envace.core.envs.guard import CallLimits, guarded_env
 from envace.core.envs.tasks import UnknownTask
 from envace.core.schema import Trajectory
 
@@ -42,10 +43,13 @@ class TrajectoryAudit:
     summary: dict[str, Any]
 
 
-def _reset(env_cache: dict[str, Environment], traj: Trajectory) -> Environment:
+def _reset(env_cache: dict[str, Environment], traj: Trajectory,
+           limits: CallLimits | None = None) -> Environment:
+    """The trajectory's environment (one per name in ``env_cache``, every call under ``limits``:
+    ``envace.core.envs.guard``), reset to its initial state."""
     name = traj.env.get("name")
     try:
-        env = env_cache.get(name) or env_cache.setdefault(name, make_env(name))
+        env = env_cache.get(name) or env_cache.setdefault(name, guarded_env(name, limits))
     except KeyError as exc:
         raise ReplayError(str(exc)) from None
     target = traj.env["task"] if "task" in traj.env else traj.env["state"]
@@ -79,6 +83,18 @@ class RealCalls:
         self.env = env
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
+        self.timed_out: set[int] = set()  # steps whose call ran past its limit
+        self._ahead: dict[int, Any] = {}
+
+    def prefetch(self, steps: list[Any]) -> None:
+        """Run every well-formed call of ``steps`` now, in order, in one batch where the
+        environment can (a guarded one: one round trip to its process, not one per call)."""
+        if not hasattr(self.env, "execute_many"):
+            return
+        todo = [st for st in steps if st.malformed is None]
+        for st, res in zip(todo, self.env.execute_many([(st.tool, st.arguments)
+                                                         for st in todo]), strict=True):
+            self._ahead[st.step] = res
 
     def execute(self, st: Any) -> tuple[str, bool]:
         """(text, is an error) of the real response to tool step ``st``."""
@@ -86,7 +102,9 @@ class RealCalls:
             return f"Error during execution: malformed call: {st.malformed}", True
         if self.offered is not None and st.tool not in self.offered:
             self.unknown.append(st.tool)
-        res = self.env.execute(st.tool, st.arguments)
+        res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
+        if getattr(res, "timeout", False):
+            self.timed_out.add(st.step)
         return res.content, res.error
 
     def warnings(self) -> list[str]:
@@ -102,12 +120,13 @@ def replay_trajectory(
     override: Override | None = None,
 ) -> TrajectoryAudit:
     """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all."""
-    env = _reset(env_cache if env_cache is not None else {}, traj)
+    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
     steps = traj.tool_steps()
     history: list[str] = []
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env)
+    calls.prefetch(steps)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
             history.append(_message_text(m))
@@ -124,6 +143,8 @@ def replay_trajectory(
         history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
                           env, history_text, settings)
+        if st.step in calls.timed_out:
+            rec["timeout"] = True
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))

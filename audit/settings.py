@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.scorers import DEFAULT_SCORERS, Verdict, make_verdict
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, CallLimits
 
 #: An alternative writer of the "rehearsed" side, e.g. a reference world model:
 #: (tool, arguments) -> response text.
@@ -37,11 +38,20 @@ class AuditOptions:
     override: str | None = None  # audit a reference alone: its name
     progress: bool = True
     plots: bool = True
+    #: every real environment call's wall-clock limit (s) and added memory (MiB), None: off
+    #: (``envace.core.envs.guard``: the environment runs in a child process that is killed)
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    call_memory_mb: int | None = DEFAULT_MEMORY_MB
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)
         if self.verdict_scorer not in self.scorers:
             self.scorers.append(self.verdict_scorer)
+
+    @property
+    def limits(self) -> CallLimits:
+        """The limits every real environment call runs under."""
+        return CallLimits(self.call_timeout_s, self.call_memory_mb)
 
     @property
     def verdict(self) -> Verdict:

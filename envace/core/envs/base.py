@@ -46,10 +46,12 @@ class ToolKind(StrEnum):
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What the environment returned for one call. Errors are data, never exceptions."""
+    """What the environment returned for one call. Errors are data, never exceptions.
+    ``timeout``: the call ran past its time limit (or its process died) and was ended."""
 
     content: str
     error: bool = False
+    timeout: bool = False
 
 
 @runtime_checkable
@@ -123,7 +125,8 @@ def _distribution(ep: EntryPoint) -> str:
 def _load_plugin(name: str, ep: EntryPoint) -> Callable[..., Environment]:
     try:
         factory = ep.load()
-    except Exception as exc:  # any failure inside the plugin's import is reported, not raised
+    except BaseException as exc:  # noqa: BLE001 (a plugin's sys.exit or KeyboardInterrupt on
+        # import is the plugin's failure, reported, never the command's exit)
         raise PluginLoadError(
             f"environment plugin {name!r} ({ep.value}, from {_distribution(ep)}) failed to "
             f"import: {type(exc).__name__}: {exc}"
@@ -146,7 +149,7 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     factory = _load_plugin(name, plugins[name])
     try:
         return factory(**kwargs)
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 (as on import)
         raise PluginLoadError(f"environment plugin {name!r} ({plugins[name].value}) failed to "
                               f"construct: {type(exc).__name__}: {exc}") from exc
 

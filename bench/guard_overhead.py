@@ -1,0 +1,75 @@
+"""Benchmark: what running every environment call in a killable child costs the replay audit.
+
+    nice -n 10 .venv/bin/python -m bench.guard_overhead [--repeats 3]
+
+The whole audit (one worker, no plots) of the real trajectories of all 800 BFCL tasks, with the
+call limits on (``envace.core.envs.guard``: the environment in a forked child, a trajectory's
+calls sent in one batch and streamed back) and off (the environment in the audit's process),
+interleaved, each in a fresh subprocess. Writes bench/results/guard_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.machine import run_record, table, write_result
+from envace.core.envs.tasks import load_tasks
+from envace.core.export import export_real
+from envace.core.schema import TrajectoryWriter
+
+CHILD = r"""
+import json, sys, time
+from audit.pipeline import AuditOptions, run_audit
+on = sys.argv[3] == "on"
+opts = AuditOptions(progress=False, plots=False, call_timeout_s=30.0 if on else None,
+                    call_memory_mb=4096 if on else None)
+t = time.perf_counter()
+s = run_audit([sys.argv[1]], sys.argv[2], opts)
+print(json.dumps({"seconds": time.perf_counter() - t, "steps": s["counts"]["steps"]}))
+"""
+
+
+def audit(path: Path, out: Path, mode: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(out), mode],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    load = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="envace-bench-"))
+    src = tmp / "real.jsonl"
+    with TrajectoryWriter(src, mode="w") as w:
+        for t in export_real(load_tasks().values()):
+            w.write(t)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    steps = 0
+    for i in range(args.repeats):
+        for mode in ("off", "on"):
+            r = audit(src, tmp / f"{mode}{i}", mode)
+            times[mode].append(r["seconds"])
+            steps = r["steps"]
+    med = {m: statistics.median(v) for m, v in times.items()}
+    res = {"steps": steps, "trajectories": len(load_tasks()), "workers": 1,
+           "seconds": times, "median_seconds": med,
+           "overhead_ratio": med["on"] / med["off"],
+           "overhead_ms_per_step": (med["on"] - med["off"]) / steps * 1000,
+           **run_record("bench.guard_overhead", argv, load)}
+    print(table([[m, med[m], steps / med[m]] for m in ("off", "on")],
+                ["call limits", "median s", "steps/s"]))
+    print(f"overhead x{res['overhead_ratio']:.3f}, {res['overhead_ms_per_step']:.3f} ms/step")
+    write_result("guard_overhead", res)
+
+
+if __name__ == "__main__":
+    main()

@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from envace.core.layout import AUDIT
+from envace.core.schema import json_text
 
 #: File names each kind of output may hold (with the landed code's leftovers).
 KNOWN_FILES = {
@@ -271,7 +272,7 @@ class OutputDir:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temporary file and a rename."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.write_text(json_text(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -323,7 +324,7 @@ class AuditWriter:
         from audit.models import step_line
 
         text = "".join(step_line(r) for r in records)
-        row = "" if trajectory is None else json.dumps(trajectory, ensure_ascii=False) + "\n"
+        row = "" if trajectory is None else json_text(trajectory) + "\n"
         self.write_lines(text, row)
 
     def copy_trajectories(self, src: Path) -> None:

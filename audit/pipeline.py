@@ -39,7 +39,7 @@ from audit.output import AuditWriter, UsageError, write_json_atomic
 from audit.replay import ReplayError, replay_trajectory
 from audit.settings import AuditOptions, Override
 from audit.summary import build_summary, compact
-from envace.core.schema import Trajectory, read_trajectories
+from envace.core.schema import Trajectory, json_text, read_trajectories
 
 __all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
            "write_json_atomic", "nonfinite_paths"]
@@ -174,8 +174,7 @@ def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
             warnings.append("non-finite number(s) replayed as they are (written NaN/Infinity): "
                             + "; ".join(bad))
         steps_text = "".join(step_line(r) for r in res.steps)
-        traj_text = json.dumps({**res.summary, "file": path, "line": line},
-                               ensure_ascii=False) + "\n"
+        traj_text = json_text({**res.summary, "file": path, "line": line}) + "\n"
         rows = [compact(r) for r in res.steps]
     except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
         return path, line, f"cannot serialise the audit of this record: {_one_line(exc)}"

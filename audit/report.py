@@ -258,5 +258,5 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
 def write_report(out: Path, summary: dict[str, Any], plots: bool = True) -> None:
     made = plot_all(out, summary) if plots else []
     tmp = out / f"{AUDIT.report}.tmp"
-    tmp.write_text(render_markdown(summary, made), encoding="utf-8")
+    tmp.write_text(render_markdown(summary, made), encoding="utf-8", errors="backslashreplace")
     os.replace(tmp, out / AUDIT.report)

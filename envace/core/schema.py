@@ -125,7 +125,7 @@ class Trajectory(_Model):
         return {"schema": SCHEMA_ID, **data}
 
     def to_json(self) -> str:
-        return json.dumps(self.dump(), ensure_ascii=False)
+        return json_text(self.dump())
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,19 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
     return [it.trajectory for it in read_trajectories(path) if it.trajectory is not None]
 
 
+def json_text(data: Any, **kw: Any) -> str:
+    """``json.dumps(data, ensure_ascii=False)``, unless the text holds a lone surrogate (valid
+    JSON ``"\\ud800"`` decodes to one) that UTF-8 cannot write: then ``ensure_ascii=True`` for
+    this value, which reads back as the same data. Every JSON writer goes through this, so a
+    surrogate never crashes a writer nor changes what is written for any other text."""
+    text = json.dumps(data, ensure_ascii=False, **kw)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True, **kw)
+    return text
+
+
 class TrajectoryWriter:
     """Append-only JSONL writer: one record per line, flushed after each (fsync optional).
 
@@ -300,7 +313,7 @@ class TrajectoryWriter:
 
     def write(self, record: Trajectory | dict[str, Any]) -> None:
         data = record.dump() if isinstance(record, BaseModel) else record
-        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._fh.write(json_text(data) + "\n")
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())

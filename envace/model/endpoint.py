@@ -23,7 +23,8 @@ exponential backoff (`backoff_s` * 2^k, at most `max_backoff_s`, `retries` times
 is not retried. `timeout_s` bounds a whole attempt (connect, headers, body: a server that sends
 one byte a second is cut off at it), and Ctrl-C ends the requests in flight at once
 (`abort`). What still fails comes back as `Answer(text=None, error=reason)`. Nothing but the
-configured URL is contacted (a redirect is an error, never followed: the key goes nowhere else); the server's text is only ever used as a string. A server that
+configured URL is contacted (a redirect is an error, never followed: the key goes nowhere
+else); the server's text is only ever used as a string. A server that
 wants a key gets `Authorization: Bearer $ENVACE_ENDPOINT_API_KEY` when that variable is set
 (never any other variable: a key is sent only where the user said so).
 Stdlib only (urllib and a thread pool): no torch, no HTTP dependency.
@@ -31,6 +32,7 @@ Stdlib only (urllib and a thread pool): no torch, no HTTP dependency.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -104,10 +106,8 @@ def request_for(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[s
 def _abort(held: list[socket.socket]) -> None:
     """Wake a thread blocked on a request's socket (it then fails at once)."""
     for sock in list(held):
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 def _short(text: str) -> str:

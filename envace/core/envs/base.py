@@ -228,4 +228,4 @@ def plain(value: Any, _seen: set[int] | None = None, _depth: int = 0) -> Any:
 def hash_state(state: Any) -> str:
     """A 16-hex-digit hash of JSON-able state (key order does not matter)."""
     text = json.dumps(state, sort_keys=True, ensure_ascii=False, default=repr)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()

@@ -157,11 +157,19 @@ def _child(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | None,
             for tool, arguments in msg[1]:
                 _answer(conn, env.execute, (tool, arguments), {})
             continue
+        if op == "begin":  # a reset, answered with what is asked right after one
+            _answer(conn, _begin, (env, msg[1], msg[2]), {})
+            continue
         _, attr, args, kw = msg
         if op == "get":
             _answer(conn, lambda a=attr: getattr(env, a), (), {})
         else:
             _answer(conn, getattr(env, attr), args, kw)
+
+
+def _begin(env: Any, op: str, target: Any) -> dict[str, Any]:
+    getattr(env, op)(target)
+    return {"tool_names": env.tool_names()} if callable(getattr(env, "tool_names", None)) else {}
 
 
 def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> None:
@@ -195,7 +203,8 @@ class GuardedEnv:
         self._reset_op: tuple[str, Any] | None = None
         self._log: list[tuple[str, Any]] = []  # calls since the last reset
         self._lost: str | None = None
-        self._kinds: dict[str, ToolKind | None] = {}
+        self._kinds: dict[str, ToolKind | None] = {}  # kept across resets: a tool's kind
+        self._after_reset: dict[str, Any] = {}
         self._start()
 
     # -- the child's life ---------------------------------------------------------------------
@@ -283,7 +292,7 @@ class GuardedEnv:
         if self._reset_op is None:
             return
         op, target = self._reset_op
-        kind, value = self._ask(("call", op, (target,), {}), restore=False)
+        kind, value = self._ask(("begin", op, target), restore=False)
         if kind != "ok":
             self._lost = f"the environment could not be reset again ({_what(kind, value)})"
             return
@@ -329,12 +338,19 @@ class GuardedEnv:
         self._begin("reset", task)
 
     def _begin(self, op: str, target: Any) -> None:
-        self._log, self._lost, self._kinds = [], None, {}
+        self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
         if self._proc is None:
             self._restart()
-        self._call(op, target)
+        kind, value = self._ask(("begin", op, target))
+        self._after_reset = self._value(op, kind, value)
         self._reset_op = (op, target)
+
+    def _tool_names(self) -> Any:
+        """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""
+        if "tool_names" in self._after_reset:
+            return self._after_reset["tool_names"]
+        return self._call("tool_names")
 
     def execute(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
         return next(self.execute_many([(tool, arguments)]))
@@ -399,6 +415,8 @@ class GuardedEnv:
             raise AttributeError(attr)
         if attr == "reset_record" and attrs[attr]:  # a reset (replayed on a restart)
             return functools.partial(self._begin, attr)
+        if attr == "tool_names" and attrs[attr]:
+            return self._tool_names
         if attrs[attr]:
             return functools.partial(self._call, attr)
         kind, value = self._ask(("get", attr, (), {}))

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from envace.core.layout import AUDIT
+from envace.core.text import terminal_safe
 
 #: `audit.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested equal)
 BASELINES = ("majority", "lookup", "edit", "echo", "empty")
@@ -80,7 +81,7 @@ def _validate_scorers(args: argparse.Namespace) -> str | None:
 
 def _list(kind: str, items: list[dict], fmt: str) -> None:
     for item in items[:SHOWN]:
-        print(f"  {kind} " + fmt.format(**item), file=sys.stderr)
+        print(terminal_safe(f"  {kind} " + fmt.format(**item)), file=sys.stderr)
     if len(items) > SHOWN:
         print(f"  ... and {len(items) - SHOWN} more {kind} (see {AUDIT.summary})", file=sys.stderr)
 
@@ -96,7 +97,7 @@ def _finish(summary: dict, out: str) -> int:
           f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> "
           f"{Path(out) / AUDIT.report}")
     if summary.get("determinism_warning"):
-        print(f"  warning: {summary['determinism_warning']}", file=sys.stderr)
+        print(f"  warning: {terminal_safe(summary['determinism_warning'])}", file=sys.stderr)
     _list("skipped", summary["skipped_records"], "{file}:{line}: {reason}")
     _list("warning", summary.get("warnings") or [], "{file}:{line}: {message}")
     ref_skipped = summary.get("reference_skipped_records") or []
@@ -164,7 +165,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         result = compare_audits(args.a, args.b, alpha=args.alpha)
         text = render_compare(result)
-    print(text)
+    print("\n".join(terminal_safe(line) for line in text.split("\n")))
     _list("skipped", result["skipped_records"], "{file}:{line}: {reason}")
     return EXIT_SKIPPED if result["skipped_records"] else EXIT_OK
 
@@ -252,7 +253,7 @@ def _main(argv: list[str] | None) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     except UsageError as exc:
-        print(f"envace-audit: {exc}; nothing written", file=sys.stderr)
+        print(f"envace-audit: {terminal_safe(exc)}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # the system refused a read or a write (disk full, permissions)
         where = f" {exc.filename}" if exc.filename else ""
@@ -262,7 +263,7 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:
         if os.environ.get("ENVACE_DEBUG"):
             raise
-        print(f"envace-audit: internal error: {type(exc).__name__}: {exc} "
+        print(f"envace-audit: internal error: {type(exc).__name__}: {terminal_safe(exc)} "
               "(set ENVACE_DEBUG=1 for a traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -21,7 +21,7 @@ from envace.core.text import markdown_safe, terminal_safe
 
 ROOT = Path(__file__).resolve().parents[1]
 OSC = "\x1b]8;;http://evil.example/\x07click\x1b]8;;\x07"
-HOSTILE_TOOLS = [f"red\x1b[31mX", f"osc{OSC}", "<img src=http://evil.example/p.png>",
+HOSTILE_TOOLS = ["red\x1b[31mX", f"osc{OSC}", "<img src=http://evil.example/p.png>",
                  "![](http://evil.example/p.png)", "pipe|cell", "new\nline"]
 
 PLUGINS = {

@@ -39,7 +39,7 @@ from audit.output import AuditWriter, UsageError, write_json_atomic
 from audit.replay import ReplayError, replay_trajectory
 from audit.settings import AuditOptions, Override
 from audit.summary import build_summary, compact
-from envace.core.schema import Trajectory, json_text, read_trajectories
+from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
 
 __all__ = ["AuditOptions", "read_reference", "reference_triples", "run_audit",
            "write_json_atomic", "nonfinite_paths"]
@@ -176,6 +176,11 @@ def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
         steps_text = "".join(step_line(r) for r in res.steps)
         traj_text = json_text({**res.summary, "file": path, "line": line}) + "\n"
         rows = [compact(r) for r in res.steps]
+        for text in (*steps_text.splitlines(), traj_text):
+            if len(text) > MAX_LINE_BYTES // 4 and len(text.encode("utf-8")) > MAX_LINE_BYTES:
+                return path, line, (f"cannot write the audit of this record: a line of "
+                                    f"{len(text.encode('utf-8'))} bytes passes the "
+                                    f"{MAX_LINE_BYTES}-byte line limit (docs/audit.md)")
     except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
         return path, line, f"cannot serialise the audit of this record: {_one_line(exc)}"
     return path, line, _Done(steps_text, traj_text, rows, warnings, traj.id, len(res.steps))

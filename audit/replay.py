@@ -25,7 +25,7 @@ from audit.settings import AuditSettings, Override
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import CallLimits, guarded_env
 from envace.core.envs.tasks import UnknownTask
-from envace.core.schema import Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
 
@@ -119,9 +119,11 @@ def replay_trajectory(
     env_cache: dict[str, Environment] | None = None,
     override: Override | None = None,
 ) -> TrajectoryAudit:
-    """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all."""
-    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
+    """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all, or holds
+    a call or a response past ``MAX_CALL_BYTES`` (checked before the environment runs)."""
     steps = traj.tool_steps()
+    check_sizes(steps)
+    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
     history: list[str] = []
     seen_upto = 0
     records: list[dict[str, Any]] = []
@@ -132,6 +134,10 @@ def replay_trajectory(
             history.append(_message_text(m))
         seen_upto = st.message_index + 1
         actual_text, actual_error = calls.execute(st)
+        if len(actual_text) > MAX_CALL_BYTES // 4 and utf8_len(actual_text) > MAX_CALL_BYTES:
+            raise ReplayError(f"call {st.step} ({st.tool[:80]!r}): the real response of "
+                              f"{utf8_len(actual_text)} bytes is past the {MAX_CALL_BYTES}-byte "
+                              "limit of a response (docs/audit.md, size limits)")
         resp = st.response
         if override is not None:
             rehearsed = override(st.tool, st.arguments or {})
@@ -148,6 +154,21 @@ def replay_trajectory(
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
+
+
+def check_sizes(steps: list[Any]) -> None:
+    """:class:`ReplayError` for a call whose arguments or recorded response pass
+    ``MAX_CALL_BYTES`` (docs/audit.md, "Size limits")."""
+    for st in steps:
+        args = st.arguments if st.arguments is not None else st.raw_arguments
+        text = args if isinstance(args, str) else json_text(args)
+        for what, value in (("arguments", text),
+                            ("recorded response", st.response.content if st.response else None)):
+            if (isinstance(value, str) and len(value) > MAX_CALL_BYTES // 4
+                    and utf8_len(value) > MAX_CALL_BYTES):
+                raise ReplayError(f"call {st.step} ({str(st.tool)[:80]!r}): its {what} of "
+                                  f"{utf8_len(value)} bytes pass the {MAX_CALL_BYTES}-byte limit "
+                                  "of a call (docs/audit.md, size limits)")
 
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,

@@ -356,14 +356,28 @@ class AuditWriter:
         return data
 
     def _close(self) -> None:
+        """Close both files (each tried, even when the other's last flush fails: a full
+        disk); the first failure is raised after."""
+        failure: BaseException | None = None
         for fh in (self._steps, self._trajs):
             if fh is not None:
-                fh.close()
+                try:
+                    fh.close()
+                except OSError as exc:
+                    failure = failure or exc
         self._steps = self._trajs = None
+        if failure is not None:
+            raise failure
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._close()
+        try:
+            self._close()
+        except OSError as failure:  # the last flush found the disk full: nothing is kept
+            self._out.__exit__(type(failure), failure, failure.__traceback__)
+            if exc_type is None:
+                raise
+            return
         if exc_type is None and not self.finished:
             exc = RuntimeError("AuditWriter left without finish(): nothing written")
             self._out.__exit__(RuntimeError, exc, None)

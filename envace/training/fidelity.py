@@ -36,13 +36,18 @@ Audited = TrajectoryAudit | str
 
 def replay_rollouts(trajs: list[Trajectory], settings: AuditSettings) -> list[Audited]:
     """Replay and score every trajectory once (a ``ReplayError`` becomes its reason)."""
-    envs: dict = {}
+    envs: dict = {}  # each under the call limits (a child process: envace.core.envs.guard)
     out: list[Audited] = []
-    for traj in trajs:
-        try:
-            out.append(replay_trajectory(traj, settings, envs))
-        except ReplayError as exc:
-            out.append(str(exc))
+    try:
+        for traj in trajs:
+            try:
+                out.append(replay_trajectory(traj, settings, envs))
+            except ReplayError as exc:
+                out.append(str(exc))
+    finally:
+        for env in envs.values():
+            if hasattr(env, "close"):
+                env.close()
     return out
 
 

@@ -28,6 +28,7 @@ from audit.population import is_rehearsed
 from audit.replay import ReplayError, TrajectoryAudit, replay_trajectory, trajectory_row
 from audit.settings import AuditSettings
 from audit.summary import build_summary, compact
+from envace.core.envs.guard import GuardedEnv
 from envace.core.schema import Trajectory
 
 #: One trajectory's audit, or why it could not be replayed.
@@ -46,7 +47,7 @@ def replay_rollouts(trajs: list[Trajectory], settings: AuditSettings) -> list[Au
                 out.append(str(exc))
     finally:
         for env in envs.values():
-            if hasattr(env, "close"):
+            if isinstance(env, GuardedEnv):  # a plain environment's "close" may be a tool
                 env.close()
     return out
 

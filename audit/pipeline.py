@@ -230,26 +230,46 @@ class _Pool:
         return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
 
     def map(self, jobs: Iterator[tuple[str, int, Trajectory]]) -> Iterator[tuple[str, int, Any]]:
-        pending: deque[tuple[str, int, Future | str]] = deque()
+        pending: deque[tuple[tuple[str, int, Trajectory], Future]] = deque()
         for job in jobs:
-            try:
-                pending.append((job[0], job[1], self.ex.submit(_work, job)))
-            except BrokenProcessPool:  # a worker died: records in flight are lost, go on
-                self.ex.shutdown(wait=False, cancel_futures=True)
-                self.ex = self._start()
-                pending.append((job[0], job[1], self.ex.submit(_work, job)))
+            pending.append((job, self._submit(job)))
             if len(pending) >= 8 * self.n:
                 yield self._result(*pending.popleft())
         while pending:
             yield self._result(*pending.popleft())
 
-    @staticmethod
-    def _result(path: str, line: int, fut: Future) -> tuple[str, int, Any]:
+    def _submit(self, job: tuple[str, int, Trajectory]) -> Future:
+        try:
+            return self.ex.submit(_work, job)
+        except BrokenProcessPool:  # a worker died: a fresh pool
+            self._restart()
+            return self.ex.submit(_work, job)
+
+    def _restart(self) -> None:
+        """A fresh pool, unless the current one still works (an older pool broke)."""
+        if getattr(self.ex, "_broken", True) is False:
+            return
+        self.ex.shutdown(wait=False, cancel_futures=True)
+        self.ex = self._start()
+
+    def _result(self, job: tuple[str, int, Trajectory], fut: Future) -> tuple[str, int, Any]:
+        """The record's result. When a worker died with it in flight it is replayed once more,
+        alone, in a fresh pool: only the record that kills a worker again is lost, never the
+        records that merely shared the pool with it."""
+        path, line, _ = job
         try:
             return fut.result()
         except BrokenProcessPool:
-            return path, line, "not audited: a worker process died while this record was in flight"
+            pass
         except Exception as exc:  # e.g. the record could not be sent to a worker
+            return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
+        self._restart()
+        try:
+            return self.ex.submit(_work, job).result()
+        except BrokenProcessPool:
+            self._restart()
+            return path, line, "not audited: a worker process died replaying this record"
+        except Exception as exc:
             return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
 
     def close(self, cancel: bool) -> None:

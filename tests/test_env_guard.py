@@ -217,3 +217,20 @@ def test_ctrl_c_during_a_c_level_call_exits_130_at_once(tmp_path, workers):
     assert time.monotonic() - t0 < 15
     assert not (tmp_path / "out").exists()
     assert psutil.wait_procs([busy], timeout=10)[1] == []  # the C call's process is gone
+
+
+def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):
+    """Limits off (--call-timeout 0 --call-memory-mb 0): the tool kills the audit's worker.
+    Before: every record in flight on that pool was "worker process died" (16 of them)."""
+    env = {"name": "test-hostile", "task": "t"}
+    recs = [_trajectory(f"a{i}", [("count", {})], env) for i in range(5)]
+    recs += [_trajectory("killer", [("die", {})], env)]
+    recs += [_trajectory(f"b{i}", [("count", {})], env) for i in range(15)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = run_audit([str(src)], tmp_path / "out",
+                        AuditOptions(workers=2, progress=False, plots=False,
+                                     call_timeout_s=None, call_memory_mb=None))
+    assert summary["counts"]["trajectories"] == 20 and summary["counts"]["skipped"] == 1
+    (skip,) = summary["skipped_records"]
+    assert skip["line"] == 6 and "worker process died" in skip["reason"]

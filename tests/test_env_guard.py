@@ -234,3 +234,25 @@ def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):
     assert summary["counts"]["trajectories"] == 20 and summary["counts"]["skipped"] == 1
     (skip,) = summary["skipped_records"]
     assert skip["line"] == 6 and "worker process died" in skip["reason"]
+
+
+def test_in_process_ctrl_c_during_a_c_call_is_not_replaced_by_the_alarm():
+    """Without the guard (the BFCL adapter's own SIGALRM limit): a Ctrl-C that arrives while C
+    code runs past the alarm was replaced by the alarm's timeout and answered as a tool error
+    (the audit then exited 0)."""
+    import threading
+
+    from envace.core.envs.bfcl import BFCLEnv
+
+    env = BFCLEnv(timeout_s=0.3)
+    env.reset({"involved_classes": ["MathAPI"]})
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.8, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.execute("square_root", {"number": 2, "precision": 10**5})  # ~2 s in C
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)

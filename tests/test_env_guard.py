@@ -256,3 +256,14 @@ def test_in_process_ctrl_c_during_a_c_call_is_not_replaced_by_the_alarm():
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, old)
+
+
+def test_a_batch_left_unread_never_answers_a_later_call():
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=5))
+    env.reset("t")
+    it = env.execute_many([("count", {})] * 5)
+    assert next(it).content == '{"n": 1}'
+    it.close()  # four answers were never read
+    assert env.execute("count", {}).content == '{"n": 2}'  # state of the calls read, restored
+    assert env.execute("count", {}).content == '{"n": 3}'
+    env.close()

@@ -353,11 +353,19 @@ class GuardedEnv:
         return self._call("tool_names")
 
     def execute(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
-        return next(self.execute_many([(tool, arguments)]))
+        (result,) = list(self.execute_many([(tool, arguments)]))  # read to its end
+        return result
 
     def execute_many(self, calls: Sequence[tuple[str, Any]]) -> Iterator[ToolResult]:
         """The results of ``calls`` run in order, each under the limit (one message out)."""
         calls = list(calls)
+        try:
+            yield from self._stream(calls)
+        except GeneratorExit:  # left unread: its answers must not reach a later request
+            self._kill()
+            raise
+
+    def _stream(self, calls: list[tuple[str, Any]]) -> Iterator[ToolResult]:
         i = 0
         while i < len(calls):
             if self._lost is not None:

@@ -199,24 +199,29 @@ def test_ctrl_c_during_a_c_level_call_exits_130_at_once(tmp_path, workers):
                          preexec_fn=_default_sigint,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     me = psutil.Process(p.pid)
-    end = time.monotonic() + 60
-    busy = None
-    while time.monotonic() < end and busy is None:  # wait until some process runs the C call
-        for c in me.children(recursive=True):
-            try:
-                if c.cpu_percent(interval=0.2) > 50:
-                    busy = c
-            except psutil.NoSuchProcess:
-                pass
-    assert busy is not None, "the stalling call never started"
-    time.sleep(1.0)
+
+    def guard_children() -> list[psutil.Process]:  # the environment's process (a leaf)
+        try:
+            procs = me.children(recursive=True)
+            return [c for c in procs if not c.children()
+                    and (workers == 1 or c.ppid() != p.pid)]
+        except psutil.NoSuchProcess:
+            return []
+
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not guard_children() and p.poll() is None:
+        time.sleep(0.2)
+    envs = guard_children()
+    assert envs, "the environment's process never started"
+    time.sleep(3.0)  # two calls of milliseconds, then 127 s inside decimal's C code
+    assert p.poll() is None
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGINT)
     rc = p.wait(timeout=30)
     assert rc == 130, p.stderr.read()
     assert time.monotonic() - t0 < 15
     assert not (tmp_path / "out").exists()
-    assert psutil.wait_procs([busy], timeout=10)[1] == []  # the C call's process is gone
+    assert psutil.wait_procs(envs, timeout=10)[1] == []  # the C call's process is gone
 
 
 def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):

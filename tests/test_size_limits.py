@@ -61,3 +61,14 @@ def test_a_line_past_the_line_limit_is_never_written_nor_read(tmp_path, monkeypa
         w.write(_traj("small", {"a": 1, "b": 2}))
     items = list(schema.read_trajectories(p))
     assert [i.trajectory.id for i in items] == ["small"]
+
+
+def test_the_dashboard_reader_applies_the_same_line_limit(tmp_path, monkeypatch):
+    from dashboard import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 100)
+    p = tmp_path / "steps.jsonl"
+    p.write_text(json.dumps({"a": "x" * 200}) + "\n" + json.dumps({"a": 1}) + "\n")
+    data = readers.read_jsonl(p)
+    assert data.records == [{"a": 1}] and data.bad_lines == [(1, "line longer than 100 bytes")]
+    assert readers.read_lines_at(p, [0]) == [{}]

@@ -30,6 +30,7 @@ from envace.core.errors import (
     EXIT_USAGE,
 )
 from envace.core.layout import AUDIT
+from envace.core.text import terminal_safe
 
 #: `audit.worlds.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested
 #: equal)
@@ -68,6 +69,23 @@ def add_cluster_by(p: argparse.ArgumentParser) -> None:
     """``--cluster-by`` (audit replay/baseline/rescore/compare, envace probe)."""
     p.add_argument("--cluster-by", type=cluster_unit, default=None, metavar="UNIT",
                    help=CLUSTER_HELP)
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
+
+    p.add_argument("--call-timeout", type=float, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                   help="wall-clock limit of every real environment call, C code included: the "
+                        "environment runs in a child process killed past it, the call answers "
+                        "an error marked timeout (default %(default)g; 0: no limit)")
+    p.add_argument("--call-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                   help="memory a call may add to the environment's process (RLIMIT_AS; "
+                        "default %(default)d; 0: no limit)")
+
+
+def _limits(args: argparse.Namespace) -> dict[str, object]:
+    if not hasattr(args, "call_timeout"):
+        return {}
+    return {"call_timeout_s": args.call_timeout or None,
+            "call_memory_mb": args.call_memory_mb or None}
 
 
 def _options(args: argparse.Namespace, **extra: object):
@@ -92,7 +110,7 @@ def _validate_scorers(args: argparse.Namespace) -> str | None:
 
 def _list(kind: str, items: list[dict], fmt: str) -> None:
     for item in items[:SHOWN]:
-        print(f"  {kind} " + fmt.format(**item), file=sys.stderr)
+        print(terminal_safe(f"  {kind} " + fmt.format(**item)), file=sys.stderr)
     if len(items) > SHOWN:
         print(f"  ... and {len(items) - SHOWN} more {kind} (see {AUDIT.summary})", file=sys.stderr)
 
@@ -108,7 +126,7 @@ def _finish(summary: dict, out: str) -> int:
           f"divergence of {what} {rate_s}; skipped {c['skipped']} records -> "
           f"{Path(out) / AUDIT.report}")
     if summary.get("determinism_warning"):
-        print(f"  warning: {summary['determinism_warning']}", file=sys.stderr)
+        print(f"  warning: {terminal_safe(summary['determinism_warning'])}", file=sys.stderr)
     _list("skipped", summary["skipped_records"], "{file}:{line}: {reason}")
     _list("warning", summary.get("warnings") or [], "{file}:{line}: {message}")
     ref_skipped = summary.get("reference_skipped_records") or []
@@ -135,8 +153,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.reference and _unreadable([args.reference]):
         print(f"envace-audit: reference: {_unreadable([args.reference])}", file=sys.stderr)
         return EXIT_USAGE
+    if args.call_timeout < 0 or args.call_memory_mb < 0:
+        print("envace-audit: --call-timeout and --call-memory-mb must be >= 0 (0: no limit)",
+              file=sys.stderr)
+        return EXIT_USAGE
     opts = _options(args, workers=args.workers, reference=args.reference,
-                    override=getattr(args, "model", None))
+                    override=getattr(args, "model", None), **_limits(args))
     return _finish(run_audit(args.inputs, args.out, opts), args.out)
 
 
@@ -173,7 +195,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         result = compare_audits(args.a, args.b, alpha=args.alpha, cluster_by=args.cluster_by)
         text = render_compare(result)
-    print(text)
+    print("\n".join(terminal_safe(line) for line in text.split("\n")))
     _list("skipped", result["skipped_records"], "{file}:{line}: {reason}")
     return EXIT_SKIPPED if result["skipped_records"] else EXIT_OK
 
@@ -198,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reference", help="training trajectories: audit reference world models too")
     _add_scoring(r)
     add_cluster_by(r)
+    _add_limits(r)
     r.set_defaults(func=cmd_replay)
     b = sub.add_parser("baseline", help="audit a reference world model alone")
     b.add_argument("inputs", nargs="+")
@@ -208,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, default=1)
     _add_scoring(b)
     add_cluster_by(b)
+    _add_limits(b)
     b.set_defaults(func=cmd_replay)
     s = sub.add_parser("rescore", help="new scorers over a stored audit, no replay")
     s.add_argument("dir")
@@ -270,7 +294,7 @@ def _main(argv: list[str] | None) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     except UsageError as exc:
-        print(f"envace-audit: {exc}; nothing written", file=sys.stderr)
+        print(f"envace-audit: {terminal_safe(exc)}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # the system refused a read or a write (disk full, permissions)
         where = f" {exc.filename}" if exc.filename else ""
@@ -280,7 +304,7 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:
         if os.environ.get("ENVACE_DEBUG"):
             raise
-        print(f"envace-audit: internal error: {type(exc).__name__}: {exc} "
+        print(f"envace-audit: internal error: {type(exc).__name__}: {terminal_safe(exc)} "
               "(set ENVACE_DEBUG=1 for a traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -40,7 +40,7 @@ from audit.stats.summary import build_summary, compact
 from audit.store.models import step_line
 from audit.store.output import AuditWriter
 from envace.core.errors import UsageError
-from envace.core.schema import Trajectory, read_trajectories
+from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
 
 __all__ = ["read_reference", "reference_triples", "run_audit", "nonfinite_paths"]
 
@@ -174,9 +174,13 @@ def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
             warnings.append("non-finite number(s) replayed as they are (written NaN/Infinity): "
                             + "; ".join(bad))
         steps_text = "".join(step_line(r) for r in res.steps)
-        traj_text = json.dumps({**res.summary, "file": path, "line": line},
-                               ensure_ascii=False) + "\n"
+        traj_text = json_text({**res.summary, "file": path, "line": line}) + "\n"
         rows = [compact(r) for r in res.steps]
+        for text in (*steps_text.splitlines(), traj_text):
+            if len(text) > MAX_LINE_BYTES // 4 and len(text.encode("utf-8")) > MAX_LINE_BYTES:
+                return path, line, (f"cannot write the audit of this record: a line of "
+                                    f"{len(text.encode('utf-8'))} bytes passes the "
+                                    f"{MAX_LINE_BYTES}-byte line limit (docs/audit.md)")
     except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
         return path, line, f"cannot serialise the audit of this record: {_one_line(exc)}"
     return path, line, _Done(steps_text, traj_text, rows, warnings, traj.id, len(res.steps))
@@ -226,30 +230,58 @@ class _Pool:
         return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
 
     def map(self, jobs: Iterator[tuple[str, int, Trajectory]]) -> Iterator[tuple[str, int, Any]]:
-        pending: deque[tuple[str, int, Future | str]] = deque()
+        pending: deque[tuple[tuple[str, int, Trajectory], Future]] = deque()
         for job in jobs:
-            try:
-                pending.append((job[0], job[1], self.ex.submit(_work, job)))
-            except BrokenProcessPool:  # a worker died: records in flight are lost, go on
-                self.ex.shutdown(wait=False, cancel_futures=True)
-                self.ex = self._start()
-                pending.append((job[0], job[1], self.ex.submit(_work, job)))
+            pending.append((job, self._submit(job)))
             if len(pending) >= 8 * self.n:
                 yield self._result(*pending.popleft())
         while pending:
             yield self._result(*pending.popleft())
 
-    @staticmethod
-    def _result(path: str, line: int, fut: Future) -> tuple[str, int, Any]:
+    def _submit(self, job: tuple[str, int, Trajectory]) -> Future:
+        try:
+            return self.ex.submit(_work, job)
+        except BrokenProcessPool:  # a worker died: a fresh pool
+            self._restart()
+            return self.ex.submit(_work, job)
+
+    def _restart(self) -> None:
+        """A fresh pool, unless the current one still works (an older pool broke)."""
+        if getattr(self.ex, "_broken", True) is False:
+            return
+        self.ex.shutdown(wait=False, cancel_futures=True)
+        self.ex = self._start()
+
+    def _result(self, job: tuple[str, int, Trajectory], fut: Future) -> tuple[str, int, Any]:
+        """The record's result. When a worker died with it in flight it is replayed once more,
+        alone, in a fresh pool: only the record that kills a worker again is lost, never the
+        records that merely shared the pool with it."""
+        path, line, _ = job
         try:
             return fut.result()
         except BrokenProcessPool:
-            return path, line, "not audited: a worker process died while this record was in flight"
+            pass
         except Exception as exc:  # e.g. the record could not be sent to a worker
+            return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
+        self._restart()
+        try:
+            return self.ex.submit(_work, job).result()
+        except BrokenProcessPool:
+            self._restart()
+            return path, line, "not audited: a worker process died replaying this record"
+        except Exception as exc:
             return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
 
     def close(self, cancel: bool) -> None:
-        self.ex.shutdown(wait=True, cancel_futures=cancel)
+        """Wait for the workers; ``cancel`` (Ctrl-C, an error): kill them instead, so that a
+        call in flight (an environment call up to its limit) does not hold the exit."""
+        if cancel:
+            for proc in list((getattr(self.ex, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, AttributeError):
+                    proc.kill()
+            self.ex.shutdown(wait=False, cancel_futures=True)
+            return
+        self.ex.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------- the audit

@@ -39,6 +39,7 @@ from audit.replay import (
     TrajectoryAudit,
     _message_text,
     _reset,
+    check_sizes,
     step_record,
     trajectory_row,
 )
@@ -171,9 +172,10 @@ def probe_steps(
     arguments), is sent the answer (text, or an `Unanswered`), and returns the audit."""
     if history not in HISTORIES:
         raise ValueError(f"history must be one of {HISTORIES}, got {history!r}")
-    env = _reset(env_cache if env_cache is not None else {}, traj)
-    wanted = None if steps is None else set(steps)
     tool_steps = traj.tool_steps()
+    check_sizes(tool_steps)  # docs/audit.md, size limits: one skipped record, before any call
+    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
+    wanted = None if steps is None else set(steps)
     answer_of = {id(st.response): st for st in tool_steps if st.response is not None}
     calls_of: dict[int, list[Any]] = defaultdict(list)
     for st in tool_steps:

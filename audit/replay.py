@@ -22,9 +22,10 @@ from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.compounding import novelty
 from audit.stats.population import assign_depths, is_rehearsed
-from envace.core.envs.base import Environment, make_env
+from envace.core.envs.base import Environment
+from envace.core.envs.guard import CallLimits, guarded_env
 from envace.core.envs.task_common import UnknownTask
-from envace.core.schema import Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
 
@@ -42,10 +43,13 @@ class TrajectoryAudit:
     summary: dict[str, Any]
 
 
-def _reset(env_cache: dict[str, Environment], traj: Trajectory) -> Environment:
+def _reset(env_cache: dict[str, Environment], traj: Trajectory,
+           limits: CallLimits | None = None) -> Environment:
+    """The trajectory's environment (one per name in ``env_cache``, every call under ``limits``:
+    ``envace.core.envs.guard``), reset to its initial state."""
     name = traj.env.get("name")
     try:
-        env = env_cache.get(name) or env_cache.setdefault(name, make_env(name))
+        env = env_cache.get(name) or env_cache.setdefault(name, guarded_env(name, limits))
     except KeyError as exc:
         raise ReplayError(str(exc)) from None
     target = traj.env["task"] if "task" in traj.env else traj.env["state"]
@@ -79,6 +83,18 @@ class RealCalls:
         self.env = env
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
+        self.timed_out: set[int] = set()  # steps whose call ran past its limit
+        self._ahead: dict[int, Any] = {}
+
+    def prefetch(self, steps: list[Any]) -> None:
+        """Run every well-formed call of ``steps`` now, in order, in one batch where the
+        environment can (a guarded one: one round trip to its process, not one per call)."""
+        if not hasattr(self.env, "execute_many"):
+            return
+        todo = [st for st in steps if st.malformed is None]
+        for st, res in zip(todo, self.env.execute_many([(st.tool, st.arguments)
+                                                         for st in todo]), strict=True):
+            self._ahead[st.step] = res
 
     def execute(self, st: Any) -> tuple[str, bool]:
         """(text, is an error) of the real response to tool step ``st``."""
@@ -86,7 +102,9 @@ class RealCalls:
             return f"Error during execution: malformed call: {st.malformed}", True
         if self.offered is not None and st.tool not in self.offered:
             self.unknown.append(st.tool)
-        res = self.env.execute(st.tool, st.arguments)
+        res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
+        if getattr(res, "timeout", False):
+            self.timed_out.add(st.step)
         return res.content, res.error
 
     def warnings(self) -> list[str]:
@@ -101,18 +119,25 @@ def replay_trajectory(
     env_cache: dict[str, Environment] | None = None,
     override: Override | None = None,
 ) -> TrajectoryAudit:
-    """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all."""
-    env = _reset(env_cache if env_cache is not None else {}, traj)
+    """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all, or holds
+    a call or a response past ``MAX_CALL_BYTES`` (checked before the environment runs)."""
     steps = traj.tool_steps()
+    check_sizes(steps)
+    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
     history: list[str] = []
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env)
+    calls.prefetch(steps)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
             history.append(_message_text(m))
         seen_upto = st.message_index + 1
         actual_text, actual_error = calls.execute(st)
+        if len(actual_text) > MAX_CALL_BYTES // 4 and utf8_len(actual_text) > MAX_CALL_BYTES:
+            raise ReplayError(f"call {st.step} ({st.tool[:80]!r}): the real response of "
+                              f"{utf8_len(actual_text)} bytes is past the {MAX_CALL_BYTES}-byte "
+                              "limit of a response (docs/audit.md, size limits)")
         resp = st.response
         if override is not None:
             rehearsed = override(st.tool, st.arguments or {})
@@ -124,9 +149,26 @@ def replay_trajectory(
         history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
                           env, history_text, settings)
+        if st.step in calls.timed_out:
+            rec["timeout"] = True
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
+
+
+def check_sizes(steps: list[Any]) -> None:
+    """:class:`ReplayError` for a call whose arguments or recorded response pass
+    ``MAX_CALL_BYTES`` (docs/audit.md, "Size limits")."""
+    for st in steps:
+        args = st.arguments if st.arguments is not None else st.raw_arguments
+        text = args if isinstance(args, str) else json_text(args)
+        for what, value in (("arguments", text),
+                            ("recorded response", st.response.content if st.response else None)):
+            if (isinstance(value, str) and len(value) > MAX_CALL_BYTES // 4
+                    and utf8_len(value) > MAX_CALL_BYTES):
+                raise ReplayError(f"call {st.step} ({str(st.tool)[:80]!r}): its {what} of "
+                                  f"{utf8_len(value)} bytes pass the {MAX_CALL_BYTES}-byte limit "
+                                  "of a call (docs/audit.md, size limits)")
 
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,

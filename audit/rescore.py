@@ -20,7 +20,6 @@ audits whose ``summary.json`` predates the current statistics).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from audit.store.output import AuditWriter
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
+from envace.core.schema import json_text
 
 UNREADABLE = AUDIT.unreadable
 
@@ -96,7 +96,7 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
             except Exception as exc:  # one bad record costs one record
                 bad.append({"file": steps.path, "line": line,
                             "reason": f"cannot rescore: {type(exc).__name__}: {exc}"[:300]})
-                raw_bad.append((json.dumps(rec, ensure_ascii=False) + "\n").encode())
+                raw_bad.append((json_text(rec) + "\n").encode())
                 continue
             if pending and pending[-1]["trajectory_id"] != new["trajectory_id"]:
                 flush()

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from audit.store.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem, read_summary_data
 from envace.core.layout import AUDIT, RUN
+from envace.core.schema import MAX_LINE_BYTES
 
 STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
                "actual_error", "rehearsed_error", "novelty", "unanswered", "source_rehearsed")
@@ -89,6 +90,9 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
         start = pos
         pos = stop + 1
         if not raw.strip():
+            continue
+        if len(raw) > MAX_LINE_BYTES:  # the limit every reader and writer applies
+            out.bad_lines.append((lineno, f"line longer than {MAX_LINE_BYTES} bytes"))
             continue
         try:
             rec = loads(raw)
@@ -276,8 +280,9 @@ def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict
         for off in offsets:
             fh.seek(int(off))
             try:
-                rec = json.loads(fh.readline())
-            except ValueError:
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                rec = json.loads(line) if len(line) <= MAX_LINE_BYTES else {}
+            except (ValueError, RecursionError):
                 rec = {}
             out.append(rec if isinstance(rec, dict) else {})
     return out

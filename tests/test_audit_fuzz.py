@@ -3,7 +3,8 @@
 
 Damage: byte flips, truncations, integers longer than Python converts, arguments nested 10 to
 5,000 deep, NaN / Infinity / 1e400, duplicated lines, non-UTF-8 bytes, values of the wrong type,
-a missing last newline. For every damaged file the real CLI (in-process, ``audit.cli.main``, and
+a missing last newline, a lone surrogate (``"\\ud800"``) in any string (ids, tool names,
+responses: issue 39). For every damaged file the real CLI (in-process, ``audit.cli.main``, and
 a few times as a subprocess) must: exit 0, 2 or 3; print no traceback; audit every record that
 parses and validates on its own (first of its id), or skip it with a replay reason; account for
 every line (read = audited + skipped); leave its inputs byte for byte as they were. `rescore`
@@ -83,7 +84,7 @@ def mutate(lines: list[bytes], rnd: random.Random) -> list[bytes]:
     i = rnd.randrange(len(lines))
     line = lines[i]
     kind = rnd.choice(["flip", "truncate", "huge", "huge_in_string", "deep", "nonfinite",
-                       "duplicate", "non_utf8", "wrong_type", "no_newline"])
+                       "duplicate", "non_utf8", "wrong_type", "no_newline", "surrogate"])
     if kind == "flip":
         pos = rnd.randrange(len(line))
         line = line[:pos] + bytes([rnd.randrange(256)]) + line[pos + 1:]
@@ -109,6 +110,17 @@ def mutate(lines: list[bytes], rnd: random.Random) -> list[bytes]:
             nodes = [p for p, _ in _nodes(data) if p]
             if nodes:
                 _set(data, rnd.choice(nodes), rnd.choice(WRONG))
+                line = json.dumps(data).encode() + b"\n"
+    elif kind == "surrogate":  # valid JSON: "\ud800" decodes to a lone surrogate (issue 39)
+        with contextlib.suppress(ValueError, RecursionError):
+            data = json.loads(line)
+            strings = [p for p, v in _nodes(data) if p and isinstance(v, str)]
+            if strings:
+                where = rnd.choice(strings)
+                node = data
+                for p in where[:-1]:
+                    node = node[p]
+                node[where[-1]] = node[where[-1]] + rnd.choice(["\ud800", "\udfff", "\udc00x"])
                 line = json.dumps(data).encode() + b"\n"
     elif kind == "no_newline" and i == len(lines) - 1:
         line = line.rstrip(b"\n")

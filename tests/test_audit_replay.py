@@ -95,7 +95,7 @@ def test_bad_input_is_reported_and_counts_reconcile(tmp_path, examples):
     rec = json.loads(good)
     big = json.loads(good)
     big["id"] = "big"
-    big["messages"][2]["content"] = "x" * 3_000_000  # a multi-megabyte response
+    big["messages"][2]["content"] = "x" * 3_000_000  # past the 1 MiB limit of a response
     big["messages"][2]["rehearsed"] = True
     unknown = dict(rec, id="unknown-task", task_id="nope", env={"name": "bfcl", "task": "nope"})
     other_env = dict(rec, id="other-env", env={"name": "tau2", "task": "x"})
@@ -107,14 +107,15 @@ def test_bad_input_is_reported_and_counts_reconcile(tmp_path, examples):
                   AuditOptions(progress=False, plots=False))
     c = s["counts"]
     assert c["records_read"] == 7
-    assert c["trajectories"] == 2  # the good one and the big one
+    assert c["trajectories"] == 1  # the good one (the big one: docs/audit.md, size limits)
     reasons = {r["line"]: r["reason"] for r in s["skipped_records"]}
-    assert set(reasons) == {2, 3, 5, 6, 7, None}
+    assert set(reasons) == {2, 3, 4, 5, 6, 7, None}
+    assert "1048576-byte limit" in reasons[4]
     assert "invalid JSON" in reasons[2] and "UTF-8" in reasons[3]
     assert "unknown task id 'nope'" in reasons[5] and "unknown environment" in reasons[6]
     assert "truncated" in reasons[7] and "not found" in reasons[None]
     assert s["reconciles"]
-    assert any(r["trajectory_id"] == "big" and r["diverged"] for r in _steps(tmp_path / "out"))
+    assert not any(r["trajectory_id"] == "big" for r in _steps(tmp_path / "out"))
 
 
 def test_crafted_trajectory_executes_nothing(tmp_path, examples):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.scoring.scorers import DEFAULT_SCORERS, Verdict, make_verdict
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, CallLimits
 
 #: An alternative writer of the "rehearsed" side, e.g. a reference world model:
 #: (tool, arguments) -> response text.
@@ -39,11 +40,20 @@ class AuditOptions:
     #: what intervals resample: trajectory, task, scenario or a step-row field; None: the
     #: environment family's declared unit (envace.core.envs.units)
     cluster_by: str | None = None
+    #: every real environment call's wall-clock limit (s) and added memory (MiB), None: off
+    #: (``envace.core.envs.guard``: the environment runs in a child process that is killed)
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    call_memory_mb: int | None = DEFAULT_MEMORY_MB
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)
         if self.verdict_scorer not in self.scorers:
             self.scorers.append(self.verdict_scorer)
+
+    @property
+    def limits(self) -> CallLimits:
+        """The limits every real environment call runs under."""
+        return CallLimits(self.call_timeout_s, self.call_memory_mb)
 
     @property
     def verdict(self) -> Verdict:

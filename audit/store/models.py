@@ -15,12 +15,12 @@ Unknown fields are kept as they are (a newer writer's, a plugin's).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, create_model
 
 from envace.core.layout import AUDIT
+from envace.core.schema import json_text
 
 SUMMARY_VERSION = "envace.audit/2"  # /2: statistics over rehearsed steps, trajectory bootstrap
 SCHEMA_PREFIX = "envace.audit/"
@@ -64,6 +64,9 @@ class StepRow(BaseModel):
     unanswered_reason: str | None = None
     #: the probe's history: "real" (teacher-forced) or "own" (self-conditioned, ``--history``)
     history: Literal["real", "own"] | None = None
+    #: the real call ran past the call limit (or its process died) and was ended; written
+    #: only when true
+    timeout: bool | None = None
 
     def dump(self) -> dict[str, Any]:
         """The row as written: the fields it was given, in the spec's order."""
@@ -84,7 +87,7 @@ StepStats: type[BaseModel] = create_model(  # type: ignore[call-overload]
 def step_line(record: dict[str, Any]) -> str:
     """``record`` checked against :class:`StepRow` and serialised as one ``steps.jsonl`` line
     (with its newline). Raises ``pydantic.ValidationError`` or ``ValueError``."""
-    return json.dumps(StepRow.model_validate(record).dump(), ensure_ascii=False) + "\n"
+    return json_text(StepRow.model_validate(record).dump()) + "\n"
 
 
 def problem(exc: ValidationError) -> str:

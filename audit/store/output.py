@@ -44,6 +44,7 @@ from typing import Any
 
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
+from envace.core.schema import json_text
 
 #: File names each kind of output may hold (with the landed code's leftovers).
 KNOWN_FILES = {
@@ -268,7 +269,7 @@ class OutputDir:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temporary file and a rename."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.write_text(json_text(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -320,7 +321,7 @@ class AuditWriter:
         from audit.store.models import step_line
 
         text = "".join(step_line(r) for r in records)
-        row = "" if trajectory is None else json.dumps(trajectory, ensure_ascii=False) + "\n"
+        row = "" if trajectory is None else json_text(trajectory) + "\n"
         self.write_lines(text, row)
 
     def copy_trajectories(self, src: Path) -> None:
@@ -352,14 +353,28 @@ class AuditWriter:
         return data
 
     def _close(self) -> None:
+        """Close both files (each tried, even when the other's last flush fails: a full
+        disk); the first failure is raised after."""
+        failure: BaseException | None = None
         for fh in (self._steps, self._trajs):
             if fh is not None:
-                fh.close()
+                try:
+                    fh.close()
+                except OSError as exc:
+                    failure = failure or exc
         self._steps = self._trajs = None
+        if failure is not None:
+            raise failure
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._close()
+        try:
+            self._close()
+        except OSError as failure:  # the last flush found the disk full: nothing is kept
+            self._out.__exit__(type(failure), failure, failure.__traceback__)
+            if exc_type is None:
+                raise
+            return
         if exc_type is None and not self.finished:
             exc = RuntimeError("AuditWriter left without finish(): nothing written")
             self._out.__exit__(RuntimeError, exc, None)

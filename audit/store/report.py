@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.layout import AUDIT
+from envace.core.text import markdown_safe as md
+from envace.core.text import terminal_safe
 
 
 def _fmt(x: Any, pct: bool = False) -> str:
@@ -70,7 +72,10 @@ def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
     if tools:
         items = sorted(tools.items(), key=lambda kv: -kv[1]["n"])[:20]
         fig, ax = plt.subplots(figsize=(6, 0.25 * len(items) + 1.2))
-        ax.barh([k for k, _ in items], [v["divergence_rate"] for _, v in items])
+        # names are data: controls made visible, "$" kept from starting mathtext
+        labels = [terminal_safe(k).replace("$", r"\$") for k, _ in items]
+        ax.barh(range(len(items)), [v["divergence_rate"] for _, v in items],
+                tick_label=labels)
         ax.invert_yaxis()
         ax.set(xlabel="divergence rate", xlim=(0, 1), title="Divergence by tool (most used)")
         made.append(_save(fig, out, AUDIT.tools_plot))
@@ -171,7 +176,7 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     lines = [
         "# Fidelity audit" + (" — determinism check" if s.get("determinism_check") else ""),
         "",
-        f"Inputs: {', '.join(s['inputs'])}",
+        f"Inputs: {', '.join(md(i) for i in s['inputs'])}",
         f"Verdict: diverged = `{s['verdict']['scorer']}` < {s['verdict']['threshold']}",
         "",
         *_scope(s),
@@ -249,7 +254,7 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
                   "Real responses are the determinism check: they must never diverge.", "",
                   "| source | steps | divergence | 95% CI |", "|---|---|---|---|"]
         for k, v in src.items():
-            lines.append(f"| {k} | {v['steps']} | {_fmt(v['divergence_rate'], True)} |"
+            lines.append(f"| {md(k)} | {v['steps']} | {_fmt(v['divergence_rate'], True)} |"
                          f"{_ci(v.get('divergence_ci'))} |")
     lines += ["", "## By depth (0 = first rehearsed step)", "",
               "| depth | steps | divergence | 95% CI |", "|---|---|---|---|"]
@@ -259,19 +264,20 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     for key, title in (("by_mutates_state", "By read/write tool"), ("by_novelty", "By novelty")):
         lines += ["", f"## {title}", "", "| stratum | steps | divergence |", "|---|---|---|"]
         for k, v in (s.get(key) or {}).items():
-            lines.append(f"| {k} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
+            lines.append(f"| {md(k)} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
     lines += ["", "## By tool", "", "| tool | steps | divergence |", "|---|---|---|"]
     for k, v in sorted((s.get("by_tool") or {}).items(), key=lambda kv: -kv[1]["n"]):
-        lines.append(f"| {k} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
+        lines.append(f"| {md(k)} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
     lines += history_lines(s.get("history") or {})
     if s.get("skipped_records"):
         lines += ["", "## Skipped records", ""]
         for r in s["skipped_records"][:50]:
-            lines.append(f"- {r['file']}:{r['line']}: {r['reason']}")
+            lines.append(f"- {md(r['file'])}:{r['line']}: {md(r['reason'])}")
     if s.get("warnings"):
         lines += ["", "## Warnings", ""]
         for w in s["warnings"][:50]:
-            lines.append(f"- {w['file']}:{w['line']} ({w['trajectory_id']}): {w['message']}")
+            lines.append(f"- {md(w['file'])}:{w['line']} ({md(w['trajectory_id'])}): "
+                         f"{md(w['message'])}")
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -279,5 +285,5 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
 def write_report(out: Path, summary: dict[str, Any], plots: bool = True) -> None:
     made = plot_all(out, summary) if plots else []
     tmp = out / f"{AUDIT.report}.tmp"
-    tmp.write_text(render_markdown(summary, made), encoding="utf-8")
+    tmp.write_text(render_markdown(summary, made), encoding="utf-8", errors="backslashreplace")
     os.replace(tmp, out / AUDIT.report)

@@ -42,7 +42,15 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
         tasks = [t for t in load_tasks().values() if t.category in args.categories]
     else:
         tasks = split_tasks(args.split, tuple(args.categories))
-    return _write(export_real(tasks, turn_end=not args.no_turn_end), args.out)
+    skipped: list[tuple[str, str]] = []
+    return _write(export_real(tasks, turn_end=not args.no_turn_end, limits=_limits(args),
+                              skipped=skipped), args.out, skipped)
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from envace.core.envs.guard import CallLimits
+
+    return CallLimits(args.call_timeout or None, args.call_memory_mb or None)
 
 
 def _export_other(args: argparse.Namespace) -> int:
@@ -66,30 +74,38 @@ def _export_other(args: argparse.Namespace) -> int:
         else:
             from envace.core.envs.base import make_env
 
-            env = make_env(args.env)
+            env = make_env(args.env)  # a plugin's import failure: PluginLoadError, exit 2
             if args.split != "all" or not hasattr(env, "task_ids"):
                 print(f"envace: {args.env} has no committed splits: use --split all "
                       "(needs task_ids) or --tasks", file=sys.stderr)
                 return 2
             ids = list(env.task_ids())
+        skipped: list[tuple[str, str]] = []
         trajs = export_env(args.env, ids, turn_end=not args.no_turn_end,
-                           version=args.benchmark_version)
-        return _write(trajs, args.out)
+                           version=args.benchmark_version, limits=_limits(args),
+                           skipped=skipped)
+        return _write(trajs, args.out, skipped)
     except (UnknownEnvironment, KeyError, ValueError) as exc:
         print(f"envace: {exc}", file=sys.stderr)
         return 2
 
 
-def _write(trajs: Any, out: str) -> int:
+def _write(trajs: Any, out: str, skipped: list[tuple[str, str]] | None = None) -> int:
+    """Write the trajectories; a task that could not be recorded is named on stderr (exit 3)."""
     from envace.core.schema import TrajectoryWriter
+    from envace.core.text import terminal_safe
 
     n = 0
     with TrajectoryWriter(out, mode="w") as w:
         for traj in trajs:
             w.write(traj)
             n += 1
-    print(f"wrote {n} real trajectories to {out}")
-    return 0
+    skipped = skipped or []
+    print(f"wrote {n} real trajectories to {terminal_safe(out)}"
+          + (f"; skipped {len(skipped)} task(s)" if skipped else ""))
+    for tid, reason in skipped[:20]:
+        print(f"  skipped {terminal_safe(tid)}: {terminal_safe(reason)}", file=sys.stderr)
+    return 3 if skipped else 0
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -106,13 +122,16 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     from envace.core.envs.base import describe_env, env_names
+    from envace.core.text import terminal_safe as safe
 
     names = args.names or env_names()
+    failed = 0
     for name in names:
         d = describe_env(name)
-        print(f"{name}  [{d['source']}]")
+        print(f"{safe(name)}  [{safe(d['source'])}]")
         if d["error"]:
-            print(f"  error: {d['error']}")
+            print(f"  error: {safe(d['error'])}")
+            failed += 1
             continue
         for key in ("tasks", "tools"):
             items = d[key]
@@ -120,10 +139,10 @@ def _cmd_envs(args: argparse.Namespace) -> int:
                 print(f"  {key}: (not listed)")
                 continue
             items = sorted(set(items)) if key == "tools" else items
-            shown = ", ".join(items if args.all else items[:8])
+            shown = ", ".join(safe(str(i)) for i in (items if args.all else items[:8]))
             more = "" if args.all or len(items) <= 8 else ", ... (--all lists every one)"
             print(f"  {key} ({len(items)}): {shown}{more}")
-    return 0
+    return 3 if failed else 0  # listed, but an environment could not be loaded
 
 
 def _cmd_splits(args: argparse.Namespace) -> int:
@@ -152,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="output .jsonl")
     ex.add_argument("--no-turn-end", action="store_true",
                     help="omit the empty assistant message that closes each turn")
+    ex.add_argument("--call-timeout", type=float, default=30.0, metavar="S",
+                    help="wall-clock limit of every environment call (a child process killed "
+                         "past it; the task is skipped, exit 3; default %(default)g; 0: none)")
+    ex.add_argument("--call-memory-mb", type=int, default=4096, metavar="MB",
+                    help="memory a call may add to the environment's process (0: no limit)")
     ex.set_defaults(func=_cmd_export_real)
     rec = dsub.add_parser(
         "record", help="an MCP task file's ground truth against its server: real trajectories",

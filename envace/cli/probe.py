@@ -68,6 +68,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
     add_cluster_by(p)
     p.add_argument("--quiet", action="store_true", help="no progress")
+    p.add_argument("--call-timeout", type=float, default=30.0, metavar="S",
+                   help="wall-clock limit of every real environment call (its process is "
+                        "killed past it; docs/audit.md, limits; default %(default)g; 0: none)")
+    p.add_argument("--call-memory-mb", type=int, default=4096, metavar="MB",
+                   help="memory a real call may add to the environment's process (0: none)")
     g = p.add_argument_group("grounded world models (a memory of real responses)")
     g.add_argument("--memory", metavar="TRAIN.jsonl",
                    help="show the model, before each tool turn, the --memory-k most similar "
@@ -264,7 +269,9 @@ def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
                         verdict_threshold=args.threshold, progress=progress,
                         reference=getattr(args, "reference", None),
-                        cluster_by=getattr(args, "cluster_by", None))
+                        cluster_by=getattr(args, "cluster_by", None),
+                        call_timeout_s=getattr(args, "call_timeout", 30.0) or None,
+                        call_memory_mb=getattr(args, "call_memory_mb", 4096) or None)
 
 
 def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -> int:

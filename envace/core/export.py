@@ -8,24 +8,37 @@ Each task becomes one trajectory (``source: "real"``) built by its family
 ``envace.core.envs.base``) gets one user message, its ground-truth calls and an empty final
 assistant message. These files are the SFT data, the audit's determinism check and the source of
 the reference world models.
+
+With ``limits`` (the CLI's ``--call-timeout``; ``envace.core.envs.guard``) the environment runs
+in a child process and every call is under the limit; a task whose call runs past it, or (a
+plugin) whose reset or calls raise, is not written but named in ``skipped`` (task id, reason):
+it costs that task, and the CLI exits 3.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from envace.core.envs.base import Environment, make_env
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
+from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env
 from envace.core.schema import Message, Trajectory
+
+
+class ExportSkip(Exception):
+    """A task whose real trajectory cannot be recorded (a call past its limit)."""
 
 
 def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
               messages: list[dict[str, Any]], step: int) -> int:
-    """Execute calls, appending one assistant message and one tool message per call."""
+    """Execute calls, appending one assistant message and one tool message per call; a call
+    past its limit is no real response and is never written as one (:class:`ExportSkip`)."""
     for name, args in calls:
         call_id = f"c{step}"
         result = env.execute(name, args)
+        if getattr(result, "timeout", False):
+            raise ExportSkip(f"call {step} ({name!r:.80}): {result.content[:200]}")
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         tool_msg = {"role": "tool", "tool_call_id": call_id, "name": name,
@@ -52,32 +65,57 @@ def plugin_trajectory(env: Any, env_name: str, task_id: str, turn_end: bool = Tr
     )
 
 
-def export_real(tasks: Iterable[Any], turn_end: bool = True) -> Iterator[Trajectory]:
+def export_real(tasks: Iterable[Any], turn_end: bool = True, limits: CallLimits | None = None,
+                skipped: list[tuple[str, str]] | None = None) -> Iterator[Trajectory]:
     """Real trajectories of tasks of any built-in family (one environment reused per family
-    and version: a reset restores the task's whole initial state)."""
+    and version: a reset restores the task's whole initial state); ``limits``/``skipped``: see
+    the module docstring (without ``skipped`` a failure raises)."""
     envs: dict[tuple[str, Any], Any] = {}
     for task in tasks:
         fam = family(task.env_name)
-        key = (fam.name, getattr(task, "version", None))
+        version = getattr(task, "version", None)
+        key = (fam.name, version)
         if key not in envs:
-            envs[key] = fam.new_env(task)
-        yield fam.real_trajectory(task, envs[key], turn_end)
+            envs[key] = fam.new_env(task) if limits is None else guarded_env(
+                task.env_name, limits, **({"version": version} if version else {}))
+        yield from _kept(task.id, skipped, (CallTimeout, EnvProcessDied),
+                         lambda t=task, e=envs[key], f=fam: f.real_trajectory(t, e, turn_end))
 
 
 def export_env(env_name: str, task_ids: Iterable[str], turn_end: bool = True,
-               version: str | None = None) -> Iterator[Trajectory]:
+               version: str | None = None, limits: CallLimits | None = None,
+               skipped: list[tuple[str, str]] | None = None) -> Iterator[Trajectory]:
     """Real trajectories of tasks named by id, of a built-in family or a plugin that lists its
     tasks; ``version`` picks a benchmark version where the family has several (AgentDojo)."""
     if env_name in FAMILIES or env_name.startswith(MCP_PREFIX):  # an MCP profile is a family
         fam = family(env_name)
         yield from export_real((fam.get_task(tid, version) for tid in task_ids),
-                               turn_end=turn_end)
+                               turn_end=turn_end, limits=limits, skipped=skipped)
         return
-    plugin = make_env(env_name)
+    plugin = make_env(env_name) if limits is None else guarded_env(env_name, limits)
     missing = [m for m in ("task_prompt", "ground_truth") if not hasattr(plugin, m)]
     if missing:
         raise ValueError(f"environment {env_name!r} does not list tasks with ground truth "
                          f"(no {', '.join(missing)}): it cannot export real trajectories")
-    for tid in task_ids:
-        yield plugin_trajectory(plugin, env_name, tid, turn_end=turn_end)
+    for tid in task_ids:  # a plugin's own failure (its setup raising) costs that task
+        yield from _kept(tid, skipped, (Exception,),
+                         lambda t=tid: plugin_trajectory(plugin, env_name, t, turn_end=turn_end))
 
+
+def _kept(task_id: str, skipped: list[tuple[str, str]] | None,
+          costs_one: tuple[type[BaseException], ...],
+          make: Callable[[], Trajectory]) -> Iterator[Trajectory]:
+    """``make()``'s trajectory, or (with ``skipped``) the reason it cannot be made, listed."""
+    try:
+        traj = make()
+    except ExportSkip as exc:
+        if skipped is None:
+            raise
+        skipped.append((task_id, str(exc)))
+        return
+    except costs_one as exc:
+        if skipped is None:
+            raise
+        skipped.append((task_id, f"{type(exc).__name__}: {str(exc)[:300]}"))
+        return
+    yield traj

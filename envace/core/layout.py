@@ -68,6 +68,7 @@ class RunLayout:
     initial_world_model: str = "initial_world_model"  #: a separate world model's KL anchor
     running: str = "RUNNING"  #: JSON {"pid", "host", "started"} while the run goes
     heartbeat: str = "heartbeat"  #: rewritten every 20 s by the live run
+    lock: str = ".train.lock"  #: flock held by the one process writing the run
     eval_trajectories: str = "trajectories.jsonl"  #: eval/<name>/ (envace eval, rehearse)
     eval_summary: str = "summary.json"  #: eval/<name>/: the evaluation's figures
     plans: str = "plans.jsonl"  #: eval/<name>/ of test-time rehearsal: the rehearsed plans

@@ -30,7 +30,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_ID = "envace.trajectory/1"
-MAX_LINE_BYTES = 64 * 1024 * 1024  # a record larger than this is reported, not parsed
+#: Size limits (docs/audit.md, "Size limits"), the same for every reader and writer: a JSONL
+#: line (a trajectory, a step row) longer than MAX_LINE_BYTES is one skipped record, never
+#: parsed nor written; a tool call's arguments (as JSON) or one response text longer than
+#: MAX_CALL_BYTES (UTF-8) makes its trajectory one skipped record, before any replay.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+MAX_CALL_BYTES = 1024 * 1024
+
+
+class RecordTooLarge(ValueError):
+    """A record whose line would pass :data:`MAX_LINE_BYTES` (it is not written)."""
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` as written (a lone surrogate counts as its escape)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class _Model(BaseModel):
@@ -125,7 +139,7 @@ class Trajectory(_Model):
         return {"schema": SCHEMA_ID, **data}
 
     def to_json(self) -> str:
-        return json.dumps(self.dump(), ensure_ascii=False)
+        return json_text(self.dump())
 
 
 @dataclass(frozen=True)
@@ -285,6 +299,19 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
     return [it.trajectory for it in read_trajectories(path) if it.trajectory is not None]
 
 
+def json_text(data: Any, **kw: Any) -> str:
+    """``json.dumps(data, ensure_ascii=False)``, unless the text holds a lone surrogate (valid
+    JSON ``"\\ud800"`` decodes to one) that UTF-8 cannot write: then ``ensure_ascii=True`` for
+    this value, which reads back as the same data. Every JSON writer goes through this, so a
+    surrogate never crashes a writer nor changes what is written for any other text."""
+    text = json.dumps(data, ensure_ascii=False, **kw)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True, **kw)
+    return text
+
+
 class TrajectoryWriter:
     """Append-only JSONL writer: one record per line, flushed after each (fsync optional).
 
@@ -299,8 +326,13 @@ class TrajectoryWriter:
         self._fh = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def write(self, record: Trajectory | dict[str, Any]) -> None:
+        """Append one record; :class:`RecordTooLarge` (nothing written) past the line limit."""
         data = record.dump() if isinstance(record, BaseModel) else record
-        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
+        line = json_text(data) + "\n"
+        if len(line) > MAX_LINE_BYTES // 4 and utf8_len(line) > MAX_LINE_BYTES:
+            raise RecordTooLarge(f"record of {utf8_len(line)} bytes is longer than the "
+                                 f"{MAX_LINE_BYTES}-byte line limit: not written")
+        self._fh.write(line)
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())

@@ -32,6 +32,7 @@ Model output is data: `parse_assistant` only JSON-decodes it and never raises.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -52,6 +53,7 @@ _TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool
 _TYPES |= {"array": "list", "tuple": "list", "object": "dict", "dict": "dict", "null": "None"}
 # Marker strings are escaped inside call JSON ("<" as \u003c, still the same JSON value),
 # so argument strings can hold anything and the blocks still parse back.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_ESCAPES = {m: "\\u003c" + m[1:] for m in (CALL_OPEN, CALL_CLOSE, IM_START, IM_END)}
 
 Message = Mapping[str, Any]
@@ -288,6 +290,7 @@ def encode_text(tokenizer: Any, text: str, measuring: bool = False) -> list[int]
     that running it "will result in indexing errors" would be false)."""
     if not text:
         return []
+    text = _LONE_SURROGATE.sub("\ufffd", text)  # data cannot crash the tokenizer (issue 39)
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True,
                           verbose=not measuring)["input_ids"])
 

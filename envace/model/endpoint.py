@@ -20,8 +20,11 @@ Two ways to ask (`api`):
 Failures are data, never a crash: a timeout, a refused connection, a 5xx/408/429, an answer that
 is not JSON or lacks ``choices[0].text`` (``message.content`` for chat) is retried with
 exponential backoff (`backoff_s` * 2^k, at most `max_backoff_s`, `retries` times); any other 4xx
-is not retried. What still fails comes back as `Answer(text=None, error=reason)`. Nothing but
-the configured URL is contacted; the server's text is only ever used as a string. A server that
+is not retried. `timeout_s` bounds a whole attempt (connect, headers, body: a server that sends
+one byte a second is cut off at it), and Ctrl-C ends the requests in flight at once
+(`abort`). What still fails comes back as `Answer(text=None, error=reason)`. Nothing but the
+configured URL is contacted (a redirect is an error, never followed: the key goes nowhere
+else); the server's text is only ever used as a string. A server that
 wants a key gets `Authorization: Bearer $ENVACE_ENDPOINT_API_KEY` when that variable is set
 (never any other variable: a key is sent only where the user said so).
 Stdlib only (urllib and a thread pool): no torch, no HTTP dependency.
@@ -29,13 +32,14 @@ Stdlib only (urllib and a thread pool): no torch, no HTTP dependency.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
+import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,6 +98,13 @@ def request_for(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[s
     raise ValueError(f"api must be one of {', '.join(APIS)}, not {api!r}")
 
 
+def _abort(held: list[socket.socket]) -> None:
+    """Wake a thread blocked on a request's socket (it then fails at once)."""
+    for sock in list(held):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def _short(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
@@ -117,36 +128,83 @@ class EndpointClient:
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if os.environ.get(API_KEY_ENV):
             self.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
+        self._live: list[list[socket.socket]] = []
+        self._live_lock = threading.Lock()
+        self._closing = False
 
     # ------------------------------------------------------------ one HTTP exchange
 
     def _http(self, path: str, body: Mapping[str, Any] | None) -> Any:
+        """One exchange with the configured server, bounded as a whole by ``timeout_s``
+        (connect, headers and body: a server that drips bytes is cut off at the deadline). A
+        redirect is never followed: only the configured endpoint is contacted, and the key
+        never goes anywhere else."""
         url = self.base + path
+        parts = urllib.parse.urlsplit(url)
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers=self.headers)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname, parts.port, timeout=self.timeout_s)
+        expired = threading.Event()
+        held: list[socket.socket] = []  # the socket (a response that closes takes it from conn)
+
+        def _expire() -> None:
+            expired.set()
+            _abort(held)
+
+        timer = threading.Timer(self.timeout_s, _expire)
+        timer.daemon = True
+        with self._live_lock:
+            self._live.append(held)
+        timer.start()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = _short(exc.read().decode("utf-8", "replace")) if exc.fp else ""
-            retry = exc.code >= 500 or exc.code in RETRY_STATUS
-            raise _Failure(f"HTTP {exc.code} from {url}: {detail}", retry) from None
-        except TimeoutError:
-            raise _Failure(f"no answer from {url} within {self.timeout_s:g} s", True) from None
-        except urllib.error.URLError as exc:
-            why = exc.reason
-            if isinstance(why, TimeoutError):
+            conn.connect()
+            held.append(conn.sock)
+            if expired.is_set() or self._closing:
+                _abort(held)
+            conn.request("GET" if body is None else "POST", parts.path, body=data,
+                         headers=self.headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            status, location = resp.status, resp.getheader("Location")
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
                 raise _Failure(f"no answer from {url} within {self.timeout_s:g} s",
                                True) from None
-            raise _Failure(f"cannot reach {url}: {why}", True) from None
-        except (ConnectionError, OSError) as exc:  # reset mid-answer, a broken response
+            if self._closing:
+                raise _Failure(f"request to {url} abandoned (interrupted)", False) from None
+            if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+                raise _Failure(f"cannot reach {url}: {exc}", True) from None
             raise _Failure(f"connection to {url} failed: {exc}", True) from None
+        finally:
+            timer.cancel()
+            with self._live_lock:
+                self._live.remove(held)
+            conn.close()
+            for sock in held:
+                sock.close()
+        if expired.is_set():
+            raise _Failure(f"no answer from {url} within {self.timeout_s:g} s", True)
+        if 300 <= status < 400:
+            raise _Failure(f"HTTP {status} from {url}: a redirect (to "
+                           f"{_short(location or '?')}) is not followed: only the configured "
+                           "endpoint is contacted", False)
+        if status >= 400:
+            detail = _short(raw.decode("utf-8", "replace"))
+            retry = status >= 500 or status in RETRY_STATUS
+            raise _Failure(f"HTTP {status} from {url}: {detail}", retry)
         try:
             return json.loads(raw)
         except ValueError:
             shown = _short(raw.decode("utf-8", "replace")) or "(empty)"
             raise _Failure(f"answer from {url} is not JSON: {shown}", True) from None
+
+    def abort(self) -> None:
+        """End every request in flight now (Ctrl-C: threads must not wait for a timeout)."""
+        self._closing = True
+        with self._live_lock:
+            live = list(self._live)
+        for held in live:
+            _abort(held)
 
     def _text(self, data: Any) -> str:
         """The generated text of a decoded answer; `_Failure` (retried) for a wrong schema."""
@@ -181,7 +239,7 @@ class EndpointClient:
                 text = self._text(self._http(path, body))
                 return Answer(text.split(chat.IM_END, 1)[0], None, attempt)
             except _Failure as exc:
-                if not exc.retry or attempt > self.retries:
+                if not exc.retry or attempt > self.retries or self._closing:
                     return Answer(None, exc.reason, attempt)
                 self._sleep(self.delay(attempt))
 
@@ -201,8 +259,15 @@ class EndpointClient:
                     progress(done[0])
             return ans
 
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(one, requests))
+        pool = ThreadPoolExecutor(max_workers=concurrency)
+        try:
+            out = list(pool.map(one, requests))
+        except BaseException:  # Ctrl-C: cut the requests in flight, do not wait for them
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.abort()
+            raise
+        pool.shutdown(wait=True)
+        return out
 
     def check(self) -> list[str]:
         """The served model ids (`GET /models`, one attempt); `EndpointError` if unusable.

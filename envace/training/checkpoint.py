@@ -42,20 +42,51 @@ def save_checkpoint(run_dir: Path, step: int, models: dict[str, Any], tokenizer:
     final = RUN.checkpoint_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, model in models.items():
-        model.save_pretrained(tmp / name)
-        tokenizer.save_pretrained(tmp / name)
-    torch.save({"optimizers": optimizer_states,
-                "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-                "rng": rng_state()}, tmp / RUN.trainer_tensors)
-    (tmp / RUN.trainer_state).write_text(json.dumps({"step": step, **extra}, indent=1))
+    try:
+        tmp.mkdir(parents=True)
+        for name, model in models.items():
+            model.save_pretrained(tmp / name)
+            tokenizer.save_pretrained(tmp / name)
+        torch.save({"optimizers": optimizer_states,
+                    "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+                    "rng": rng_state()}, tmp / RUN.trainer_tensors)
+        (tmp / RUN.trainer_state).write_text(json.dumps({"step": step, **extra}, indent=1))
+    except (OSError, RuntimeError) as exc:  # torch says "unexpected pos" for a full disk
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half checkpoint filling the disk
+        raise CheckpointWriteError(write_failure(tmp.parent, exc, f"checkpoint step_{step}")
+                                   ) from exc
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     done = sorted(list_checkpoints(run_dir))
     for old in done[:-keep]:
         shutil.rmtree(RUN.checkpoint_dir(run_dir, old), ignore_errors=True)
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (nothing of it is left behind)."""
+
+
+def write_failure(where: Path, exc: BaseException, what: str) -> str:
+    """One line saying why ``what`` could not be written under ``where``: the system's reason
+    (no space left, read-only, permission), found out when the library's error hides it."""
+    import errno
+
+    code = getattr(exc, "errno", None)
+    if code is None:
+        probe = Path(where)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            free = None
+        if free is not None and free < 64 * 1024 * 1024:
+            code = errno.ENOSPC
+        elif not os.access(probe, os.W_OK):
+            code = errno.EACCES
+    reason = os.strerror(code) if code else f"{type(exc).__name__}: {str(exc)[:200]}"
+    return f"cannot write {what} in {where}: {reason}"
 
 
 def list_checkpoints(run_dir: Path) -> list[int]:

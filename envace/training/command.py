@@ -84,4 +84,29 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         print(f"envace train: interrupted; continue with `envace train --resume {cfg.run_dir}`",
               file=sys.stderr)
         return 130
+    except (OSError, RuntimeError) as exc:  # a full disk, a read-only output_dir
+        line = _write_failure(cfg.run_dir, exc)
+        if line is None:
+            raise
+        print(f"envace train: {line}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _write_failure(run_dir: Path, exc: BaseException) -> str | None:
+    """One line for a failure to write the run (the system's reason), None for anything else
+    (a RuntimeError that is no I/O failure is a bug and keeps its traceback)."""
+    from envace.training.checkpoint import CheckpointWriteError, write_failure
+
+    if isinstance(exc, CheckpointWriteError):
+        line = str(exc)
+    elif isinstance(exc, OSError):
+        line = write_failure(Path(exc.filename).parent if exc.filename else run_dir, exc,
+                             Path(exc.filename).name if exc.filename else "the run")
+    else:
+        line = write_failure(run_dir, exc, "the run")
+        if line.endswith(f"{type(exc).__name__}: {str(exc)[:200]}"):
+            return None  # neither a full disk nor an unwritable directory: not an I/O failure
+    resumable = (run_dir / RUN.config).exists()
+    return line + (f"; continue with `envace train --resume {run_dir}` once it can be written"
+                   if resumable else "")

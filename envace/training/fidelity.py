@@ -28,6 +28,7 @@ from audit.scoring.settings import AuditOptions
 from audit.stats.population import is_rehearsed
 from audit.stats.summary import build_summary, compact
 from audit.store.output import AuditWriter
+from envace.core.envs.guard import GuardedEnv
 from envace.core.schema import Trajectory
 
 #: One trajectory's audit, or why it could not be replayed.
@@ -36,13 +37,18 @@ Audited = TrajectoryAudit | str
 
 def replay_rollouts(trajs: list[Trajectory], settings: AuditOptions) -> list[Audited]:
     """Replay and score every trajectory once (a ``ReplayError`` becomes its reason)."""
-    envs: dict = {}
+    envs: dict = {}  # each under the call limits (a child process: envace.core.envs.guard)
     out: list[Audited] = []
-    for traj in trajs:
-        try:
-            out.append(replay_trajectory(traj, settings, envs))
-        except ReplayError as exc:
-            out.append(str(exc))
+    try:
+        for traj in trajs:
+            try:
+                out.append(replay_trajectory(traj, settings, envs))
+            except ReplayError as exc:
+                out.append(str(exc))
+    finally:
+        for env in envs.values():
+            if isinstance(env, GuardedEnv):  # a plain environment's "close" may be a tool
+                env.close()
     return out
 
 

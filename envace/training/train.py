@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from envace.training.fidelity import (
 from envace.training.fsdp import grad_norm_value
 from envace.training.resume import (
     Heartbeat,
+    RunLock,
     check_new_run_dir,
     keep_metrics,
     plan_resume,
@@ -392,6 +394,15 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     directory; a resumed one continues exactly from a checkpoint or is refused; ``restart``
     (with ``resume``) starts a run that has no checkpoint over from step 0. A served simulator
     (``simulator_model=http://...``) is checked before anything is written too."""
+    lock = RunLock(cfg.run_dir)  # released however this ends (the kernel does it on a kill)
+    try:
+        return _train(cfg, resume, progress, rollout, restart, lock)
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, resume: bool, progress: bool, rollout: Any | None, restart: bool,
+           lock: RunLock) -> Path:
     from envace.training.train_report import finish_run
 
     dist = init(cfg.sharding)
@@ -403,7 +414,12 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     progress = progress and dist.is_main
     run_dir = cfg.run_dir
     if resume:
+        if dist.is_main:
+            lock.acquire()  # a second trainer of this run is refused before anything is read
         plan = plan_resume(run_dir, restart)
+        for step, why in plan.damaged if dist.is_main else ():
+            print(f"envace train: checkpoint step_{step} is damaged ({why}): resuming from "
+                  f"step_{plan.step} (the steps after it are redone)", file=sys.stderr)
         state = load_checkpoint(run_dir, plan.step) if plan.step is not None else None
     else:
         check_new_run_dir(run_dir)
@@ -418,6 +434,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
     dist.barrier()  # every rank has read the old config before rank 0 rewrites it
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            lock.acquire()
         dump_yaml(cfg, run_dir / RUN.config)
         (run_dir / RUN.running).write_text(running_marker())  # removed by a clean end only
     beat = Heartbeat(run_dir, active=dist.is_main).start()

@@ -339,8 +339,11 @@ def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     # a key the old config lacks (added to the trainer since) had its default value then
     old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / RUN.config).read_text())
                                         or {})}
+    # output_dir is where the run is, named by the --resume path itself: "runs", "./runs" and
+    # "/abs/runs" (or the same from another directory) are one run
     diff = sorted(k for k in set(old) | set(new)
-                  if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
+                  if k not in RESUMABLE_CHANGES and k != "output_dir"
+                  and old.get(k) != new.get(k))
     if diff:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
         raise ConfigError(f"{run_dir} was made by another configuration ({shown}); resume it "

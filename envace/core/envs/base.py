@@ -55,10 +55,12 @@ class ToolKind(StrEnum):
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What the environment returned for one call. Errors are data, never exceptions."""
+    """What the environment returned for one call. Errors are data, never exceptions.
+    ``timeout``: the call ran past its time limit (or its process died) and was ended."""
 
     content: str
     error: bool = False
+    timeout: bool = False
 
 
 @runtime_checkable
@@ -132,7 +134,8 @@ def _distribution(ep: EntryPoint) -> str:
 def _load_plugin(name: str, ep: EntryPoint) -> Callable[..., Environment]:
     try:
         factory = ep.load()
-    except Exception as exc:  # any failure inside the plugin's import is reported, not raised
+    except BaseException as exc:  # noqa: BLE001 (a plugin's sys.exit or KeyboardInterrupt on
+        # import is the plugin's failure, reported, never the command's exit)
         raise PluginLoadError(
             f"environment plugin {name!r} ({ep.value}, from {_distribution(ep)}) failed to "
             f"import: {type(exc).__name__}: {exc}"
@@ -157,7 +160,7 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     factory = _load_plugin(name, plugins[name])
     try:
         return factory(**kwargs)
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 (as on import)
         raise PluginLoadError(f"environment plugin {name!r} ({plugins[name].value}) failed to "
                               f"construct: {type(exc).__name__}: {exc}") from exc
 
@@ -250,4 +253,4 @@ def plain(value: Any, _seen: set[int] | None = None, _depth: int = 0) -> Any:
 def hash_state(state: Any) -> str:
     """A 16-hex-digit hash of JSON-able state (key order does not matter)."""
     text = json.dumps(state, sort_keys=True, ensure_ascii=False, default=repr)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()

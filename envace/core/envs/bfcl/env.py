@@ -19,6 +19,7 @@ import importlib
 import inspect
 import json
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from functools import cache, lru_cache
@@ -96,6 +97,8 @@ def _time_limit(seconds: float | None):
         return
 
     def _raise(signum: int, frame: Any) -> None:
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            return  # a Ctrl-C that came while C code ran must not be replaced by the timeout
         raise ToolTimeout(f"tool call exceeded {seconds} s")
 
     old = signal.signal(signal.SIGALRM, _raise)
@@ -224,6 +227,10 @@ class BFCLEnv:
             arguments = copy.deepcopy(arguments)
             with _time_limit(self.timeout_s):
                 result = method(**arguments)
+        except ToolTimeout as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                raise exc.__context__ from None
+            return ToolResult(f"{ERROR_PREFIX}{exc}", True, timeout=True)
         except Exception as exc:  # the backend's failure is data, as in bfcl-eval
             return ToolResult(f"{ERROR_PREFIX}{exc}", True)
         return ToolResult(serialize_result(result), is_error_value(result))

@@ -1,0 +1,452 @@
+"""Every environment call under a wall-clock and a memory limit, C code included.
+
+A CPU-bound call inside a C extension (BFCL's ``square_root(number=2, precision=10**7)`` runs
+127 s in ``decimal``) cannot be interrupted inside the process: a signal handler only runs
+between bytecodes. So the real environment is hosted in a child process (forked, so it is
+built from the same code and registrations as the caller) and every call is forwarded over a
+pipe; a call that does not answer within the limit gets its process killed.
+
+    env = guarded_env("bfcl", CallLimits(call_timeout_s=30))
+    env.reset("multi_turn_base_0")
+    env.execute("square_root", {"number": 2, "precision": 10**7})
+    # ToolResult("Error during execution: the call ran past the call limit of 30 s ...",
+    #            error=True, timeout=True) after 30 s; the environment is usable again
+
+It is generic: :class:`GuardedEnv` wraps any environment :func:`~envace.core.envs.base.make_env`
+can build (built in, registered, plugin) by its name and keyword arguments, and forwards the
+protocol (``reset``, ``execute``, ``tools``, ``state``, ``state_hash``, ``tool_kind``) and every
+other public method the environment has (``tool_names``, ``reset_record``, ``task_ids``, ...).
+
+After a call is killed (or the process died: a plugin's ``os._exit``, a segfault, the memory
+limit), a fresh child is started and brought back to the state before that call by replaying
+the reset and the calls since it (environments are deterministic backends; the killed call is
+taken to have changed nothing). If that restore fails too, every later call until the next
+``reset`` answers an error marked ``timeout``: the rest of that trajectory is lost, never
+more. Memory: ``RLIMIT_AS`` of the child is set to its size at start plus ``memory_mb`` (Linux
+and macOS; elsewhere no memory limit), so an allocation past it fails inside the call (an error
+result) or kills the child (answered as above). Ctrl-C in the caller kills the child and
+propagates; the child itself ignores SIGINT and dies with its parent (Linux).
+
+``execute_many`` runs a list of calls in one message and streams each result back, so a
+trajectory costs one round trip, not one per call (bench/results/guard_overhead.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from envace.core.envs.base import PluginLoadError, ToolKind, ToolResult, make_env
+from envace.core.envs.family import MCP_PREFIX
+
+#: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
+#: take milliseconds; 30 s leaves room for a slow plugin and still ends a stall quickly.
+DEFAULT_CALL_TIMEOUT_S = 30.0
+#: Address space a call may add to the environment process (``--call-memory-mb``).
+DEFAULT_MEMORY_MB = 4096
+#: Seconds the child may take to build the environment (imports, loading task data).
+STARTUP_TIMEOUT_S = 300.0
+ERROR_PREFIX = "Error during execution: "
+
+
+class CallTimeout(Exception):
+    """A guarded call other than ``execute`` (reset, state, ...) ran past the limit."""
+
+
+class EnvProcessDied(Exception):
+    """The environment's process died during a call other than ``execute``."""
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """The limits of every environment call: wall-clock seconds and added memory (MiB); None
+    turns a limit off (both None: no child process at all)."""
+
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    memory_mb: int | None = DEFAULT_MEMORY_MB
+
+    def __post_init__(self) -> None:
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise ValueError(f"call timeout must be > 0 seconds, not {self.call_timeout_s}")
+        if self.memory_mb is not None and self.memory_mb < 1:
+            raise ValueError(f"call memory limit must be >= 1 MiB, not {self.memory_mb}")
+
+    @property
+    def off(self) -> bool:
+        return self.call_timeout_s is None and self.memory_mb is None
+
+
+def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> Any:
+    """Environment ``name`` with every call under ``limits`` (default :class:`CallLimits`);
+    ``limits.off``: the plain environment in this process. An MCP server (``mcp:<profile>``)
+    already runs in a process of its own: its requests take the call limit as their timeout (a
+    hung server is stopped, envace/core/envs/mcp/), and the memory limit does not apply."""
+    limits = limits if limits is not None else CallLimits()
+    if limits.off:
+        return make_env(name, **kwargs)
+    if name.startswith(MCP_PREFIX):  # already out of process: the server's own request timeout
+        return make_env(name, **{"call_timeout": limits.call_timeout_s, **kwargs})
+    return GuardedEnv(name, kwargs, limits)
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _child_setup(memory_mb: int | None, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+    if memory_mb is not None:
+        with contextlib.suppress(ImportError, OSError, ValueError):
+            import resource
+
+            limit = _address_space() + memory_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _address_space() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its text."""
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt from inside a call
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _child(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | None,
+           parent: int) -> None:
+    _child_setup(memory_mb, parent)
+    try:
+        env = make_env(name, **kwargs)
+    except BaseException as exc:  # a plugin that exits or raises KeyboardInterrupt on import
+        if not isinstance(exc, KeyError | PluginLoadError):
+            exc = PluginLoadError(f"environment {name!r} failed to load: "
+                                  f"{type(exc).__name__}: {exc}")
+        conn.send(("fail", _portable(exc)))
+        return
+    attrs = {a: callable(getattr(env, a, None)) for a in dir(env) if not a.startswith("_")}
+    conn.send(("ready", attrs))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        op = msg[0]
+        if op == "quit":
+            return
+        if op == "batch":
+            for tool, arguments in msg[1]:
+                _answer(conn, env.execute, (tool, arguments), {})
+            continue
+        if op == "begin":  # a reset, answered with what is asked right after one
+            _answer(conn, _begin, (env, msg[1], msg[2]), {})
+            continue
+        _, attr, args, kw = msg
+        if op == "get":
+            _answer(conn, lambda a=attr: getattr(env, a), (), {})
+        else:
+            _answer(conn, getattr(env, attr), args, kw)
+
+
+def _begin(env: Any, op: str, target: Any) -> dict[str, Any]:
+    getattr(env, op)(target)
+    return {"tool_names": env.tool_names()} if callable(getattr(env, "tool_names", None)) else {}
+
+
+def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> None:
+    try:
+        value = fn(*args, **kw)
+    except BaseException as exc:
+        conn.send(("raise", _portable(exc)))
+        return
+    try:
+        conn.send(("ok", value))
+    except Exception as exc:  # the value does not pickle
+        conn.send(("raise", RuntimeError(f"result not transferable: {type(exc).__name__}: "
+                                         f"{exc}")))
+
+
+# ---------------------------------------------------------------- the parent
+
+
+class GuardedEnv:
+    """An environment in a child process; see the module docstring."""
+
+    def __init__(self, name: str, kwargs: dict[str, Any] | None = None,
+                 limits: CallLimits | None = None) -> None:
+        self.name = name
+        self.kwargs = dict(kwargs or {})
+        self.limits = limits or CallLimits()
+        self.restarts = 0  # children killed or died (instrumentation)
+        self._proc: Any = None
+        self._conn: Any = None
+        self._attrs: dict[str, bool] = {}
+        self._reset_op: tuple[str, Any] | None = None
+        self._log: list[tuple[str, Any]] = []  # calls since the last reset
+        self._lost: str | None = None
+        self._kinds: dict[str, ToolKind | None] = {}  # kept across resets: a tool's kind
+        self._after_reset: dict[str, Any] = {}
+        self._start()
+
+    # -- the child's life ---------------------------------------------------------------------
+    def _start(self) -> None:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_child, args=(theirs, self.name, self.kwargs,
+                                                self.limits.memory_mb, os.getpid()),
+                           daemon=True, name=f"envace-env-{self.name}")
+        proc.start()
+        theirs.close()
+        self._proc, self._conn = proc, mine
+        try:
+            if not mine.poll(STARTUP_TIMEOUT_S):
+                self._kill()
+                raise PluginLoadError(f"environment {self.name!r} did not start within "
+                                      f"{STARTUP_TIMEOUT_S:g} s")
+            kind, value = mine.recv()
+        except EOFError:
+            code = self._kill()
+            raise PluginLoadError(f"environment {self.name!r} ended its process while loading "
+                                  f"({_exit_text(code)})") from None
+        except BaseException:
+            self._kill()
+            raise
+        if kind == "fail":
+            self._kill()
+            raise value
+        self._attrs = value
+
+    def _kill(self) -> int | None:
+        proc, self._proc = self._proc, None
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            self._conn = None
+        if proc is None:
+            return None
+        if proc.is_alive():
+            with contextlib.suppress(OSError):
+                proc.kill()
+        proc.join(5)
+        return proc.exitcode
+
+    def close(self) -> None:
+        """End the child process (also done when this object is collected)."""
+        if self._conn is not None:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self._conn.send(("quit",))
+        if self._proc is not None:
+            self._proc.join(1)
+        self._kill()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._kill()
+
+    def _wait(self, timeout: float | None) -> tuple[str, Any]:
+        """The next answer, or ("timeout", None) / ("died", exit code); Ctrl-C kills the child."""
+        try:
+            if not self._conn.poll(timeout):
+                self._kill()
+                return "timeout", None
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return "died", self._kill()
+        except BaseException:  # KeyboardInterrupt: the call is abandoned, the child too
+            self._kill()
+            raise
+
+    def _send(self, msg: tuple[Any, ...]) -> bool:
+        if self._proc is None:
+            self._restart()
+        try:
+            self._conn.send(msg)
+            return True
+        except (OSError, BrokenPipeError):
+            return False
+
+    def _restart(self) -> None:
+        """A fresh child in the state before the call that failed (reset + calls since)."""
+        self._kill()
+        self.restarts += 1
+        self._start()
+        if self._reset_op is None:
+            return
+        op, target = self._reset_op
+        kind, value = self._ask(("begin", op, target), restore=False)
+        if kind != "ok":
+            self._lost = f"the environment could not be reset again ({_what(kind, value)})"
+            return
+        for tool, arguments in self._log:
+            kind, value = self._ask(("call", "execute", (tool, arguments), {}), restore=False)
+            if kind not in ("ok", "raise"):  # it answered (or raised) the first time too
+                self._lost = (f"the environment could not be brought back to its state "
+                              f"({tool}: {_what(kind, value)})")
+                return
+
+    def _ask(self, msg: tuple[Any, ...], restore: bool = True) -> tuple[str, Any]:
+        if not self._send(msg):
+            kind, value = "died", self._kill()
+        else:
+            kind, value = self._wait(self.limits.call_timeout_s)
+        if kind in ("timeout", "died") and restore:
+            self._restart_quietly()
+        return kind, value
+
+    def _restart_quietly(self) -> None:
+        try:
+            self._restart()
+        except Exception as exc:  # it no longer starts: every later call says so
+            self._lost = f"the environment could not be restarted: {exc}"
+
+    def _call(self, attr: str, *args: Any, **kw: Any) -> Any:
+        kind, value = self._ask(("call", attr, args, kw))
+        return self._value(attr, kind, value)
+
+    def _value(self, attr: str, kind: str, value: Any) -> Any:
+        if kind == "ok":
+            return value
+        if kind == "raise":
+            raise value
+        if kind == "timeout":
+            raise CallTimeout(f"{self.name}.{attr} ran past the call limit of "
+                              f"{self.limits.call_timeout_s:g} s; its process was killed")
+        raise EnvProcessDied(f"{self.name}.{attr}: the environment process died "
+                             f"({_exit_text(value)})")
+
+    # -- the protocol -------------------------------------------------------------------------
+    def reset(self, task: Any) -> None:
+        self._begin("reset", task)
+
+    def _begin(self, op: str, target: Any) -> None:
+        self._log, self._lost, self._after_reset = [], None, {}
+        self._reset_op = None
+        if self._proc is None:
+            self._restart()
+        kind, value = self._ask(("begin", op, target))
+        self._after_reset = self._value(op, kind, value)
+        self._reset_op = (op, target)
+
+    def _tool_names(self) -> Any:
+        """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""
+        if "tool_names" in self._after_reset:
+            return self._after_reset["tool_names"]
+        return self._call("tool_names")
+
+    def execute(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
+        (result,) = list(self.execute_many([(tool, arguments)]))  # read to its end
+        return result
+
+    def execute_many(self, calls: Sequence[tuple[str, Any]]) -> Iterator[ToolResult]:
+        """The results of ``calls`` run in order, each under the limit (one message out)."""
+        calls = list(calls)
+        try:
+            yield from self._stream(calls)
+        except GeneratorExit:  # left unread: its answers must not reach a later request
+            self._kill()
+            raise
+
+    def _stream(self, calls: list[tuple[str, Any]]) -> Iterator[ToolResult]:
+        i = 0
+        while i < len(calls):
+            if self._lost is not None:
+                yield ToolResult(f"{ERROR_PREFIX}not run: {self._lost}", True, timeout=True)
+                i += 1
+                continue
+            if not self._send(("batch", calls[i:])):
+                self._restart_quietly()
+                if not self._send(("batch", calls[i:])):
+                    self._lost = self._lost or "the environment process cannot be reached"
+                    continue
+            while i < len(calls):
+                t0 = time.monotonic()
+                kind, value = self._wait(self.limits.call_timeout_s)
+                if kind == "ok":
+                    self._log.append(calls[i])
+                    i += 1
+                    yield value
+                    continue
+                if kind == "raise":  # environments answer errors as results; this one raised
+                    self._log.append(calls[i])
+                    i += 1
+                    yield ToolResult(f"{ERROR_PREFIX}{type(value).__name__}: {value}", True)
+                    continue
+                took = time.monotonic() - t0
+                i += 1
+                self._restart_quietly()
+                if kind == "timeout":
+                    yield ToolResult(
+                        f"{ERROR_PREFIX}the call ran past the call limit of "
+                        f"{self.limits.call_timeout_s:g} s ({took:.1f} s); its process was "
+                        f"killed", True, timeout=True)
+                else:
+                    yield ToolResult(f"{ERROR_PREFIX}the environment process died during this "
+                                     f"call ({_exit_text(value)})", True, timeout=True)
+                break  # the rest goes to the new child in a new batch
+
+    def tools(self) -> list[dict[str, Any]]:
+        return self._call("tools")
+
+    def state(self) -> dict[str, Any]:
+        return self._call("state")
+
+    def state_hash(self) -> str:
+        return self._call("state_hash")
+
+    def tool_kind(self, tool: str) -> ToolKind | None:
+        if tool not in self._kinds:
+            self._kinds[tool] = self._call("tool_kind", tool)
+        return self._kinds[tool]
+
+    def __getattr__(self, attr: str) -> Any:
+        attrs = self.__dict__.get("_attrs") or {}
+        if attr.startswith("_") or attr not in attrs:
+            raise AttributeError(attr)
+        if attr == "reset_record" and attrs[attr]:  # a reset (replayed on a restart)
+            return functools.partial(self._begin, attr)
+        if attr == "tool_names" and attrs[attr]:
+            return self._tool_names
+        if attrs[attr]:
+            return functools.partial(self._call, attr)
+        kind, value = self._ask(("get", attr, (), {}))
+        return self._value(attr, kind, value)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _what(kind: str, value: Any) -> str:
+    if kind == "raise":
+        return f"{type(value).__name__}: {str(value)[:200]}"
+    return "past the call limit" if kind == "timeout" else f"died, {_exit_text(value)}"

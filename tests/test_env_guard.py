@@ -1,0 +1,275 @@
+"""Issue #39, the centre: every environment call runs under a wall-clock and a memory limit that
+holds for C code (``envace.core.envs.guard``), costs at most its own trajectory, and Ctrl-C
+during such a call exits 130.
+
+The stalling call is BFCL's own ``square_root(number=2, precision=10**7)``: 127 s inside
+``decimal``'s C code, where no signal handler runs. The hostile environments (a tool that kills
+its process, one that allocates without bound) are registered in this process; the guard forks,
+so its child has them, as audit workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import psutil
+import pytest
+
+from audit.pipeline import run_audit
+from audit.scoring.settings import AuditOptions
+from envace.core.envs.base import ToolKind, ToolResult, register_env
+from envace.core.envs.guard import CallLimits, CallTimeout, GuardedEnv, guarded_env
+
+ROOT = Path(__file__).resolve().parents[1]
+STALL = ("square_root", {"number": 2, "precision": 10**7})
+
+
+@register_env("test-hostile")
+class HostileEnv:
+    """Tools that end their own process, eat memory, stall in Python, or answer normally."""
+
+    name = "test-hostile"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def reset(self, task):
+        self.n = 0
+
+    def tools(self):
+        return []
+
+    def tool_names(self):
+        return {"count", "die", "eat", "sleep"}
+
+    def execute(self, tool, arguments):
+        if tool == "die":
+            os._exit(7)
+        if tool == "eat":
+            blob = bytearray(int(arguments.get("mb", 8192)) * 1024 * 1024)
+            return ToolResult(str(len(blob)))
+        if tool == "sleep":
+            time.sleep(float(arguments.get("s", 60)))
+        self.n += 1
+        return ToolResult(json.dumps({"n": self.n}))
+
+    def state(self):
+        return {"n": self.n}
+
+    def state_hash(self):
+        return str(self.n)
+
+    def tool_kind(self, tool):
+        return ToolKind.WRITE
+
+
+@pytest.fixture(autouse=True)
+def _no_plots():
+    with mock.patch("audit.store.report.plot_all", return_value=[]):
+        yield
+
+
+def test_a_c_level_stall_is_killed_at_the_limit_and_the_state_kept():
+    env = guarded_env("bfcl", CallLimits(call_timeout_s=1.5))
+    env.reset({"involved_classes": ["MathAPI", "GorillaFileSystem"]})
+    assert not env.execute("mkdir", {"dir_name": "w"}).error
+    assert not env.execute("cd", {"folder": "w"}).error
+    where = env.execute("pwd", {}).content
+    before = env.state_hash()
+    t0 = time.monotonic()
+    res = env.execute(*STALL)
+    took = time.monotonic() - t0
+    assert res.error and res.timeout and "call limit of 1.5 s" in res.content
+    assert took < 10, took
+    assert env.restarts == 1
+    # the new process was brought back to the state before the killed call
+    assert env.state_hash() == before
+    assert env.execute("pwd", {}).content == where and "w" in where
+    env.close()
+
+
+def test_a_process_that_dies_or_stalls_costs_one_call_and_memory_is_limited():
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=1.0, memory_mb=256))
+    env.reset("t")
+    assert env.execute("count", {}).content == '{"n": 1}'
+    died = env.execute("die", {})
+    assert died.error and died.timeout and "exit code 7" in died.content
+    assert env.execute("count", {}).content == '{"n": 2}'  # state restored, then the call
+    stalled = env.execute("sleep", {"s": 60})
+    assert stalled.timeout
+    ate = env.execute("eat", {"mb": 8192})  # 8 GiB past a 256 MiB limit: MemoryError in child
+    assert ate.error
+    assert env.execute("count", {}).content == '{"n": 3}'
+    results = list(env.execute_many([("count", {}), ("die", {}), ("count", {})]))
+    assert [r.timeout for r in results] == [False, True, False]
+    assert results[2].content == '{"n": 5}'
+    with pytest.raises(CallTimeout):
+        GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=0.5))._call("execute", "sleep",
+                                                                            {"s": 5})
+    env.close()
+
+
+def test_a_plugin_that_exits_on_load_is_a_load_error():
+    from envace.core.envs.base import PluginLoadError
+
+    @register_env("test-exits")
+    def _factory():
+        raise SystemExit(0)
+
+    with pytest.raises(PluginLoadError, match="SystemExit"):
+        GuardedEnv("test-exits", {}, CallLimits(call_timeout_s=5))
+
+
+def _trajectory(tid: str, calls: list[tuple[str, dict]], env: dict) -> dict:
+    messages: list[dict] = [{"role": "user", "content": "go"}]
+    for i, (name, args) in enumerate(calls):
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": args}}]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "name": name,
+                         "content": "{}", "rehearsed": True})
+    return {"schema": "envace.trajectory/1", "id": tid, "task_id": tid, "env": env,
+            "source": "rehearsed", "messages": messages}
+
+
+MATH = {"name": "bfcl", "state": {"involved_classes": ["MathAPI"]}}
+
+
+def _stall_file(tmp_path: Path, n_ok: int = 3) -> Path:
+    recs = [_trajectory("stall", [("add", {"a": 1, "b": 2}), STALL, ("add", {"a": 2, "b": 2})],
+                        MATH)]
+    recs += [_trajectory(f"ok{i}", [("add", {"a": i, "b": 1})], MATH) for i in range(n_ok)]
+    p = tmp_path / "in.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_audit_marks_a_stalled_call_timeout_and_goes_on(tmp_path, workers):
+    src = _stall_file(tmp_path)
+    t0 = time.monotonic()
+    summary = run_audit([str(src)], tmp_path / "out",
+                        AuditOptions(workers=workers, progress=False, plots=False,
+                                     call_timeout_s=1.5))
+    assert time.monotonic() - t0 < 60
+    assert summary["counts"]["trajectories"] == 4 and summary["counts"]["skipped"] == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    stall = [r for r in rows if r["trajectory_id"] == "stall"]
+    assert [r.get("timeout") for r in stall] == [None, True, None]
+    assert stall[1]["actual_error"] is True and "call limit" in stall[1]["actual"]
+    assert json.loads(stall[2]["actual"]) == {"result": 4}  # the rest of it still audited
+    assert all("timeout" not in r for r in rows if r["trajectory_id"] != "stall")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_tool_that_kills_its_process_costs_one_step_not_a_worker(tmp_path, workers):
+    env = {"name": "test-hostile", "task": "t"}
+    recs = [_trajectory("killer", [("count", {}), ("die", {}), ("count", {})], env)]
+    recs += [_trajectory(f"after{i}", [("count", {})], env) for i in range(20)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = run_audit([str(src)], tmp_path / "out",
+                        AuditOptions(workers=workers, progress=False, plots=False,
+                                     call_timeout_s=5))
+    assert summary["counts"]["trajectories"] == 21 and summary["counts"]["skipped"] == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    killer = [r for r in rows if r["trajectory_id"] == "killer"]
+    assert [r.get("timeout") for r in killer] == [None, True, None]
+    assert json.loads(killer[2]["actual"]) == {"n": 2}
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_during_a_c_level_call_exits_130_at_once(tmp_path, workers):
+    """Before: with one worker the pending alarm's timeout replaced the KeyboardInterrupt, the
+    call was a tool error and the audit exited 0, 128 s later."""
+    src = _stall_file(tmp_path, n_ok=0)
+    p = subprocess.Popen([sys.executable, "-m", "audit.cli", "--quiet", "replay", str(src),
+                          "--out", str(tmp_path / "out"), "--workers", str(workers),
+                          "--call-timeout", "300"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_default_sigint,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    me = psutil.Process(p.pid)
+
+    def guard_children() -> list[psutil.Process]:  # the environment's process (a leaf)
+        try:
+            procs = me.children(recursive=True)
+            return [c for c in procs if not c.children()
+                    and (workers == 1 or c.ppid() != p.pid)]
+        except psutil.NoSuchProcess:
+            return []
+
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not guard_children() and p.poll() is None:
+        time.sleep(0.2)
+    envs = guard_children()
+    assert envs, "the environment's process never started"
+    time.sleep(3.0)  # two calls of milliseconds, then 127 s inside decimal's C code
+    assert p.poll() is None
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    rc = p.wait(timeout=30)
+    assert rc == 130, p.stderr.read()
+    assert time.monotonic() - t0 < 15
+    assert not (tmp_path / "out").exists()
+    assert psutil.wait_procs(envs, timeout=10)[1] == []  # the C call's process is gone
+
+
+def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):
+    """Limits off (--call-timeout 0 --call-memory-mb 0): the tool kills the audit's worker.
+    Before: every record in flight on that pool was "worker process died" (16 of them)."""
+    env = {"name": "test-hostile", "task": "t"}
+    recs = [_trajectory(f"a{i}", [("count", {})], env) for i in range(5)]
+    recs += [_trajectory("killer", [("die", {})], env)]
+    recs += [_trajectory(f"b{i}", [("count", {})], env) for i in range(15)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = run_audit([str(src)], tmp_path / "out",
+                        AuditOptions(workers=2, progress=False, plots=False,
+                                     call_timeout_s=None, call_memory_mb=None))
+    assert summary["counts"]["trajectories"] == 20 and summary["counts"]["skipped"] == 1
+    (skip,) = summary["skipped_records"]
+    assert skip["line"] == 6 and "worker process died" in skip["reason"]
+
+
+def test_in_process_ctrl_c_during_a_c_call_is_not_replaced_by_the_alarm():
+    """Without the guard (the BFCL adapter's own SIGALRM limit): a Ctrl-C that arrives while C
+    code runs past the alarm was replaced by the alarm's timeout and answered as a tool error
+    (the audit then exited 0)."""
+    import threading
+
+    from envace.core.envs.bfcl.env import BFCLEnv
+
+    env = BFCLEnv(timeout_s=0.3)
+    env.reset({"involved_classes": ["MathAPI"]})
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.8, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.execute("square_root", {"number": 2, "precision": 10**5})  # ~2 s in C
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_batch_left_unread_never_answers_a_later_call():
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=5))
+    env.reset("t")
+    it = env.execute_many([("count", {})] * 5)
+    assert next(it).content == '{"n": 1}'
+    it.close()  # four answers were never read
+    assert env.execute("count", {}).content == '{"n": 2}'  # state of the calls read, restored
+    assert env.execute("count", {}).content == '{"n": 3}'
+    env.close()

@@ -242,28 +242,6 @@ def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):
     assert skip["line"] == 6 and "worker process died" in skip["reason"]
 
 
-def test_in_process_ctrl_c_during_a_c_call_is_not_replaced_by_the_alarm():
-    """Without the guard (the BFCL adapter's own SIGALRM limit): a Ctrl-C that arrives while C
-    code runs past the alarm was replaced by the alarm's timeout and answered as a tool error
-    (the audit then exited 0)."""
-    import threading
-
-    from envace.core.envs.bfcl.env import BFCLEnv
-
-    env = BFCLEnv(timeout_s=0.3)
-    env.reset({"involved_classes": ["MathAPI"]})
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.8, signal.pthread_kill,
-                            (threading.main_thread().ident, signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            env.execute("square_root", {"number": 2, "precision": 10**5})  # ~2 s in C
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, old)
-
-
 def test_a_batch_left_unread_never_answers_a_later_call():
     env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=5))
     env.reset("t")

@@ -18,7 +18,7 @@ only then may the command write another name. ``quiet_machine: true`` is accepte
 the recorded 1-minute loads are all below 1.5.
 A command's file is ``<--name>.json`` (``--out`` for ``bench.vllm_rollout``, ``--env`` +
 ``_references`` for ``experiments.references``), else the module's default (``DEFAULT_NAMES``).
-``tests/test_results_provenance.py`` holds every file and both docs to this.
+``tests/bench/test_results_provenance.py`` holds every file and both docs to this.
 """
 
 from __future__ import annotations

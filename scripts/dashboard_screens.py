@@ -4,9 +4,9 @@
 
 Screenshots go to test-artifacts/dashboard/ by default. Without ROOT it builds the fixture runs
 (``tests/fixtures_dashboard.py``) in a temporary directory. Needs ``bash scripts/setup.sh
---browser`` (chromium, chromium-driver). The browser test (``tests/test_dashboard_browser.py``)
-uses the same helpers: :func:`serve`, :func:`browser`, :func:`open_page`.
-"""
+--browser`` (chromium, chromium-driver). The browser test
+(``tests/dashboard/test_dashboard_browser.py``) uses the same helpers: :func:`serve`,
+:func:`browser`, :func:`open_page`. """
 
 from __future__ import annotations
 

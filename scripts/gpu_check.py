@@ -44,9 +44,10 @@ from envace.core.layout import AUDIT, RUN
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SFT = ROOT / "data" / "models" / "tiny-sft"
 BUDGET_S = {"gpu": 450.0, "dry": 300.0}  # the whole check; each stage also has its own cap
-SUITE = {"gpu": ["tests/test_grpo.py", "tests/test_rollout.py", "tests/test_schema.py",
-                 "tests/test_scorers.py", "tests/test_bfcl_env.py"],
-         "dry": ["tests/test_grpo.py"]}
+SUITE = {"gpu": ["tests/training/test_grpo.py", "tests/model/test_rollout.py",
+                 "tests/core/test_schema.py", "tests/audit/test_scorers.py",
+                 "tests/envs/test_bfcl_env.py"],
+         "dry": ["tests/training/test_grpo.py"]}
 # the e2e run: the tiny preset (per-turn tasks, action reward) with a few steps on the GPU
 TRAIN = {"gpu": ["--config", "configs/tiny.yaml", "steps=4", "prompts_per_step=8",
                  "group_size=4", "eval_tasks=8", "checkpoint_every=2"],

@@ -208,7 +208,7 @@ def discordant_interval(induced: np.ndarray, recovered: np.ndarray, counts: np.n
     per-call difference; the number of trajectories when there is no discordance or no
     spread). A percentile bootstrap of a rare-event difference undercovers when few
     trajectories hold the discordant calls (0.82 for 95 % with 25 trajectories in
-    tests/test_history_coverage.py); widened to contain this interval, it covers."""
+    tests/audit/test_history_coverage.py); widened to contain this interval, it covers."""
     n = float(counts.sum())
     if n <= 0:
         return None

@@ -6,7 +6,7 @@ trained (or, with `real_obs_coef`, where a real response token is learned), yet 
 projects every position onto the vocabulary and the loss then takes a log-softmax over
 [batch, length, vocabulary] in fp32 (for SmolLM2, 49,152 columns per position). Here the decoder
 runs over the whole sequence as before and the projection runs on the selected rows only; the
-numbers are those of the full forward at those positions (``tests/test_trained_logits.py``).
+numbers are those of the full forward at those positions (``tests/model/test_trained_logits.py``).
 
 A model without the usual `CausalLM` layout (a base model under ``base_model_prefix`` and an
 ``lm_head``), or one that is sharded (an FSDP root gathers its parameters in its own forward,

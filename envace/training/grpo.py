@@ -20,7 +20,7 @@ Besides the policy loss, `real_obs_loss` is a supervised next-token loss on the 
 environment wrote (CONTEXT tokens flagged by the rollout, `Episode.real_obs`): the world learns
 what reality says (`real_obs_coef`).
 
-Run the tests: `.venv/bin/pytest tests/test_grpo.py`.
+Run the tests: `.venv/bin/pytest tests/training/test_grpo.py`.
 """
 
 import math

@@ -68,7 +68,8 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
     is kept per model and refreshed, in place, whenever `envace.model.models.weights_version`
     says the weights changed (after every optimizer step); it is always in eval mode and holds
     no gradients. Log-probabilities sampled from it are the copy's, not the fp32 model's: the
-    tolerance between the two is measured in `tests/test_rollout.py` and `docs/profiling.md`."""
+    tolerance between the two is measured in `tests/model/test_rollout.py` and
+    `docs/profiling.md`."""
     from envace.model.models import weights_version
 
     if dtype not in GEN_DTYPES:

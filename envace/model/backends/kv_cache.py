@@ -6,7 +6,7 @@ SmolLM2 context, 18 % of a step's CPU time went to ``aten::cat``; docs/profiling
 ``BlockLayer`` keeps a buffer with room for ``BLOCK`` more positions, writes new keys and values
 into it, and hands attention a view of the filled part; it reallocates (one copy) only when the
 buffer is full. The arithmetic is unchanged: attention sees the same keys and values in the same
-order, so logits are bitwise those of ``DynamicCache`` (``tests/test_kv_cache.py``).
+order, so logits are bitwise those of ``DynamicCache`` (``tests/model/test_kv_cache.py``).
 
     cache = block_cache()          # a DynamicCache whose layers are BlockLayers
     mask = compact(cache, mask)    # drop padded positions every row masks (below)

@@ -21,8 +21,8 @@ is why the copies are never kept across rollouts).
 Calls that need gradients, or run on another device or dtype, take ``F.linear`` unchanged.
 Memory: one more copy of the packed weights while a rollout decodes. The arithmetic is the same
 product in another summation order: outputs differ from ``F.linear`` by float rounding
-(``tests/test_packed_linear.py`` bounds it; recorded log-probabilities still equal a fresh
-forward to ``tests/test_rollout.py``'s tolerance).
+(``tests/model/test_packed_linear.py`` bounds it; recorded log-probabilities still equal a fresh
+forward to ``tests/model/test_rollout.py``'s tolerance).
 """
 
 from __future__ import annotations

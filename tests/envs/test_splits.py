@@ -24,7 +24,7 @@ def test_splits_are_reproducible_from_the_script():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "make_splits.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "make_splits.py"
     spec = importlib.util.spec_from_file_location("make_splits", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

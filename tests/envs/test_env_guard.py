@@ -27,7 +27,7 @@ from audit.scoring.settings import AuditOptions
 from envace.core.envs.base import ToolKind, ToolResult, register_env
 from envace.core.envs.guard import CallLimits, CallTimeout, GuardedEnv, guarded_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STALL = ("square_root", {"number": 2, "precision": 10**7})
 
 

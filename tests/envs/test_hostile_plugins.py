@@ -19,7 +19,7 @@ import pytest
 
 from envace.core.text import markdown_safe, terminal_safe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OSC = "\x1b]8;;http://evil.example/\x07click\x1b]8;;\x07"
 HOSTILE_TOOLS = ["red\x1b[31mX", f"osc{OSC}", "<img src=http://evil.example/p.png>",
                  "![](http://evil.example/p.png)", "pipe|cell", "new\nline"]

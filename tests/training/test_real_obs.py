@@ -35,7 +35,7 @@ from envace.model.rollout import (
 from envace.training import grpo
 from envace.training.config import ConfigError, TrainConfig, config_help, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_SFT = ROOT / "data" / "models" / "tiny-sft"
 
 
@@ -357,7 +357,7 @@ def test_train_smoke_envace_anchors_half_the_groups_in_reality(tmp_path):
     assert sorted(len(s) for s in by_group.values()) == [1, 1]
     assert "real_obs/tokens" in row and "loss/real_obs" in row
     # the dashboard's Training page draws the new keys with no code of its own
-    from tests.test_dashboard import charts, open_page
+    from tests.dashboard.test_dashboard import charts, open_page
 
     with pytest.MonkeyPatch.context() as mp:
         shown = charts(open_page(mp, tmp_path, "training", run="anchored"))

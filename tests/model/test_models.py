@@ -170,7 +170,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("ENVACE_CACHE", str(tmp_path))
     assert default_cache_dir() == tmp_path
     monkeypatch.delenv("ENVACE_CACHE")
-    assert default_cache_dir() == Path(__file__).resolve().parents[1] / ".cache" / "envace"
+    assert default_cache_dir() == Path(__file__).resolve().parents[2] / ".cache" / "envace"
 
 
 # ---------------------------------------------------------------- SmolLM2

@@ -3,7 +3,7 @@ free port, drives Debian's Chromium through selenium and chromedriver, waits for
 content, asserts on the visible text and saves a screenshot of each page in
 ``test-artifacts/dashboard/``. Skipped (cleanly) only when Chromium or chromedriver is absent.
 
-    .venv/bin/pytest -m browser tests/test_dashboard_browser.py
+    .venv/bin/pytest -m browser tests/dashboard/test_dashboard_browser.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixtures_dashboard import shared_root
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 _spec = importlib.util.spec_from_file_location("dashboard_screens",
                                                ROOT / "scripts" / "dashboard_screens.py")
@@ -70,7 +70,8 @@ def _expected(root: Path) -> dict[str, list[str]]:
         "fidelity": ["Divergence rate", _pct(s_last["divergence_rate"]),
                      str(s_last["counts"]["scored_steps"]), "Over training", "By depth"],
         # (no "Aligned with difflib against": the real run has no second trajectory of a task
-        # to align with; tests/test_dashboard.py checks the alignment on the synthetic demo)
+        # to align with; tests/dashboard/test_dashboard.py checks the alignment on the synthetic
+        # demo)
         "trajectories": [first["trajectory_id"], "Rehearsed (written by the policy)",
                          "Actual (the real environment)"],
         "compare": ["demo/step_0", "demo/step_10", "Paired on",

@@ -31,7 +31,7 @@ from dashboard import launch, readers, runs
 from dashboard.safe import JOINER, code, md
 from tests.fixtures_dashboard import shared_root
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "dashboard" / "app.py")
 STALE = time.time() - 3600
 

@@ -2,7 +2,7 @@
 for each; it fails early, in one line, without a GPU or a wheel; a failing or overrunning stage
 keeps the other stages' results; the throughput FLOP count matches the Qwen3 shapes.
 
-    .venv/bin/python -m pytest tests/test_gpu_check.py
+    .venv/bin/python -m pytest tests/bench/test_gpu_check.py
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from envace.core.envs.task_common import UnknownTask
 from envace.core.export import export_env
 from envace.core.schema import Trajectory, TrajectoryWriter, load_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from envace.core.envs.base import ToolKind, UnknownEnvironment, make_env
 from envace.core.envs.methods import MethodEnv, tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "envace_counter_env"
 
 BROKEN_PYPROJECT = """\

@@ -4,7 +4,7 @@ The real agentdojo backend and the committed tiny SFT policy (data/models/tiny-s
 was cold-started on BFCL, so its own AgentDojo calls are mostly unknown tools: the engine-level
 tests drive it with the task's ground-truth calls to reach the real backend on every step.
 The served simulator of a training config is checked against the stdlib fake OpenAI server of
-tests/test_endpoint.py (pure logic; the real vLLM server tests are in tests/vllm/).
+tests/model/test_endpoint.py (pure logic; the real vLLM server tests are in tests/vllm/).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from envace.model import chat
 from envace.model.models import load_model
 from envace.model.rollout import Engine, RolloutConfig
 from tests.conftest import play
-from tests.test_endpoint import ANSWER, FakeOpenAI, _handler
+from tests.model.test_endpoint import ANSWER, FakeOpenAI, _handler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_SFT = ROOT / "data" / "models" / "tiny-sft"
 ENVACE = [sys.executable, "-m", "envace.cli"]
 
@@ -49,7 +49,7 @@ def tiny():
 
 @pytest.fixture
 def fake_server() -> Iterator[tuple[str, FakeOpenAI]]:
-    """The fake OpenAI server of tests/test_endpoint.py (stdlib, pure logic)."""
+    """The fake OpenAI server of tests/model/test_endpoint.py (stdlib, pure logic)."""
     state = FakeOpenAI()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     httpd.daemon_threads = True

@@ -298,7 +298,7 @@ def test_fidelity_page_shows_real_vs_own_history(trajectories, tmp_path, monkeyp
     import audit.stats.summary
     from audit.probe import run_probe
     from audit.scoring.settings import AuditOptions
-    from tests.test_dashboard import charts, metrics, open_page, pct
+    from tests.dashboard.test_dashboard import charts, metrics, open_page, pct
 
     monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
     src, model, _ = _compounding_source(trajectories, tmp_path)

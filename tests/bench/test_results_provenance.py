@@ -11,7 +11,7 @@ import pytest
 
 from bench.provenance import DEFAULT_NAMES, cited_results, load_problems, problems, written_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 NAMES = {p.stem for p in RESULTS.glob("*.json")}
 DOCS = [ROOT / "README.md", ROOT / "docs" / "results.md"]

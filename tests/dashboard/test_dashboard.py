@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.fixtures_dashboard import shared_root
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 PAGES = ["runs", "training", "fidelity", "trajectories", "compare", "rehearsal"]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from dashboard import align, jsondiff, launch, readers, runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- readers

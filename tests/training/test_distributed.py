@@ -23,7 +23,7 @@ from envace.training.distributed import Dist, merge_shards
 from envace.training.train import update
 from envace.training.train_setup import Policy, _optim
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @given(st.lists(st.integers(), max_size=40), st.integers(min_value=1, max_value=6))

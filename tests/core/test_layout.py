@@ -16,7 +16,7 @@ from typing import Any
 
 from envace.core.layout import AUDIT, RUN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "docs" / "spec"
 CODE = ("envace", "audit", "dashboard", "bench", "experiments", "scripts")
 # names that are also words of the code (a run's kind, a command, a JSON key): not checked as

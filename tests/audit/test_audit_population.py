@@ -242,7 +242,7 @@ def test_metrics_and_dashboard_agree_for_the_same_step(run_dir, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("ENVACE_DASHBOARD_ROOT", str(root))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"),
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"),
                            default_timeout=120)
     at.query_params["run"] = "r"
     at.run()

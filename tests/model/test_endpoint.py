@@ -1,6 +1,6 @@
 """Auditing a served world model against real local HTTP servers (the standard library's).
 
-    .venv/bin/python -m pytest -q tests/test_endpoint.py
+    .venv/bin/python -m pytest -q tests/model/test_endpoint.py
 
 A `ThreadingHTTPServer` speaks the OpenAI routes (`/v1/models`, `/v1/completions`,
 `/v1/chat/completions`) and misbehaves on request: non-JSON, the wrong schema, 5xx, 4xx, slow

@@ -221,7 +221,7 @@ def test_a_fixed_training_pool_is_what_the_run_trains_and_evaluates_on():
     from envace.training.train_report import eval_tasks
     from envace.training.train_setup import training_pool
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     tok = AutoTokenizer.from_pretrained(root / "data/models/tiny-sft")
     cfg = TrainConfig(train_tasks=5, eval_split="train", eval_tasks=0, max_new_tokens=16)
     pool = training_pool(cfg, tok)
@@ -234,7 +234,7 @@ def test_a_fixed_training_pool_is_what_the_run_trains_and_evaluates_on():
     assert not {t.id for t in eval_tasks(dev, tok)} & {t.id for t in pool}
 
 
-PRESETS = sorted(p for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")
+PRESETS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")
                  if not p.name.startswith("sft_"))
 
 
@@ -266,7 +266,7 @@ def test_smollm2_preset_trains_a_step(tmp_path):
 
 # -- the update and its KL anchors ------------------------------------------------------------
 
-TINY_SFT = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-sft"
+TINY_SFT = Path(__file__).resolve().parents[2] / "data" / "models" / "tiny-sft"
 
 
 def _qwen(seed: int) -> Any:
@@ -484,7 +484,7 @@ def test_fitting_tasks_drops_a_prompt_past_the_context_without_the_tokenizers_wa
     from envace.core.envs.family import family
     from envace.model.windows import fitting_tasks
 
-    tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "data" /
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[2] / "data" /
                                             "models" / "tiny-sft"))
     # one piece of its prompt (the earlier turns' messages) is 4,169 tokens with desc_chars 40
     long = family("bfcl").get_task("multi_turn_long_context_109@t1", None)

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from audit.cli import main
 from envace.core.schema import parse_line
 
-EXAMPLES = Path(__file__).resolve().parent / "data" / "spec_examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "spec_examples"
 LINES = [ln for f in sorted(EXAMPLES.glob("*.jsonl"))
          for ln in f.read_bytes().splitlines(keepends=True) if ln.strip()]
 WRONG = [5, -1.5, "x", None, [], {}, True, [1, {"a": None}]]

@@ -38,7 +38,7 @@ from enum import StrEnum
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from envace.core.envs.family import FAMILIES, MCP_PREFIX
+from envace.core.envs.family import FAMILIES, MCP_MODULES, MCP_PREFIX
 
 ENTRY_POINT_GROUP = "envace.environments"
 #: Built-in environments: the families (``envace.core.envs.family``); importing a family's record
@@ -166,12 +166,11 @@ def make_env(name: str, **kwargs: Any) -> Environment:
 
 
 def _make_mcp(name: str, kwargs: dict[str, Any]) -> Environment:
-    from envace.core.envs.mcp.env import mcp_env
-    from envace.core.envs.mcp.profile import ProfileError
-
+    env_module = importlib.import_module(MCP_MODULES["env"])  # named as data: see family.py
+    profile_error = importlib.import_module(MCP_MODULES["profile"]).ProfileError
     try:
-        return mcp_env(name, **kwargs)
-    except ProfileError as exc:  # no config, no such profile, a malformed one: a clear KeyError
+        return env_module.mcp_env(name, **kwargs)
+    except profile_error as exc:  # no config, no such profile, a malformed one: a clear KeyError
         raise UnknownEnvironment(str(exc)) from None
 
 

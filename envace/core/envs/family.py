@@ -77,15 +77,17 @@ class UnknownFamily(KeyError):
 #: Names with this prefix are MCP server profiles (``envace/core/envs/mcp``): one family each,
 #: made from the user's config and task file rather than listed here.
 MCP_PREFIX = "mcp:"
+#: The module that makes a profile's family (``mcp_family``) and environment (``mcp_env``); named
+#: as data like FAMILIES, so the registry never imports its members (no import circle).
+MCP_MODULES = {"family": "envace.core.envs.mcp.family", "env": "envace.core.envs.mcp.env",
+               "profile": "envace.core.envs.mcp.profile"}
 
 
 def family(name: str) -> Family:
     """The built-in family called ``name`` (imported on first use), or the family of an MCP
     profile ``mcp:<profile>`` (its tasks from ``--mcp-tasks FILE``)."""
     if name.startswith(MCP_PREFIX):
-        from envace.core.envs.mcp.family import mcp_family
-
-        return mcp_family(name)
+        return importlib.import_module(MCP_MODULES["family"]).mcp_family(name)
     if name not in FAMILIES:
         raise UnknownFamily(f"{name!r} is not a built-in environment family; families: "
                             f"{', '.join(FAMILIES)}")

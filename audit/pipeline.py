@@ -37,7 +37,7 @@ from typing import Any
 from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.summary import build_summary, compact
-from audit.store.models import step_line
+from audit.store.models import skipped_row, step_line
 from audit.store.output import AuditWriter
 from envace.core.errors import UsageError
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
@@ -60,7 +60,7 @@ def read_reference(path: str | os.PathLike[str]) -> tuple[list[Triple], dict[str
         for item in read_trajectories(path):
             read += 1
             if item.trajectory is None:
-                skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                skipped.append(skipped_row(item.path, item.line, item.error))
                 continue
             usable += 1
             for st in item.trajectory.tool_steps():
@@ -196,26 +196,25 @@ def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int]
     first: dict[str, tuple[str, int]] = {}
     for p in paths:
         if not Path(p).exists():
-            skipped.append({"file": str(p), "line": None, "reason": "file not found"})
+            skipped.append(skipped_row(str(p), None, "file not found"))
             continue
         try:
             for item in read_trajectories(p):
                 counts["read"] += 1
                 traj = item.trajectory
                 if traj is None:
-                    skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                    skipped.append(skipped_row(item.path, item.line, item.error))
                     continue
                 if traj.id in first:
                     f, ln = first[traj.id]
-                    skipped.append({"file": item.path, "line": item.line,
-                                    "reason": f"duplicate trajectory id {traj.id!r:.80} (first "
-                                              f"at {f}:{ln}, which is audited); skipped"})
+                    skipped.append(skipped_row(
+                        item.path, item.line, f"duplicate trajectory id {traj.id!r:.80} (first "
+                                              f"at {f}:{ln}, which is audited); skipped"))
                     continue
                 first[traj.id] = (item.path, item.line)
                 yield item.path, item.line, traj
         except OSError as exc:
-            skipped.append({"file": str(p), "line": None,
-                            "reason": f"cannot read: {exc.strerror or exc}"})
+            skipped.append(skipped_row(p, None, f"cannot read: {exc.strerror or exc}"))
 
 
 class _Pool:
@@ -332,7 +331,7 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
     try:
         for path, line, res in results:
             if isinstance(res, str):
-                skipped.append({"file": path, "line": line, "reason": res})
+                skipped.append(skipped_row(path, line, res))
                 continue
             trajectories += 1
             for msg in res.warnings:

@@ -47,6 +47,7 @@ from audit.scoring.settings import AuditOptions
 from audit.stats.history import HISTORIES
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
+from audit.store.models import skipped_row
 from audit.store.output import AuditWriter
 from envace.core.envs.base import Environment
 from envace.core.schema import Message, Trajectory, read_trajectories
@@ -303,7 +304,7 @@ def _readable(inputs: list[str], limit: int, steps: Mapping[str, Iterable[int]] 
     first: dict[str, tuple[str, int]] = {}
     for path in inputs:
         if not Path(path).exists():
-            skipped.append({"file": path, "line": None, "reason": "file not found"})
+            skipped.append(skipped_row(path, None, "file not found"))
             continue
         for item in read_trajectories(path):
             if limit and given >= limit:
@@ -377,13 +378,12 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
         for item in items:
             read += 1
             if item.trajectory is None:
-                skipped.append({"file": item.path, "line": item.line, "reason": item.error})
+                skipped.append(skipped_row(item.path, item.line, item.error))
                 continue
             res = [results[h][position[id(item)]] for h in histories]
             failed = next((r for r in res if isinstance(r, Exception)), None)
             if failed is not None:  # a bug or a hostile record must not stop the audit
-                skipped.append({"file": item.path, "line": item.line,
-                                "reason": _failure(failed)})
+                skipped.append(skipped_row(item.path, item.line, _failure(failed)))
                 continue
             done += 1
             for msg in dict.fromkeys(m for r in res for m in r.warnings):

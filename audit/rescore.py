@@ -28,7 +28,7 @@ from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
-from audit.store.models import SUMMARY_VERSION, step_line
+from audit.store.models import SUMMARY_VERSION, skipped_row, step_line
 from audit.store.output import AuditWriter
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
@@ -94,8 +94,8 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
                 new = rescore_record(rec, settings)
                 step_line(new)  # a step row, serialisable, or kept verbatim below
             except Exception as exc:  # one bad record costs one record
-                bad.append({"file": steps.path, "line": line,
-                            "reason": f"cannot rescore: {type(exc).__name__}: {exc}"[:300]})
+                bad.append(skipped_row(steps.path, line,
+                                       f"cannot rescore: {type(exc).__name__}: {exc}"[:300]))
                 raw_bad.append((json_text(rec) + "\n").encode())
                 continue
             if pending and pending[-1]["trajectory_id"] != new["trajectory_id"]:

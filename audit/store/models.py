@@ -125,6 +125,16 @@ class Skipped(BaseModel):
     reason: str
     kept_in: str | None = None  #: ``steps.unreadable.jsonl:N`` where rescore kept its bytes
 
+    def row(self) -> dict[str, Any]:
+        """The entry of ``skipped_records`` (``kept_in`` only where rescore set it)."""
+        return self.model_dump(exclude={"kept_in"} if self.kept_in is None else set())
+
+
+def skipped_row(file: str | Any, line: int | None, reason: str) -> dict[str, Any]:
+    """One ``skipped_records`` entry, checked against :class:`Skipped` (every place that skips a
+    record writes it through here, so the shape has one definition)."""
+    return Skipped(file=str(file), line=line, reason=str(reason)).row()
+
 
 class Warning_(BaseModel):
     """A note about an audited record (non-finite numbers, unknown tools)."""
@@ -215,7 +225,7 @@ def read_summary_data(data: Any, where: str = AUDIT.summary
     named in a skipped-record entry (file ``where``), never trusted. None when it is not a
     JSON object."""
     if not isinstance(data, dict):
-        return None, [{"file": where, "line": None, "reason": "not a JSON object"}]
+        return None, [skipped_row(where, None, "not a JSON object")]
     data = dict(data)
     problems: list[dict[str, Any]] = []
     while True:
@@ -227,5 +237,4 @@ def read_summary_data(data: Any, where: str = AUDIT.summary
                 raise
             for key in bad:
                 data.pop(key)
-                problems.append({"file": where, "line": None,
-                                 "reason": f"field {key!r} is malformed; not used"})
+                problems.append(skipped_row(where, None, f"field {key!r} is malformed; not used"))

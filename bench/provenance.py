@@ -74,7 +74,8 @@ def written_name(command: str) -> str | None:
     if module == "vllm_rollout":
         return _option(words, "--out") or DEFAULT_NAMES[module]
     if module == "references":
-        return f"{_option(words, '--env') or 'bfcl'}_references"
+        domain = _option(words, "--domain")
+        return f"{_option(words, '--env') or 'bfcl'}{'_' + domain if domain else ''}_references"
     if module == "clustered_intervals":
         return _option(words, "--name") or \
             f"clustered_intervals_{_option(words, '--env') or 'bfcl'}_dev"

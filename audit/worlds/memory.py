@@ -19,7 +19,8 @@ Three world models of issue #17 are built on it, each scored by the audit like a
 Where the memory comes from. Only from a file of real trajectories of the **train** split
 (``envace data export-real --split train``): :meth:`ResponseMemory.from_file` refuses a file
 holding any trajectory whose task is not a train-split task of its environment (BFCL,
-``data/splits/train.txt``; AgentDojo, ``data/splits/agentdojo/train.txt``), so dev and test
+``data/splits/train.txt``; AgentDojo, ``data/splits/agentdojo/train.txt``; τ²,
+``data/splits/tau2/train.txt``), so dev and test
 responses can never be shown. The calls kept are those the audit's reference world models are
 built from (``audit.pipeline.reference_triples``: answered, well-formed, not rehearsed).
 
@@ -118,6 +119,10 @@ def _train_ids(env: str) -> set[str] | None:
         from envace.core.envs.agentdojo.tasks import split_ids as agentdojo_ids
 
         return set(agentdojo_ids("train"))
+    if env == "tau2":
+        from envace.core.envs.tau2.tasks import split_ids as tau2_ids
+
+        return set(tau2_ids("train"))
     return None
 
 

@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        description=__doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--env", default="bfcl",
-                   help="environment of the tasks: bfcl (default) or agentdojo")
+                   help="environment of the tasks: bfcl (default), agentdojo or tau2")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     p.add_argument("--tasks", type=int, default=40, help="at most this many tasks (0: all)")
     p.add_argument("--seeds", type=int, default=1)

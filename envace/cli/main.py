@@ -2,6 +2,7 @@
 
     envace data export-real --split dev --out dev.jsonl     real trajectories (ground truth run)
     envace data export-real --env agentdojo --split all --out agentdojo.jsonl
+    envace data export-real --env tau2 --split dev [--domain airline] --out tau2_dev.jsonl
     envace envs                                            environments installed: tasks, tools
     envace data splits                                     split sizes and overlap note
     envace data record --env mcp:NAME --mcp-config servers.yaml --tasks tasks.jsonl --out F
@@ -27,6 +28,10 @@ from envace.core.envs.bfcl.tasks import CATEGORIES, SPLITS
 
 
 def _cmd_export_real(args: argparse.Namespace) -> int:
+    if args.domain is not None and args.env != "tau2":
+        print("envace: --domain is for --env tau2 (its domains: airline, retail, telecom, "
+              "telecom_full)", file=sys.stderr)
+        return 2
     if args.env != "bfcl":
         return _export_other(args)
     from envace.core.envs.bfcl.tasks import UnknownTask, get_task, load_tasks, split_tasks
@@ -71,6 +76,10 @@ def _export_other(args: argparse.Namespace) -> int:
             known = load_tasks(version)
             ids = list(known) if args.split == "all" else [
                 i for i in split_ids(args.split) if i in known]
+        elif args.env == "tau2":
+            from envace.core.envs.tau2.tasks import split_ids as tau2_ids
+
+            ids = tau2_ids(args.split, args.domain)
         else:
             from envace.core.envs.base import make_env
 
@@ -85,7 +94,7 @@ def _export_other(args: argparse.Namespace) -> int:
                            version=args.benchmark_version, limits=_limits(args),
                            skipped=skipped)
         return _write(trajs, args.out, skipped)
-    except (UnknownEnvironment, KeyError, ValueError) as exc:
+    except (UnknownEnvironment, KeyError, ValueError, RuntimeError) as exc:
         print(f"envace: {exc}", file=sys.stderr)
         return 2
 
@@ -160,13 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = data.add_subparsers(dest="data_command", required=True)
     ex = dsub.add_parser("export-real", help="execute ground truth, write real trajectories")
     ex.add_argument("--env", default="bfcl",
-                    help="environment: bfcl, agentdojo or an installed plugin (see `envace envs`)")
+                    help="environment: bfcl, agentdojo, tau2 or an installed plugin (see "
+                         "`envace envs`)")
     ex.add_argument("--split", choices=(*SPLITS, "all"), default="dev",
                     help="a committed split, or all tasks")
     ex.add_argument("--benchmark-version", default=None,
                     help="AgentDojo benchmark version (default v1.2.2)")
     ex.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
                     help="BFCL categories")
+    ex.add_argument("--domain", default=None,
+                    help="τ² domain (--env tau2): airline, retail, telecom, or telecom_full (the "
+                         "2,285 generated telecom tasks, --split all only)")
     ex.add_argument("--tasks", nargs="+", help="explicit task ids instead of a split")
     ex.add_argument("--out", required=True, help="output .jsonl")
     ex.add_argument("--no-turn-end", action="store_true",

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="run episodes and write trajectories", description=__doc__)
     p.add_argument("--model", required=True, help="tiny, smollm2 or a local model folder")
     p.add_argument("--env", default="bfcl",
-                   help="environment of the tasks: bfcl (default) or agentdojo")
+                   help="environment of the tasks: bfcl (default), agentdojo or tau2")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     p.add_argument("--mode", default="rehearse", choices=list(ROLLOUT_MODES),
                    help="who answers tool calls: " + "; ".join(

@@ -77,7 +77,8 @@ class TrainConfig:
     # tasks and reward
     env: str = opt(
         "bfcl", "environment whose tasks the run trains and evaluates on: bfcl (BFCL v4 "
-        "multi-turn) or agentdojo (AgentDojo v1.2.2 user tasks); rollouts, rewards and audits "
+        "multi-turn), agentdojo (AgentDojo v1.2.2 user tasks) or tau2 (τ²-bench airline, retail, "
+        "telecom); rollouts, rewards and audits "
         "follow it (envace.core.envs.task_envs)")
     split: str = opt("train", "task split to train on (a file in data/, data/splits/<env>/)")
     train_tasks: int = opt(
@@ -86,7 +87,7 @@ class TrainConfig:
         ge=0, why="0 switches it off")
     task_unit: Literal["turn", "task"] = opt(
         "turn", "train on single user turns (denser reward) or on whole multi-turn tasks; "
-        "AgentDojo user tasks are a single user turn, so there both give the same tasks"
+        "AgentDojo and τ² tasks are a single user turn, so there both give the same tasks"
     )
     desc_chars: int = opt(DESC_CHARS,
                           "tool descriptions in the prompt's tool listing are cut to this", ge=0)

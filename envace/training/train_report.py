@@ -65,8 +65,9 @@ def finish_run(cfg: TrainConfig, policy: Any, run_dir: Path, progress: bool = Tr
 
 
 def _unit(cfg: TrainConfig) -> str:
-    """What a task is: AgentDojo's tasks are single-turn, whatever ``task_unit`` says."""
-    return "task" if cfg.env == "agentdojo" else cfg.task_unit
+    """What a task is: AgentDojo's and τ²'s tasks are single-turn, whatever ``task_unit``
+    says (only BFCL's have several user turns)."""
+    return cfg.task_unit if cfg.env == "bfcl" else "task"
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ response against reality goes through this protocol.
     result.content, result.error         # the real response text, and whether it is a failure
     env.state_hash()                     # changes iff the backend state changed
 
-Built-in environments: the families of ``envace.core.envs.family`` (``bfcl``, ``agentdojo``;
-one folder each, their contract in ``envace/core/envs/README.md``). Other packages add
+Built-in environments: the families of ``envace.core.envs.family`` (``bfcl``, ``agentdojo``,
+``tau2``; one folder each, their contract in ``envace/core/envs/README.md``). Other packages add
 environments through the entry-point group ``envace.environments`` (``name = "module:factory"``,
 see docs/plugins.md):
 :func:`make_env` finds them through ``importlib.metadata`` and loads one only when it is asked

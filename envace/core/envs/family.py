@@ -32,6 +32,7 @@ Call = tuple[str, dict[str, Any]]
 FAMILIES: dict[str, str] = {
     "bfcl": "envace.core.envs.bfcl.family",
     "agentdojo": "envace.core.envs.agentdojo.family",
+    "tau2": "envace.core.envs.tau2.family",
 }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.stats.clusters import CLUSTER, assign_clusters, resolve_unit
+from audit.stats.clusters import CLUSTER, assign_clusters, resolve
 from audit.stats.compounding import clean, compounding_ratio
 from audit.stats.history import split_histories
 from audit.stats.intervals import (
@@ -106,9 +106,10 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
     skipped: list[dict[str, Any]] = []
     sa, all_a = _load(Path(dir_a), skipped)
     sb, all_b = _load(Path(dir_b), skipped)
-    unit = resolve_unit([*all_a, *all_b], cluster_by)
-    assign_clusters(all_a, unit)
-    assign_clusters(all_b, unit)
+    chosen = resolve([*all_a, *all_b], cluster_by)
+    unit = chosen.unit
+    assign_clusters(all_a, unit, chosen.cluster_of)
+    assign_clusters(all_b, unit, chosen.cluster_of)
     spec = spec or IntervalSpec(resamples=2000, seed=0, level=1 - alpha)
     spec = IntervalSpec(spec.resamples, spec.seed, spec.level, unit)
     all_a, _, ha = split_histories(all_a, IntervalSpec(0))

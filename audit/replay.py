@@ -180,6 +180,7 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
     rec: dict[str, Any] = {
         "trajectory_id": traj.id,
         "task_id": traj.task_id,
+        "env_name": traj.env.get("name"),
         "step": st.step,
         "tool": st.tool,
         "arguments": st.arguments if st.arguments is not None else st.raw_arguments,

@@ -92,7 +92,8 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
         for rec, line in zip(steps.records, steps.lines, strict=True):
             try:
                 new = rescore_record(rec, settings)
-                step_line(new)  # a step row, serialisable, or kept verbatim below
+                step_line(new).encode("utf-8")  # a step row, writable (no lone surrogate
+                # from a \\ud800 escape), or kept verbatim below
             except Exception as exc:  # one bad record costs one record
                 bad.append(skipped_row(steps.path, line,
                                        f"cannot rescore: {type(exc).__name__}: {exc}"[:300]))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from audit.stats.clusters import CLUSTER, assign_clusters, resolve_unit
+from audit.stats.clusters import CLUSTER, assign_clusters, resolve
 from audit.stats.compounding import clean, group_stats, stratum_label, summarize
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
@@ -40,6 +40,8 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
                                    "source_rehearsed", "actual_error", "rehearsed_error")}
     if "depth" in rec:
         row["depth"] = rec["depth"]
+    if rec.get("env_name") is not None:
+        row["env_name"] = rec["env_name"]
     if rec.get("history") is not None:
         row["history"] = rec["history"]
     row["malformed"] = rec.get("malformed") is not None
@@ -160,8 +162,9 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
     A probe run with both histories (``history`` "real" and "own" on its rows) has its
     statistics over the real-history (teacher-forced) rows and the decomposition of the two in
     a ``history`` block (``audit.stats.history``); the own-history rows are counted apart."""
-    unit = resolve_unit(rows, getattr(opts, "cluster_by", None))
-    missing_field = assign_clusters(rows, unit)
+    chosen = resolve(rows, getattr(opts, "cluster_by", None))
+    unit = chosen.unit
+    missing_field = assign_clusters(rows, unit, chosen.cluster_of)
     spec = IntervalSpec(resamples=N_BOOT, seed=SEED, unit=unit)
     rows, own_rows, history_block = split_histories(rows, spec)
     answered = [r for r in rows if not r["unanswered"]]
@@ -173,6 +176,9 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
                       logistic_boot=LOGISTIC_BOOT if logistic_boot is None else logistic_boot,
                       unit=unit)
     stats["interval"]["clusters"] = len({_cluster(r) for r in pop.rows})
+    stats["interval"]["unit_declared_by"] = chosen.source
+    if chosen.note:
+        stats["interval"]["unit_note"] = chosen.note
     if missing_field:
         stats["interval"]["rows_without_field"] = missing_field
     counts = {
@@ -203,6 +209,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "audited_model": f"reference:{opts.override}" if opts.override else None,
         "counts": counts,
         "resampling_unit": unit,
+        **({"resampling_unit_note": chosen.note} if chosen.note else {}),
         "reconciles": read == trajectories + sum(1 for s in skipped if s["line"] is not None),
         "skipped_records": skipped,
         "warnings": warnings,

@@ -44,6 +44,7 @@ class StepRow(BaseModel):
     model_config = _STRICT
     trajectory_id: str
     task_id: str
+    env_name: str | None = None  #: the trajectory's ``env.name`` (what its unit is read from)
     step: int = Field(ge=0)  #: index among all the trajectory's calls
     tool: str
     arguments: Any = None  #: the parsed arguments, or the raw text of a malformed call
@@ -168,6 +169,7 @@ class AuditSummary(BaseModel):
     audited_model: str | None = None
     counts: dict[str, int] | None = None
     resampling_unit: str | None = None  #: what the intervals resample (audit.stats.clusters)
+    resampling_unit_note: str | None = None  #: why the unit fell back to the task
     reconciles: bool | None = None
     skipped_records: list[Skipped] | None = None
     warnings: list[Warning_] | None = None

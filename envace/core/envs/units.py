@@ -14,7 +14,7 @@ family                    unit             cluster of a task id
 ``bfcl``                  ``scenario``     ``multi_turn_miss_func_17`` -> ``bfcl:17``
 ``agentdojo``             ``task``         the user task within its suite, ``workspace/user_task_3``
 ``tau2`` and others       ``task``         the task id
-MCP servers, plugins      ``task``         the task id, unless the environment declares its own
+MCP servers, plugins      ``task``         the task id, unless the environment (or task file) says
 ========================  ===============  ====================================================
 
 The built-in families' records (``envace/core/envs/<family>/family.py``) take their
@@ -27,7 +27,9 @@ or a name of its own) and an optional static method ``cluster_of(task_id: str) -
 maps a task id to its cluster (for a unit of its own; without it the unit falls back to the
 task). A task file that carries a field of its own per step can be clustered by that field with
 ``--cluster-by FIELD`` (``audit``). This module imports nothing of envace: the audit reads the
-declaration from task ids alone, so stored audits (``steps.jsonl``) are clustered the same way.
+built-in families' declarations from task ids alone, so stored audits (``steps.jsonl``) are
+clustered the same way; a plugin's declaration (and an MCP task file's per-task ``cluster``) is
+read by the step rows' ``env_name`` in ``envace.core.envs.declared``.
 
     resampling_unit("bfcl")                                   # "scenario"
     cluster_id("multi_turn_long_context_17", "scenario")      # "bfcl:17"

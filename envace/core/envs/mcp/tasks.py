@@ -2,7 +2,8 @@
 
 One object per line: ``{"id", "prompt", "state": {"files": {relative path: text}},
 "ground_truth": [[tool, {args}], ...]}`` and, optionally, ``"split"`` (``train``, ``dev``,
-``test``: what rollout, train and eval pick from; a task without one is only in ``all``). A task
+``test``: what rollout, train and eval pick from; a task without one is only in ``all``) and
+``"cluster"`` (tasks sharing one are one resampling unit of the audit's intervals). A task
 file names no command: which server runs it is the profile of ``--env mcp:<profile>``. A bad
 line costs that line (reported with its number and reason), never the file.
 
@@ -22,7 +23,7 @@ from envace.core.envs.mcp.workdir import StateError, check_files
 
 TASKS_ENV = "ENVACE_MCP_TASKS"
 SPLITS = ("train", "dev", "test")
-_KEYS = {"id", "prompt", "state", "ground_truth", "split", "meta"}
+_KEYS = {"id", "prompt", "state", "ground_truth", "split", "meta", "cluster"}
 
 
 class TaskFileError(ValueError):
@@ -41,6 +42,7 @@ class McpTask:
     env_name: str
     split: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    cluster: str | None = None  #: tasks sharing one are one resampling unit (the audit's)
     turns: list[list[dict[str, str]]] = field(default_factory=list)
     base_id: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -121,8 +123,11 @@ def parse_task(raw: Any, env_name: str) -> McpTask:
     meta = raw.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError("'meta' must be an object")
+    cluster = raw.get("cluster")
+    if cluster is not None and (not isinstance(cluster, str) or not cluster):
+        raise ValueError("'cluster' must be a non-empty string")
     return McpTask(id=tid, prompt=prompt, files=files, ground_truth=calls, env_name=env_name,
-                   split=split, meta=meta)
+                   split=split, meta=meta, cluster=cluster)
 
 
 def load_tasks(path: str | os.PathLike[str], env_name: str

@@ -26,6 +26,12 @@ from typing import Any
 import numpy as np
 
 from envace.core.envs.family import family
+from envace.core.envs.guard import CallLimits, CallTimeout, limited_call
+
+#: The whole verification of one episode (it executes the committed calls and the ground
+#: truth's) runs in a child process under this limit (issue 39): a call that stalls in C code
+#: costs that episode's reward (0, ``timeout``), never the run.
+VERIFIER_LIMITS = CallLimits()
 
 REWARDS = ("state", "turn_state", "action", "action_partial")
 Call = tuple[str, dict[str, Any]]
@@ -88,8 +94,10 @@ def task_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
     the answer text of some tasks; BFCL's ignore it)."""
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {kind!r}")
-    try:
-        return family(getattr(task, "env_name", "bfcl")).reward(kind, task, calls_per_turn,
-                                                                final_text)
+    verify = family(getattr(task, "env_name", "bfcl")).reward
+    try:  # the committed calls run for real: under the call limit, C code included
+        return limited_call(verify, (kind, task, calls_per_turn, final_text), VERIFIER_LIMITS)
+    except CallTimeout as exc:
+        return {"reward": 0.0, "success": False, "detail": f"verifier: {exc}", "timeout": True}
     except Exception as exc:  # an environment failure is recorded for the episode, not fatal
         return {"reward": 0.0, "success": False, "detail": f"verifier error: {exc}"}

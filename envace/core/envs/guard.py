@@ -190,6 +190,47 @@ def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> None
                                          f"{exc}")))
 
 
+def _run_once(conn: Any, fn: Any, args: Sequence[Any], memory_mb: int | None,
+              parent: int) -> None:
+    _child_setup(memory_mb, parent)
+    _answer(conn, fn, args, {})
+
+
+def limited_call(fn: Any, args: Sequence[Any], limits: CallLimits | None = None) -> Any:
+    """``fn(*args)`` in a forked child under ``limits`` (default :class:`CallLimits`): its value
+    (it must pickle), the exception it raised, :class:`CallTimeout` past the wall-clock limit
+    (the child is killed) or :class:`EnvProcessDied` when the child ended without an answer.
+    For code that must hold its environments in one process (a verifier comparing backend
+    objects); ``limits.off``: called here."""
+    limits = limits if limits is not None else CallLimits()
+    if limits.off:
+        return fn(*args)
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_run_once, args=(theirs, fn, args, limits.memory_mb, os.getpid()),
+                       daemon=True, name="envace-limited-call")
+    proc.start()
+    theirs.close()
+    try:
+        if not mine.poll(limits.call_timeout_s):
+            raise CallTimeout(f"ran past the call limit of {limits.call_timeout_s:g} s")
+        try:
+            kind, value = mine.recv()
+        except EOFError:
+            proc.join(5)
+            raise EnvProcessDied(f"the process ended without an answer "
+                                 f"({_exit_text(proc.exitcode)})") from None
+    finally:
+        if proc.is_alive():
+            with contextlib.suppress(OSError):
+                proc.kill()
+        proc.join(5)
+        mine.close()
+    if kind == "raise":
+        raise value
+    return value
+
+
 # ---------------------------------------------------------------- the parent
 
 

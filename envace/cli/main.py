@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envace.core.envs.bfcl.tasks import CATEGORIES, SPLITS
+from envace.core.envs.guard import limit_arg
 
 
 def _cmd_export_real(args: argparse.Namespace) -> int:
@@ -55,7 +56,7 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
 def _limits(args: argparse.Namespace) -> Any:
     from envace.core.envs.guard import CallLimits
 
-    return CallLimits(args.call_timeout or None, args.call_memory_mb or None)
+    return CallLimits(args.call_timeout or None, int(args.call_memory_mb) or None)
 
 
 def _export_other(args: argparse.Namespace) -> int:
@@ -101,14 +102,22 @@ def _export_other(args: argparse.Namespace) -> int:
 
 def _write(trajs: Any, out: str, skipped: list[tuple[str, str]] | None = None) -> int:
     """Write the trajectories; a task that could not be recorded is named on stderr (exit 3)."""
+    from envace.core.errors import UsageError
+    from envace.core.outfile import atomic_output
     from envace.core.schema import TrajectoryWriter
     from envace.core.text import terminal_safe
 
     n = 0
-    with TrajectoryWriter(out, mode="w") as w:
-        for traj in trajs:
-            w.write(traj)
-            n += 1
+    try:  # whole or not at all: a full disk or a refused --out leaves nothing (exit 2)
+        with atomic_output(out) as tmp, TrajectoryWriter(tmp, mode="w") as w:
+            for traj in trajs:
+                w.write(traj)
+                n += 1
+    except (UsageError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"envace data export-real: {terminal_safe(str(why))}; nothing written",
+              file=sys.stderr)
+        return 2
     skipped = skipped or []
     print(f"wrote {n} real trajectories to {terminal_safe(out)}"
           + (f"; skipped {len(skipped)} task(s)" if skipped else ""))
@@ -184,10 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="output .jsonl")
     ex.add_argument("--no-turn-end", action="store_true",
                     help="omit the empty assistant message that closes each turn")
-    ex.add_argument("--call-timeout", type=float, default=30.0, metavar="S",
+    ex.add_argument("--call-timeout", type=limit_arg, default=30.0, metavar="S",
                     help="wall-clock limit of every environment call (a child process killed "
                          "past it; the task is skipped, exit 3; default %(default)g; 0: none)")
-    ex.add_argument("--call-memory-mb", type=int, default=4096, metavar="MB",
+    ex.add_argument("--call-memory-mb", type=limit_arg, default=4096, metavar="MB",
                     help="memory a call may add to the environment's process (0: no limit)")
     ex.set_defaults(func=_cmd_export_real)
     rec = dsub.add_parser(

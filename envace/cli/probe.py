@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.worlds.ranker import RANKER_K
+from envace.core.envs.guard import limit_arg
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE
 from envace.core.layout import AUDIT
 from envace.evaluation.model_probe import context_length, probe_model
@@ -68,10 +69,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
     add_cluster_by(p)
     p.add_argument("--quiet", action="store_true", help="no progress")
-    p.add_argument("--call-timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--call-timeout", type=limit_arg, default=30.0, metavar="S",
                    help="wall-clock limit of every real environment call (its process is "
                         "killed past it; docs/audit.md, limits; default %(default)g; 0: none)")
-    p.add_argument("--call-memory-mb", type=int, default=4096, metavar="MB",
+    p.add_argument("--call-memory-mb", type=limit_arg, default=4096, metavar="MB",
                    help="memory a real call may add to the environment's process (0: none)")
     g = p.add_argument_group("grounded world models (a memory of real responses)")
     g.add_argument("--memory", metavar="TRAIN.jsonl",
@@ -271,7 +272,7 @@ def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
                         reference=getattr(args, "reference", None),
                         cluster_by=getattr(args, "cluster_by", None),
                         call_timeout_s=getattr(args, "call_timeout", 30.0) or None,
-                        call_memory_mb=getattr(args, "call_memory_mb", 4096) or None)
+                        call_memory_mb=int(getattr(args, "call_memory_mb", 4096)) or None)
 
 
 def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -> int:

@@ -18,14 +18,15 @@ import pytest
 
 from audit.pipeline import run_audit
 from audit.scoring.settings import AuditOptions
-from envace.core.envs.base import ToolKind, env_names, make_env
+from envace.core.envs.base import ToolKind, make_env, plugin_entry_points
 from envace.core.envs.family import FAMILIES, family
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, TrajectoryWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 N_TASKS = 3  # dev tasks per family in each test
-PLUGINS = [n for n in env_names() if n not in FAMILIES]
+# installed plugins (entry points), not environments another test registered in this process
+PLUGINS = sorted(plugin_entry_points())
 # An MCP server profile is a family made from the user's config and task file: the contract runs
 # over the SDK-free ledger server of tests/envs/mcp (its tasks have train/dev/test splits).
 MCP_DIR = ROOT / "tests" / "envs" / "mcp"

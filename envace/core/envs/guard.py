@@ -57,6 +57,21 @@ STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
 
 
+def limit_arg(text: str) -> float:
+    """The value of ``--call-timeout`` / ``--call-memory-mb`` (an argparse type): a finite
+    number >= 0 (0: no limit); anything else is a usage error (exit 2)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number >= 0 (0: no limit)")
+    return value
+
+
 class CallTimeout(Exception):
     """A guarded call other than ``execute`` (reset, state, ...) ran past the limit."""
 

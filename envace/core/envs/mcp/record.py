@@ -10,15 +10,14 @@ to a temporary file renamed into place, never over the task file.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from envace.core.envs.mcp.env import mcp_env
 from envace.core.envs.mcp.export import real_trajectory
 from envace.core.envs.mcp.tasks import load_tasks
+from envace.core.errors import UsageError
+from envace.core.outfile import atomic_output, check_output_file
 from envace.core.schema import TrajectoryWriter
 
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
@@ -28,26 +27,18 @@ def record(env_name: str, tasks_file: str, out: str, turn_end: bool = True
            ) -> tuple[int, list[dict[str, Any]]]:
     """(trajectories written, problems) of recording a task file to ``out``."""
     tasks, problems = load_tasks(tasks_file, env_name)
-    out_path = Path(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
-    os.close(fd)
     n = 0
-    try:
-        with mcp_env(env_name) as env, TrajectoryWriter(tmp, mode="w") as w:
-            for task in tasks:
-                try:
-                    traj = real_trajectory(task, env, turn_end)
-                except Exception as exc:  # a server that cannot start costs its task
-                    problems.append({"file": tasks_file, "task": task.id,
-                                     "reason": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                    continue
-                w.write(traj)
-                n += 1
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with (atomic_output(out, [tasks_file]) as tmp, mcp_env(env_name) as env,
+          TrajectoryWriter(tmp, mode="w") as w):
+        for task in tasks:
+            try:
+                traj = real_trajectory(task, env, turn_end)
+            except Exception as exc:  # a server that cannot start costs its task
+                problems.append({"file": tasks_file, "task": task.id,
+                                 "reason": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            w.write(traj)
+            n += 1
     return n, problems
 
 
@@ -58,10 +49,12 @@ def run(env_name: str, tasks_file: str, out: str, turn_end: bool = True) -> int:
               f"{env_name!r}; built-in families export with `envace data export-real`",
               file=sys.stderr)
         return EXIT_USAGE
-    if os.path.exists(out) and os.path.samefile(out, tasks_file):
-        print("envace data record: --out would overwrite the task file", file=sys.stderr)
+    try:
+        check_output_file(out, [tasks_file])
+        n, problems = record(env_name, tasks_file, out, turn_end)
+    except UsageError as exc:
+        print(f"envace data record: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
-    n, problems = record(env_name, tasks_file, out, turn_end)
     for p in problems[:10]:
         where = f"line {p['line']}" if "line" in p else f"task {p['task']}"
         print(f"envace data record: skipped {p['file']} {where}: {p['reason']}", file=sys.stderr)

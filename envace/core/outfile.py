@@ -1,0 +1,56 @@
+"""One output file written safely: never through a link, never onto a device, a FIFO or a
+directory, never over an input, and whole or not at all (a temporary file renamed into place).
+
+    check_output_file("dev.jsonl", inputs=["tasks.jsonl"])   # UsageError when refused
+    with atomic_output("dev.jsonl") as tmp:                  # write tmp; renamed on success
+        ...
+
+Used by the commands that write one trajectory file (``envace data export-real``, ``envace
+data record``); audit directories have their own writer (``audit.store.output``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from envace.core.errors import UsageError
+
+
+def check_output_file(out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = ()
+                      ) -> Path:
+    """The output path, or UsageError: it is a symbolic link, exists and is not a regular file
+    (a device such as /dev/full, a FIFO, a directory), or is one of ``inputs``."""
+    path = Path(out)
+    if path.is_symlink():
+        raise UsageError(f"{path} is a symbolic link: refusing to write through it")
+    if path.exists():
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{path} exists and is not a regular file: refusing to write it")
+        for i in inputs:
+            if Path(i).exists() and os.path.samefile(path, i):
+                raise UsageError(f"{path} is an input of this command: refusing to write it")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output(out: str | os.PathLike[str],
+                  inputs: Iterable[str | os.PathLike[str]] = ()) -> Iterator[Path]:
+    """A temporary file beside ``out`` to write; renamed onto ``out`` when the block ends
+    without an exception, removed otherwise (a full disk leaves nothing behind)."""
+    path = check_output_file(out, inputs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        check_output_file(path, inputs)  # nothing took its place while it was written
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

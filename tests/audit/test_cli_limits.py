@@ -1,0 +1,31 @@
+"""Numbers on the command line that the hostile tester got through: a non-finite call limit
+(every record skipped, or a traceback) and an --alpha outside (0, 1) ('significant' at p = 1)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from audit.cli import _alpha
+from envace.core.envs.guard import limit_arg
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "abc", ""])
+def test_a_call_limit_must_be_finite_and_not_negative(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        limit_arg(text)
+
+
+def test_a_call_limit_known_answers():
+    assert limit_arg("0") == 0.0 and limit_arg("2.5") == 2.5 and limit_arg("4096") == 4096.0
+
+
+@pytest.mark.parametrize("text", ["0", "1", "2", "nan", "-0.1", "x"])
+def test_alpha_is_strictly_between_0_and_1(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        _alpha(text)
+
+
+def test_alpha_known_answers():
+    assert _alpha("0.05") == 0.05 and _alpha("0.999") == 0.999

@@ -137,7 +137,7 @@ def test_inline_state():
 
 def test_unknown_names_are_clear():
     with pytest.raises(UnknownEnvironment, match="registered: bfcl"):
-        make_env("tau2")
+        make_env("no_such_env_zz")
     with pytest.raises(UnknownTask, match="multi_turn_base_17"):
         get_task("multi_turn_base_9999")
 

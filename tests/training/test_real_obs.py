@@ -319,7 +319,7 @@ def test_config_accepts_real_observations_where_there_are_some():
             assert (cfg.real_obs_coef, cfg.anchor_fraction) == (0.5, 0.25)
     text = " ".join(config_help(TrainConfig).split())
     assert "real_obs_coef (float, default 0.0, >= 0)" in text and "loss/real_obs" in text
-    assert "anchor_fraction (float, default 0.0)" in text
+    assert "anchor_fraction (float, default 0.0, in [0, 1])" in text
 
 
 # -- the trainer, end to end -----------------------------------------------------------------

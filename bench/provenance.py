@@ -44,7 +44,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "sweep_seeds": "rehearsal_sweep_seeds", "trainer_vs_trl": "trainer_vs_trl",
     "vllm_rollout": "vllm_rollout", "world_model_skill": "world_model_skill",
     "world_model_test": "world_model_skill_test", "mcp_bridge": "mcp_bridge",
-    "guard_overhead": "guard_overhead",
+    "guard_overhead": "guard_overhead", "tau2_probes": "tau2_probes",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(d, m, json.dumps(out[d][m]), flush=True)
     path = write_result("tau2_probes", {
         "env": "tau2", "split": "dev", "commands": commands, "dev": out,
-        "run": run_record("experiments.tau2_probes", argv, load_start),
+        **run_record("experiments.tau2_probes", argv, load_start),
         "note": "world models probed teacher-forced on each domain's dev ground-truth calls; "
                 "references built from the domain's train split; skill against the best "
                 "reference (exact), 95 % interval resampling trajectories"})

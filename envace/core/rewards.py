@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from envace.core.envs.family import family
+from envace.core.envs.family import MCP_PREFIX, family
 from envace.core.envs.guard import CallLimits, CallTimeout, limited_call
 
 #: The whole verification of one episode (it executes the committed calls and the ground
@@ -94,9 +94,13 @@ def task_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
     the answer text of some tasks; BFCL's ignore it)."""
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {REWARDS}, got {kind!r}")
-    verify = family(getattr(task, "env_name", "bfcl")).reward
+    name = getattr(task, "env_name", "bfcl")
+    verify = family(name).reward
+    # an MCP server is a process of its own with its requests under the limit, and its client's
+    # event-loop thread would not survive a fork: it verifies in this process
+    limits = CallLimits(None, None) if name.startswith(MCP_PREFIX) else VERIFIER_LIMITS
     try:  # the committed calls run for real: under the call limit, C code included
-        return limited_call(verify, (kind, task, calls_per_turn, final_text), VERIFIER_LIMITS)
+        return limited_call(verify, (kind, task, calls_per_turn, final_text), limits)
     except CallTimeout as exc:
         return {"reward": 0.0, "success": False, "detail": f"verifier: {exc}", "timeout": True}
     except Exception as exc:  # an environment failure is recorded for the episode, not fatal

@@ -98,7 +98,7 @@ def test_bad_input_is_reported_and_counts_reconcile(tmp_path, examples):
     big["messages"][2]["content"] = "x" * 3_000_000  # past the 1 MiB limit of a response
     big["messages"][2]["rehearsed"] = True
     unknown = dict(rec, id="unknown-task", task_id="nope", env={"name": "bfcl", "task": "nope"})
-    other_env = dict(rec, id="other-env", env={"name": "tau2", "task": "x"})
+    other_env = dict(rec, id="other-env", env={"name": "no_such_env_zz", "task": "x"})
     p = tmp_path / "bad.jsonl"
     p.write_bytes(b"\n".join([
         good.encode(), b"{oops", b"\xff\xfe", json.dumps(big).encode(),

@@ -50,8 +50,10 @@ def test_default_names_are_the_benches_own(module):
     home = next(d for d in ("bench", "experiments") if (ROOT / d / f"{module}.py").exists())
     source = (ROOT / home / f"{module}.py").read_text()
     name = DEFAULT_NAMES[module]
-    if module == "references":  # <env>_references, bfcl by default
-        assert 'f"{args.env}_references"' in source and 'default="bfcl"' in source
+    if module == "references":  # <env>[_<domain>]_references, bfcl by default
+        assert 'f"{name}_references"' in source and 'default="bfcl"' in source
+        assert written_name("python -m experiments.references --env tau2 --domain retail"
+                            ) == "tau2_retail_references"
         return
     forms = [f'"--name", default="{name}"', f'"--out", default="{name}"',
              f'write_result("{name}"', f'"{name}.json"']

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from audit.store.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem,
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import MAX_LINE_BYTES
 
+#: The most of one file a reader takes in (a steps file of a 462,500-step audit is ~200 MB).
+MAX_FILE_BYTES = 4 << 30
 STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
                "actual_error", "rehearsed_error", "novelty", "unanswered", "source_rehearsed")
 CATEGORICAL = ("trajectory_id", "task_id", "tool")
@@ -50,12 +53,16 @@ class JsonlData:
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, reason)
     truncated: bool = False  # the last line has no newline and does not parse
     missing: bool = False
+    not_regular: bool = False  # a FIFO, a device, a directory: never opened
 
     def notes(self, name: str) -> list[str]:
         """Sentences for the page: truncation and bad lines, with line numbers."""
         out = []
         if self.missing:
             out.append(f"{name} does not exist yet.")
+        if self.not_regular:
+            out.append(f"{name} is not a regular file (a FIFO, a device or a directory): not "
+                       "read.")
         if self.truncated:
             out.append(f"{name}: the last line is truncated (a run still writing, or killed); "
                        f"showing the {len(self.records)} complete records before it.")
@@ -74,8 +81,11 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
     """
     out = JsonlData()
     try:
+        if not is_regular(path):  # a FIFO would block the page, /dev/zero fill memory
+            out.not_regular = True
+            return out
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_FILE_BYTES)
     except FileNotFoundError:
         out.missing = True
         return out
@@ -111,9 +121,17 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
     return out
 
 
+def is_regular(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file (FileNotFoundError when it does not exist); a reader
+    never opens anything else (a FIFO blocks, a device never ends)."""
+    return stat.S_ISREG(os.stat(path).st_mode)
+
+
 def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
     """A whole JSON object file: (data, None) or (None, why it cannot be read)."""
     try:
+        if not is_regular(path):
+            return None, f"{Path(path).name} is not a regular file"
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None, f"{Path(path).name} does not exist yet"
@@ -150,8 +168,10 @@ def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | N
 
 
 def read_text(path: str | os.PathLike[str], limit: int = 200_000) -> str | None:
-    """A text file's start (None when absent or unreadable)."""
+    """A text file's start (None when absent, unreadable or not a regular file)."""
     try:
+        if not is_regular(path):
+            return None
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.read(limit)
     except OSError:
@@ -298,8 +318,10 @@ def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
 def line_offsets(path: str | os.PathLike[str]) -> list[int]:
     """Byte offset of the start of every line (for random access to a trajectory file)."""
     offsets = [0]
+    if not is_regular(path):
+        return []
     with open(path, "rb") as fh:
-        data = fh.read()
+        data = fh.read(MAX_FILE_BYTES)
     pos = data.find(b"\n")
     while pos != -1:
         offsets.append(pos + 1)

@@ -39,11 +39,24 @@ class Resolved:
     note: str | None = None
 
 
+#: Step-row fields that are outcomes or per-call figures, never a grouping of trajectories
+#: (clustering by the verdict itself would make every interval meaningless).
+NOT_UNITS = frozenset({
+    "diverged", "scores", "rehearsed", "actual", "actual_error", "rehearsed_error", "unanswered",
+    "unanswered_reason", "malformed", "timeout", "novelty", "depth", "step", "arguments",
+    "references", "mutates_state", "source_rehearsed", "probe", "history", "tool", "messages",
+})
+
+
 def check_unit(unit: str) -> str | None:
     """Why ``unit`` cannot be a ``--cluster-by`` value, or None."""
-    if not unit or not unit.replace("_", "").isalnum():
+    if not unit or not unit.replace("_", "").isalnum() or unit.startswith("_"):
         return (f"--cluster-by must be one of {', '.join(BUILTIN_UNITS)} or a step-row field "
                 f"name, got {unit!r}")
+    if unit in NOT_UNITS or unit.lower() in BUILTIN_UNITS and unit not in BUILTIN_UNITS:
+        return (f"--cluster-by {unit}: an outcome or per-call field (or a misspelt unit) is no "
+                f"grouping of trajectories; use one of {', '.join(BUILTIN_UNITS)} or a field "
+                "that names a group")
     return None
 
 

@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from envace.core.layout import AUDIT
 from envace.core.schema import json_text
@@ -45,7 +53,8 @@ class StepRow(BaseModel):
     trajectory_id: str
     task_id: str
     env_name: str | None = None  #: the trajectory's ``env.name`` (what its unit is read from)
-    step: int = Field(ge=0)  #: index among all the trajectory's calls
+    #: index among all the trajectory's calls (a 64 MiB trajectory line holds < 2**20 of them)
+    step: int = Field(ge=0, lt=2**20)
     tool: str
     arguments: Any = None  #: the parsed arguments, or the raw text of a malformed call
     rehearsed: str | None = None  #: the recorded response (None: unanswered)
@@ -68,6 +77,14 @@ class StepRow(BaseModel):
     #: the real call ran past the call limit (or its process died) and was ended; written
     #: only when true
     timeout: bool | None = None
+
+    @model_validator(mode="after")
+    def _depth_within_step(self) -> StepRow:
+        # depth counts answered rehearsed calls from the first one: never past the call's index
+        # (a stored row that claims depth 10**6 would make every per-depth table that long)
+        if self.depth is not None and self.depth > self.step:
+            raise ValueError(f"depth {self.depth} is past the call's index {self.step}")
+        return self
 
     def dump(self) -> dict[str, Any]:
         """The row as written: the fields it was given, in the spec's order."""

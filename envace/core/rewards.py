@@ -85,6 +85,18 @@ def partial_action_f1(model: list[Call], truth: list[Call]) -> float:
     return 2 * p * r / (p + r)
 
 
+def single_turn_reward(kind: str, model: list[Call], truth: list[Call], state_value: float,
+                       success: bool, detail: str) -> dict[str, Any]:
+    """A verifier's answer for a family whose tasks are one user turn (AgentDojo, τ², MCP):
+    ``action``/``action_partial`` score the committed calls against the ground truth's, the
+    state kinds take the family's own check (one turn: the share of turns passed is it)."""
+    if kind in ("action", "action_partial"):
+        value = (action_f1 if kind == "action" else partial_action_f1)(model, truth)
+    else:
+        value = state_value
+    return {"reward": value, "success": success, "detail": detail}
+
+
 def task_reward(kind: str, task: Any, calls_per_turn: list[list[Call]],
                 final_text: str = "") -> dict[str, Any]:
     """{'reward': float, 'success': bool, 'detail': str}; errors become reward 0 with a reason.

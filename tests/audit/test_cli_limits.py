@@ -29,3 +29,18 @@ def test_alpha_is_strictly_between_0_and_1(text):
 
 def test_alpha_known_answers():
     assert _alpha("0.05") == 0.05 and _alpha("0.999") == 0.999
+
+
+@pytest.mark.parametrize("unit", ["diverged", "scores", "messages", "__class__", "TRAJECTORY",
+                                  "Scenario", "", "../x"])
+def test_cluster_by_refuses_outcomes_dunders_and_misspelt_units(unit):
+    from audit.stats.clusters import check_unit
+
+    assert check_unit(unit)
+
+
+@pytest.mark.parametrize("unit", ["trajectory", "task", "scenario", "suite", "group_id"])
+def test_cluster_by_accepts_units_and_grouping_fields(unit):
+    from audit.stats.clusters import check_unit
+
+    assert check_unit(unit) is None

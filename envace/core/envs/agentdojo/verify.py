@@ -17,7 +17,7 @@ from typing import Any
 
 from envace.core.envs.agentdojo.env import AgentDojoEnv
 from envace.core.envs.agentdojo.tasks import AgentDojoTask, deterministic_world
-from envace.core.rewards import action_f1, partial_action_f1
+from envace.core.rewards import single_turn_reward
 
 Call = tuple[str, dict[str, Any]]
 
@@ -64,8 +64,4 @@ def reward(kind: str, task: AgentDojoTask, calls_per_turn: list[list[Call]],
     committed calls against the task's ground-truth calls."""
     model = [c for turn in calls_per_turn for c in turn]
     check = check_calls(task, model, final_text)
-    if kind in ("action", "action_partial"):
-        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
-    else:
-        value = check.partial
-    return {"reward": value, "success": check.valid, "detail": check.message}
+    return single_turn_reward(kind, model, task.calls(), check.partial, check.valid, check.message)

@@ -232,7 +232,8 @@ class BFCLEnv:
                 raise exc.__context__ from None
             return ToolResult(f"{ERROR_PREFIX}{exc}", True, timeout=True)
         except Exception as exc:  # the backend's failure is data, as in bfcl-eval
-            return ToolResult(f"{ERROR_PREFIX}{exc}", True)
+            # (a MemoryError under the call's memory limit has no message: name it)
+            return ToolResult(f"{ERROR_PREFIX}{str(exc) or type(exc).__name__}", True)
         return ToolResult(serialize_result(result), is_error_value(result))
 
     def state(self) -> dict[str, Any]:

@@ -39,15 +39,11 @@ def truth_hash(task: McpTask) -> str:
 def reward(kind: str, task: McpTask, calls_per_turn: list[list[Call]],
            final_text: str = "") -> dict[str, Any]:
     """The family's verifier (see the module docstring)."""
-    from envace.core.rewards import action_f1, partial_action_f1
+    from envace.core.rewards import single_turn_reward  # rewards dispatches to the families
 
     model = [c for turn in calls_per_turn for c in turn]
     got, errors = final_state_hash(task, model)
     ok = got == truth_hash(task)
     detail = "" if ok else f"final workdir state differs from the ground truth's ({errors} " \
                            "error results)"
-    if kind in ("action", "action_partial"):
-        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
-    else:
-        value = 1.0 if ok else 0.0
-    return {"reward": value, "success": ok, "detail": detail}
+    return single_turn_reward(kind, model, task.calls(), 1.0 if ok else 0.0, ok, detail)

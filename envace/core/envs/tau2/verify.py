@@ -25,7 +25,7 @@ from typing import Any
 
 from envace.core.envs.tau2.env import IdSource, TAU2Env, ids_from, new_ids, slot_environment
 from envace.core.envs.tau2.tasks import TAU2Task, tau2_module
-from envace.core.rewards import action_f1, partial_action_f1
+from envace.core.rewards import single_turn_reward
 
 Call = tuple[str, dict[str, Any]]
 
@@ -146,8 +146,4 @@ def reward(kind: str, task: TAU2Task, calls_per_turn: list[list[Call]],
     calls against the task's ground-truth calls."""
     model = [c for turn in calls_per_turn for c in turn]
     check = check_calls(task, model, final_text)
-    if kind in ("action", "action_partial"):
-        value = (action_f1 if kind == "action" else partial_action_f1)(model, task.calls())
-    else:
-        value = check.reward
-    return {"reward": value, "success": check.valid, "detail": check.detail}
+    return single_turn_reward(kind, model, task.calls(), check.reward, check.valid, check.detail)

@@ -65,7 +65,7 @@ def step_rows(draw: Any) -> dict[str, Any]:
                              for n in draw(st.lists(st.sampled_from(["lookup", "echo"]),
                                                     unique=True, max_size=2))}
     if draw(st.booleans()):
-        row["depth"] = draw(st.none() | st.integers(0, 20))
+        row["depth"] = draw(st.none() | st.integers(0, row["step"]))  # depth <= step
     if draw(st.booleans()):
         row["probe"] = "teacher_forced"
     return row

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from audit.store.models import read_summary_data
+from audit.store.models import AuditSummary
 from dashboard import readers
 from dashboard.readers import Frame
 from envace.core.layout import AUDIT
@@ -56,7 +56,7 @@ def _json(path: str, size: int, mtime: int) -> tuple[dict[str, Any] | None, str 
 
 
 @st.cache_data(max_entries=64, show_spinner="Recomputing an older audit summary…")
-def _audit_summary(summary: Sig, steps: Sig) -> tuple[dict[str, Any] | None, str | None]:
+def _audit_summary(summary: Sig, steps: Sig) -> tuple[AuditSummary | None, str | None]:
     return readers.audit_summary(Path(summary[0]).parent)
 
 
@@ -114,7 +114,7 @@ def from_steps(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
+def summary(audit_dir: str | os.PathLike[str]) -> tuple[AuditSummary | None, str | None]:
     """An audit's ``summary.json``: (data, None) or (None, why not); an older format is
     recomputed from ``steps.jsonl`` (see :func:`readers.audit_summary`)."""
     d = Path(audit_dir)
@@ -157,25 +157,18 @@ def clear() -> None:
     st.cache_data.clear()
 
 
-def scored_steps(s: dict[str, Any]) -> int | None:
-    """How many steps an audit's statistics count (its rehearsed steps; see
-    ``audit.store.models.AuditSummary.scored_steps``)."""
-    summary, _ = read_summary_data(s)
-    return None if summary is None else summary.scored_steps
-
-
 def audit_trend(audits: list[Any]) -> pd.DataFrame:
     """Divergence rate (with CI) of each audit of a training run, by training step: the
     figures ``metrics.jsonl`` logs as ``fidelity/divergence_rate`` for the same step."""
     rows = []
     for a in audits:
         s, _ = summary(a.path)
-        if not s or a.step is None or s.get("divergence_rate") is None:
+        if s is None or a.step is None or s.divergence_rate is None:
             continue
-        lo, hi = (s.get("divergence_ci") or [None, None])[:2]
-        row = {"step": a.step, "divergence_rate": s["divergence_rate"], "lo": lo, "hi": hi,
-               "steps": scored_steps(s)}
-        for name, v in (s.get("scores") or {}).items():
-            row[f"score/{name}"] = v.get("mean")
+        lo, hi = (s.divergence_ci or [None, None])[:2]
+        row = {"step": a.step, "divergence_rate": s.divergence_rate, "lo": lo, "hi": hi,
+               "steps": s.scored_steps}
+        for name, v in (s.scores or {}).items():
+            row[f"score/{name}"] = v.mean
         rows.append(row)
     return pd.DataFrame(rows)

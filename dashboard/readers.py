@@ -32,7 +32,14 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from audit.store.models import STAT_FIELDS, SUMMARY_VERSION, StepStats, problem, read_summary_data
+from audit.store.models import (
+    STAT_FIELDS,
+    SUMMARY_VERSION,
+    AuditSummary,
+    StepStats,
+    problem,
+    read_summary_data,
+)
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import MAX_LINE_BYTES
 
@@ -142,11 +149,11 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str 
     return data, None
 
 
-def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
-    """An audit's summary as ``audit.store.models.AuditSummary`` reads it: (data, None) or (None,
-    why not); a field of the wrong type is left out (``unusable_fields`` names it). Recomputed from
-    ``steps.jsonl`` (``audit.rescore.summary_from_steps``, marked ``recomputed_from``) when it is
-    older than the current summary format."""
+def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[AuditSummary | None, str | None]:
+    """An audit's summary as ``audit.store.models.AuditSummary`` reads it: (summary, None) or
+    (None, why not); a field of the wrong type is left out (``unusable_fields`` names it).
+    Recomputed from ``steps.jsonl`` (``audit.rescore.summary_from_steps``, marked
+    ``recomputed_from``) when it is older than the current summary format."""
     d = Path(audit_dir)
     raw, err = read_json(d / AUDIT.summary)
     if raw is None:
@@ -158,13 +165,13 @@ def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[dict[str, Any] | N
         from audit.rescore import summary_from_steps
 
         try:
-            return summary_from_steps(d), None
+            return AuditSummary.model_validate(summary_from_steps(d)), None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             err = f"{AUDIT.summary} is of an older format and cannot be recomputed: {exc}"[:300]
-    out = summary.dump()
     if problems:
-        out["unusable_fields"] = [p["reason"] for p in problems]
-    return out, err
+        summary = AuditSummary.model_validate(
+            {**summary.dump(), "unusable_fields": [p["reason"] for p in problems]})
+    return summary, err
 
 
 def read_text(path: str | os.PathLike[str], limit: int = 200_000) -> str | None:

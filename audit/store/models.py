@@ -15,15 +15,19 @@ Unknown fields are kept as they are (a newer writer's, a plugin's).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     FiniteFloat,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     create_model,
+    model_serializer,
     model_validator,
 )
 
@@ -134,10 +138,40 @@ def step_problem(rec: Any) -> str | None:
 # ---------------------------------------------------------------- summary.json
 
 
-class Skipped(BaseModel):
-    """A record that was not audited: where it is and why (``line`` None: a whole file)."""
+class Block(BaseModel):
+    """A block of ``summary.json``: the fields the code reads are typed, every other field is
+    kept as written (a newer writer's, a plugin's), and the block is dumped with its fields in
+    the order it was given, so a stored summary round-trips byte for byte."""
 
     model_config = _STRICT
+    #: dumped in the order given (False: in the order the fields are declared, unknown ones last)
+    given_order: ClassVar[bool] = True
+    _order: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        block = handler(data)
+        if cls.given_order and isinstance(data, dict) and isinstance(block, Block):
+            block._order = tuple(data)
+        return block
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if not self._order or not isinstance(out, dict):
+            return out
+        rank = {k: i for i, k in enumerate(self._order)}
+        return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+
+    def dump(self) -> dict[str, Any]:
+        """The block as written: the fields it was given, in the order given."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class Skipped(Block):
+    """A record that was not audited: where it is and why (``line`` None: a whole file)."""
+
     file: str
     line: int | None
     reason: str
@@ -154,43 +188,252 @@ def skipped_row(file: str | Any, line: int | None, reason: str) -> dict[str, Any
     return Skipped(file=str(file), line=line, reason=str(reason)).row()
 
 
-class Warning_(BaseModel):
+class Warning_(Block):
     """A note about an audited record (non-finite numbers, unknown tools)."""
 
-    model_config = _STRICT
     file: str
     line: int | None
     trajectory_id: Any
     message: str
 
 
-class VerdictRule(BaseModel):
+class VerdictRule(Block):
     """diverged = scores[scorer] < threshold."""
 
-    model_config = _STRICT
     scorer: str
     threshold: FiniteFloat
 
 
-class AuditSummary(BaseModel):
-    """``summary.json`` of an audit (docs/spec/trajectory.md, "Audit output"), fields in the
-    order they are written. Every field may be missing (an older or damaged file);
-    statistics blocks are kept as written."""
+#: a number inside a statistics block (non-finite ones were written before the blocks were typed)
+Real = int | float
+Bounds = list[Real | None]
 
-    model_config = _STRICT
+
+class Counts(Block):
+    """``counts``: how many records, trajectories and steps the audit read and scored."""
+
+    records_read: int | None = None
+    trajectories: int | None = None
+    skipped: int | None = None
+    steps: int | None = None
+    answered_steps: int | None = None
+    unanswered_steps: int | None = None
+    malformed_calls: int | None = None
+    scored_steps: int | None = None
+
+
+class Statistics(Block):
+    """``statistics``: which steps every figure counts."""
+
+    population: str | None = None
+    real_steps_excluded: int | None = None
+    unmarked_steps_counted_as_rehearsed: int | None = None
+
+
+class IntervalInfo(Block):
+    """``interval``: how the intervals were made (method, resamples, seed, unit)."""
+
+    method: str | None = None
+    resamples: int | None = None
+    seed: int | None = None
+    level: Real | None = None
+    resampling_unit: str | None = None
+
+
+class ScoreStat(Block):
+    """A scorer's mean over a group of steps, with its interval."""
+
+    mean: Real | None = None
+    ci: Bounds | None = None
+    n: int | None = None
+    method: str | None = None
+    mc_error: Real | None = None
+
+
+class Stratum(Block):
+    """One group of steps (a depth, a tool, read or write, a novelty bin): its divergence rate
+    with interval and its scores."""
+
+    n: int | None = None
+    trajectories: int | None = None
+    diverged: int | None = None
+    divergence_rate: Real | None = None
+    divergence_ci: Bounds | None = None
+    divergence_ci_method: str | None = None
+    scores: dict[str, ScoreStat] | None = None
+
+
+class DepthRow(Stratum):
+    """A row of ``by_depth``: the stratum of one rehearsed-step depth."""
+
+    depth: int
+
+
+class SurvivalRow(Block):
+    """A row of the first-divergence survival curve."""
+
+    depth: int
+    at_risk: int | None = None
+    events: int | None = None
+    censored: int | None = None
+    hazard: Real | None = None
+    survival: Real | None = None
+    ci: Bounds | None = None
+
+
+class FirstDivergence(Block):
+    """``first_divergence``: the survival curve of the first divergence by depth."""
+
+    rows: list[SurvivalRow] | None = None
+    median: Any = None
+    n_trajectories: int | None = None
+    n_events: int | None = None
+    n_censored: int | None = None
+
+
+class ConditionalRow(Block):
+    """A row of ``compounding.by_depth``: divergence after an earlier one and after none."""
+
+    depth: int
+    p_after_divergence: Real | None = None
+    p_no_prior_divergence: Real | None = None
+
+
+class Compounding(Block):
+    """``compounding``: P(diverge | an earlier divergence) / P(diverge | none), with its table,
+    its rows by depth and the depth trend."""
+
+    ratio: Real | None = None
+    ci: Bounds | None = None
+    ci_method: str | None = None
+    ci_mc_error: Real | None = None
+    p_after_divergence: Real | None = None
+    p_no_prior_divergence: Real | None = None
+    table: dict[str, int] | None = None
+    n_steps: int | None = None
+    n_trajectories: int | None = None
+    by_depth: list[ConditionalRow] | None = None
+    note: str | None = None
+    depth_trend: dict[str, Any] | None = None
+
+
+class Logistic(Block):
+    """``logistic``: divergence modelled on depth, prior divergence and novelty."""
+
+    n: int | None = None
+    features: list[str] | None = None
+    odds_ratio_prior_divergence: Real | None = None
+    odds_ratio_ci: Bounds | None = None
+    note: str | None = None
+
+
+class SkillInterval(Block):
+    """Skill (F - F_ref) / (1 - F_ref) against one reference, with its interval."""
+
+    point: Real | None = None
+    lo: Real | None = None
+    hi: Real | None = None
+    f_ref: Real | None = None
+    method: str | None = None
+    mc_error: Real | None = None
+
+
+class SkillRow(SkillInterval):
+    """A scorer's skill against the best reference world model, and against each."""
+
+    reference_means: dict[str, Real | None] | None = None
+    best_reference: str | None = None
+    f_model: Real | None = None
+    n: int | None = None
+    against: dict[str, SkillInterval] | None = None
+
+
+class Skill(Block):
+    """``skill``: the audited model against the reference world models."""
+
+    references: list[str] | None = None
+    by_scorer: dict[str, SkillRow] | None = None
+
+
+class Rate(Block):
+    """A rate with its interval (``point``, ``ci``) and, for a share of events, their count."""
+
+    point: Real | None = None
+    ci: Bounds | None = None
+    method: str | None = None
+    count: int | None = None
+    note: str | None = None
+
+
+class Difference(Block):
+    """A paired difference of two rates, with its interval and test."""
+
+    diff: Real | None = None
+    ci: Bounds | None = None
+    p_value: Real | None = None
+    method: str | None = None
+
+
+class HistoryGroup(Block):
+    """The same calls rehearsed given the real and the own history, over one group of calls."""
+
+    n: int | None = None
+    trajectories: int | None = None
+    real: Rate | None = None
+    own: Rate | None = None
+    diff: Difference | None = None
+    induced: Rate | None = None
+    recovered: Rate | None = None
+
+
+class HistoryDepthRow(HistoryGroup):
+    """A row of ``history.by_depth``."""
+
+    depth: int
+
+
+class DeepHistory(HistoryGroup):
+    """``history.deep``: the calls at depth >= ``min_depth``."""
+
+    min_depth: int | None = None
+    compounding_share: Rate | None = None
+
+
+class History(Block):
+    """``history`` (``envace probe --history both``): divergence split into difficulty (real
+    history) and compounding (own history)."""
+
+    method: str | None = None
+    pairs: int | None = None
+    overall: HistoryGroup | None = None
+    compounding_share: Rate | None = None
+    deep: DeepHistory | None = None
+    by_depth: list[HistoryDepthRow] | None = None
+    by_mutates_state: dict[str, HistoryGroup] | None = None
+    by_novelty: dict[str, HistoryGroup] | None = None
+
+
+class AuditSummary(Block):
+    """``summary.json`` of an audit (docs/spec/trajectory.md, "Audit output"), fields in the
+    order they are written (a field not declared here, a newer writer's or a plugin's, is kept
+    and written last). Every field may be missing (an older or damaged file); inside each
+    block, fields keep the order they were given."""
+
+    given_order: ClassVar[bool] = False
+
     schema_: str | None = Field(default=None, alias="schema")
     inputs: list[str] | None = None
     scorers: list[str] | None = None
     verdict: VerdictRule | None = None
     reference_file: str | None = None
     audited_model: str | None = None
-    counts: dict[str, int] | None = None
+    counts: Counts | None = None
     resampling_unit: str | None = None  #: what the intervals resample (audit.stats.clusters)
     resampling_unit_note: str | None = None  #: why the unit fell back to the task
     reconciles: bool | None = None
     skipped_records: list[Skipped] | None = None
     warnings: list[Warning_] | None = None
-    statistics: dict[str, Any] | None = None
+    statistics: Statistics | None = None
     determinism_check: bool | None = None
     determinism_warning: str | None = None
     by_source: dict[str, Any] | None = None
@@ -199,37 +442,33 @@ class AuditSummary(BaseModel):
     divergence_ci: list[Number | None] | None = None
     divergence_ci_method: str | None = None
     divergence_ci_mc_error: Number | None = None
-    scores: dict[str, Any] | None = None
-    by_depth: list[dict[str, Any]] | None = None
-    by_tool: dict[str, Any] | None = None
-    by_mutates_state: dict[str, Any] | None = None
-    by_novelty: dict[str, Any] | None = None
-    first_divergence: dict[str, Any] | None = None
+    scores: dict[str, ScoreStat] | None = None
+    by_depth: list[DepthRow] | None = None
+    by_tool: dict[str, Stratum] | None = None
+    by_mutates_state: dict[str, Stratum] | None = None
+    by_novelty: dict[str, Stratum] | None = None
+    first_divergence: FirstDivergence | None = None
     median_first_divergence: Any = None
-    compounding: dict[str, Any] | None = None
-    logistic: dict[str, Any] | None = None
-    interval: dict[str, Any] | None = None
-    skill: dict[str, Any] | None = None
+    compounding: Compounding | None = None
+    logistic: Logistic | None = None
+    interval: IntervalInfo | None = None
+    skill: Skill | None = None
     seconds: Number | None = None
     reference_counts: dict[str, int] | None = None
     reference_skipped_records: list[Skipped] | None = None
     probe: str | None = None
     histories: list[str] | None = None
-    history: dict[str, Any] | None = None
+    history: History | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
-
-    def dump(self) -> dict[str, Any]:
-        """The summary as written: the fields it was given, in the spec's order."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
 
     @property
     def scored_steps(self) -> int | None:
         """How many steps the statistics count (``answered_steps`` in ``envace.audit/1``)."""
-        c = self.counts or {}
-        if self.schema_ == SUMMARY_VERSION or "scored_steps" in c:
-            return c.get("scored_steps")
-        return c.get("answered_steps")
+        c = self.counts or Counts()
+        if self.schema_ == SUMMARY_VERSION or "scored_steps" in c.model_fields_set:
+            return c.scored_steps
+        return c.answered_steps
 
 
 def summary_data(summary: dict[str, Any]) -> dict[str, Any]:

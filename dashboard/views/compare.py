@@ -97,16 +97,16 @@ def compare_audits(ctx: ui.Context) -> None:
 def _side_by_side(a: str, audit_a: Audit, b: str, audit_b: Audit) -> None:
     sa, _ = data.summary(audit_a.path)
     sb, _ = data.summary(audit_b.path)
-    if not sa or not sb:
+    if sa is None or sb is None:
         return
     depth, tools = [], []
     for tag, s in (("A", sa), ("B", sb)):
-        for r in s.get("by_depth") or []:
-            ci = r.get("divergence_ci") or [None, None]
-            depth.append({"depth": r["depth"], "divergence_rate": r["divergence_rate"],
+        for r in s.by_depth or []:
+            ci = r.divergence_ci or [None, None]
+            depth.append({"depth": r.depth, "divergence_rate": r.divergence_rate,
                           "lo": ci[0], "hi": ci[1], "audit": tag})
-        for tool, r in (s.get("by_tool") or {}).items():
-            tools.append({"tool": tool, "divergence_rate": r["divergence_rate"], "audit": tag})
+        for tool, t in (s.by_tool or {}).items():
+            tools.append({"tool": tool, "divergence_rate": t.divergence_rate, "audit": tag})
     left, right = st.columns(2)
     left.altair_chart(charts.band(pd.DataFrame(depth), "depth", "divergence_rate", "lo", "hi",
                                   "Divergence by depth: A vs B", "divergence", series="audit"),

@@ -11,191 +11,204 @@ recomputed from its steps (``data.summary``), so the page agrees with ``metrics.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import pandas as pd
 import streamlit as st
 
+from audit.store.models import (
+    AuditSummary,
+    Compounding,
+    Counts,
+    DeepHistory,
+    Difference,
+    FirstDivergence,
+    History,
+    Logistic,
+    Rate,
+    Skill,
+    Statistics,
+    Stratum,
+)
 from dashboard import charts, data, ui
 from dashboard.runs import Run
 from dashboard.safe import code, md
 
 
-def strata(table: dict[str, dict[str, Any]], label: str) -> pd.DataFrame:
-    """A ``{label: row}`` block of summary.json as a frame with CI columns and score means."""
+def strata(table: Mapping[str, Stratum] | None, label: str) -> pd.DataFrame:
+    """A ``{label: stratum}`` block of summary.json as a frame with CI columns and score means."""
     rows = []
     for key, r in (table or {}).items():
-        lo, hi = (r.get("divergence_ci") or [None, None])[:2]
-        row = {label: key, "n": r.get("n"), "diverged": r.get("diverged"),
-               "divergence_rate": r.get("divergence_rate"), "lo": lo, "hi": hi}
-        for name, v in (r.get("scores") or {}).items():
-            row[f"mean {name}"] = v.get("mean")
+        lo, hi = (r.divergence_ci or [None, None])[:2]
+        row = {label: key, "n": r.n, "diverged": r.diverged,
+               "divergence_rate": r.divergence_rate, "lo": lo, "hi": hi}
+        for name, v in (r.scores or {}).items():
+            row[f"mean {name}"] = v.mean
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def scope(s: dict[str, Any]) -> None:
+def scope(s: AuditSummary) -> None:
     """What the figures count, how intervals are made, and warnings about real steps."""
-    if s.get("determinism_check"):
+    if s.determinism_check:
         st.warning("Determinism check: this audit holds real responses only (nothing was "
                    "rehearsed), so its figures are the real steps replayed against the "
                    "environment, not fidelity. The divergence rate must be 0.")
-    if s.get("determinism_warning"):
-        st.error(f"Real responses diverge: {md(s['determinism_warning'])}.")
-    if s.get("recomputed_from"):
+    if s.determinism_warning:
+        st.error(f"Real responses diverge: {md(s.determinism_warning)}.")
+    if s.recomputed_from:
         st.info("This audit's summary.json predates the current statistics (it pooled real "
                 "history steps with rehearsed ones); the figures here are recomputed from its "
                 "steps.jsonl (the odds-ratio interval is left out). `envace-audit rescore DIR "
                 "--out DIR` rewrites it.")
 
 
-def headline(s: dict[str, Any], run: Run, audit_label: str) -> None:
-    c = s.get("counts") or {}
-    comp = s.get("compounding") or {}
+def headline(s: AuditSummary, run: Run, audit_label: str) -> None:
+    c = s.counts or Counts()
+    comp = s.compounding or Compounding()
     scope(s)
     cols = st.columns(5)
-    cols[0].metric("Divergence rate", ui.pct(s.get("divergence_rate")),
-                   help=ui.ci(s.get("divergence_ci")))
-    cols[1].metric("Real tool calls" if s.get("determinism_check") else "Rehearsed tool calls",
-                   data.scored_steps(s) if data.scored_steps(s) is not None else "–",
+    cols[0].metric("Divergence rate", ui.pct(s.divergence_rate), help=ui.ci(s.divergence_ci))
+    cols[1].metric("Real tool calls" if s.determinism_check else "Rehearsed tool calls",
+                   s.scored_steps if s.scored_steps is not None else "–",
                    help="the steps every figure counts")
-    cols[2].metric("Trajectories", c.get("trajectories", "–"))
-    cols[3].metric("Compounding ratio", ui.num(comp.get("ratio"), 2),
-                   help=ui.ci(comp.get("ci"), as_pct=False))
-    cols[4].metric("Median first divergence", s.get("median_first_divergence", "–")
-                   if s.get("median_first_divergence") is not None else "none")
-    verdict = s.get("verdict") or {}
-    iv = s.get("interval") or {}
-    stats = s.get("statistics") or {}
+    cols[2].metric("Trajectories", c.trajectories if c.trajectories is not None else "–")
+    cols[3].metric("Compounding ratio", ui.num(comp.ratio, 2),
+                   help=ui.ci(comp.ci, as_pct=False))
+    cols[4].metric("Median first divergence", s.median_first_divergence
+                   if s.median_first_divergence is not None else "none")
+    verdict = s.verdict
+    iv = s.interval
+    stats = s.statistics or Statistics()
+    unmarked = stats.unmarked_steps_counted_as_rehearsed
     st.caption(f"{md(run.name)} · {md(audit_label)}: divergence "
-               f"{ui.pct(s.get('divergence_rate'))} "
-               f"{ui.ci(s.get('divergence_ci'))}; diverged = {code(verdict.get('scorer'))} < "
-               f"{md(verdict.get('threshold'))}; {md(c.get('malformed_calls', 0))} malformed, "
-               f"{c.get('unanswered_steps', 0)} unanswered, {c.get('skipped', 0)} records skipped; "
-               f"{stats.get('real_steps_excluded', 0)} real history steps left out"
-               + (f", {stats['unmarked_steps_counted_as_rehearsed']} unmarked responses counted "
-                  "as rehearsed" if stats.get("unmarked_steps_counted_as_rehearsed") else "")
-               + (f". Intervals: {iv.get('method')} ({iv.get('resamples')} resamples of whole "
-                  f"clusters, unit {iv.get('resampling_unit', 'trajectory')}, seed "
-                  f"{iv.get('seed')})." if iv else "."))
+               f"{ui.pct(s.divergence_rate)} "
+               f"{ui.ci(s.divergence_ci)}; diverged = "
+               f"{code(verdict.scorer if verdict else None)} < "
+               f"{md(verdict.threshold if verdict else None)}; "
+               f"{md(c.malformed_calls or 0)} malformed, "
+               f"{c.unanswered_steps or 0} unanswered, {c.skipped or 0} records skipped; "
+               f"{stats.real_steps_excluded or 0} real history steps left out"
+               + (f", {unmarked} unmarked responses counted as rehearsed" if unmarked else "")
+               + (f". Intervals: {iv.method} ({iv.resamples} resamples of whole "
+                  f"clusters, unit {iv.resampling_unit or 'trajectory'}, seed "
+                  f"{iv.seed})." if iv else "."))
 
 
-def by_depth(s: dict[str, Any]) -> None:
-    rows = s.get("by_depth") or []
+def by_depth(s: AuditSummary) -> None:
+    rows = s.by_depth or []
     if not rows:
         st.info("No answered steps: nothing to show by depth.")
         return
-    df = pd.DataFrame([{"depth": r["depth"], "n": r["n"], "divergence_rate": r["divergence_rate"],
-                        "lo": (r.get("divergence_ci") or [None, None])[0],
-                        "hi": (r.get("divergence_ci") or [None, None])[1]} for r in rows])
+    df = pd.DataFrame([{"depth": r.depth, "n": r.n, "divergence_rate": r.divergence_rate,
+                        "lo": (r.divergence_ci or [None, None])[0],
+                        "hi": (r.divergence_ci or [None, None])[1]} for r in rows])
     left, right = st.columns(2)
     left.altair_chart(charts.band(df, "depth", "divergence_rate", "lo", "hi",
                                   "Divergence rate by step depth", "divergence"), width="stretch")
     left.caption("Depth 0 = each trajectory's first rehearsed step.")
-    scorers = list(s.get("scores") or {})
+    scorers = list(s.scores or {})
     if scorers:
         name = right.selectbox("Score", scorers, key="fid_scorer",
                                index=scorers.index("json_f1") if "json_f1" in scorers else 0)
-        sc = pd.DataFrame([{"depth": r["depth"], "mean": r["scores"][name]["mean"],
-                            "lo": r["scores"][name]["ci"][0], "hi": r["scores"][name]["ci"][1]}
-                           for r in rows if name in (r.get("scores") or {})
-                           and r["scores"][name].get("ci")])
+        sc = pd.DataFrame([{"depth": r.depth, "mean": v.mean, "lo": v.ci[0], "hi": v.ci[1]}
+                           for r in rows if (v := (r.scores or {}).get(name)) is not None
+                           and v.ci])
         right.altair_chart(charts.band(sc, "depth", "mean", "lo", "hi", f"Mean {name} by depth",
                                        name, percent=False), width="stretch")
     st.dataframe(df, hide_index=True)
 
 
-def first_divergence(s: dict[str, Any]) -> None:
-    fd = s.get("first_divergence") or {}
-    rows = fd.get("rows") or []
+def first_divergence(s: AuditSummary) -> None:
+    fd = s.first_divergence or FirstDivergence()
+    rows = [r.dump() for r in fd.rows or []]
     if not rows:
         st.info("No trajectories: no survival curve.")
         return
-    st.write(f"{fd.get('n_events', 0)} of {fd.get('n_trajectories', 0)} trajectories diverge at "
+    st.write(f"{fd.n_events or 0} of {fd.n_trajectories or 0} trajectories diverge at "
              f"least once; median depth of the first divergence: "
-             f"**{fd.get('median') if fd.get('median') is not None else 'not reached'}**.")
+             f"**{fd.median if fd.median is not None else 'not reached'}**.")
     left, right = st.columns(2)
     left.altair_chart(charts.survival(rows), width="stretch")
     right.altair_chart(charts.hazard(rows), width="stretch")
     st.dataframe(pd.DataFrame(rows), hide_index=True)
 
 
-def compounding(s: dict[str, Any]) -> None:
-    comp = s.get("compounding") or {}
+def compounding(s: AuditSummary) -> None:
+    comp = s.compounding or Compounding()
     cols = st.columns(3)
-    cols[0].metric("P(div | earlier div) / P(div | none)", ui.num(comp.get("ratio"), 3),
+    cols[0].metric("P(div | earlier div) / P(div | none)", ui.num(comp.ratio, 3),
                    help="P(diverge | an earlier divergence) / P(diverge | none)")
-    cols[1].metric("P(diverge | earlier divergence)", ui.pct(comp.get("p_after_divergence")))
-    cols[2].metric("P(diverge | no earlier divergence)", ui.pct(comp.get("p_no_prior_divergence")))
-    st.caption(f"Ratio {ui.ci(comp.get('ci'), as_pct=False)} ({md(comp.get('ci_method', ''))}); "
-               f"{comp.get('n_steps', 0)} steps after the first of "
-               f"{comp.get('n_trajectories', 0)} trajectories."
-               + (f" Note: {md(comp['note'])}" if comp.get("note") else ""))
-    t = comp.get("table") or {}
+    cols[1].metric("P(diverge | earlier divergence)", ui.pct(comp.p_after_divergence))
+    cols[2].metric("P(diverge | no earlier divergence)", ui.pct(comp.p_no_prior_divergence))
+    st.caption(f"Ratio {ui.ci(comp.ci, as_pct=False)} ({md(comp.ci_method or '')}); "
+               f"{comp.n_steps or 0} steps after the first of "
+               f"{comp.n_trajectories or 0} trajectories."
+               + (f" Note: {md(comp.note)}" if comp.note else ""))
+    t = comp.table or {}
     if t:
         st.dataframe(pd.DataFrame(
             {"diverged": [t.get("prior_diverged"), t.get("no_prior_diverged")],
              "matched": [t.get("prior_matched"), t.get("no_prior_matched")]},
             index=["after an earlier divergence", "no earlier divergence"]))
-    if comp.get("by_depth"):
-        st.altair_chart(charts.conditional(comp["by_depth"]), width="stretch")
-    lg = s.get("logistic") or {}
-    if lg.get("odds_ratio_prior_divergence") is not None:
-        st.caption(f"Logistic model over {md(', '.join(map(str, lg.get('features', []))))}: "
+    if comp.by_depth:
+        st.altair_chart(charts.conditional([r.dump() for r in comp.by_depth]), width="stretch")
+    lg = s.logistic or Logistic()
+    if lg.odds_ratio_prior_divergence is not None:
+        st.caption(f"Logistic model over {md(', '.join(map(str, lg.features or [])))}: "
                    "odds ratio of a "
-                   f"prior divergence {ui.num(lg['odds_ratio_prior_divergence'], 2)} "
-                   f"{ui.ci(lg.get('odds_ratio_ci'), as_pct=False)}.")
+                   f"prior divergence {ui.num(lg.odds_ratio_prior_divergence, 2)} "
+                   f"{ui.ci(lg.odds_ratio_ci, as_pct=False)}.")
 
 
-def history_frame(h: dict[str, Any]) -> pd.DataFrame:
+def history_frame(h: History) -> pd.DataFrame:
     """The ``history`` block's by-depth rows as a long frame: depth, history, rate, lo, hi."""
     rows = []
-    for r in h.get("by_depth") or []:
-        for key, name in (("real", "real history"), ("own", "own history")):
-            v = r.get(key) or {}
-            lo, hi = (v.get("ci") or [None, None])[:2]
-            rows.append({"depth": r["depth"], "history": name, "n": r.get("n"),
-                         "divergence_rate": v.get("point"), "lo": lo, "hi": hi})
+    for r in h.by_depth or []:
+        for v, name in ((r.real, "real history"), (r.own, "own history")):
+            v = v or Rate()
+            lo, hi = (v.ci or [None, None])[:2]
+            rows.append({"depth": r.depth, "history": name, "n": r.n,
+                         "divergence_rate": v.point, "lo": lo, "hi": hi})
     return pd.DataFrame(rows)
 
 
-def history(s: dict[str, Any]) -> None:
+def history(s: AuditSummary) -> None:
     """Real vs own history (``envace probe --history both``): difficulty vs compounding."""
-    h = s.get("history") or {}
-    o = h.get("overall")
+    h = s.history or History()
+    o = h.overall
     if not o:
         st.info("This audit probed one history only. `envace probe --history both` rehearses "
                 "every call twice, given the real responses and given the model's own "
                 "answers, and splits divergence into difficulty and compounding.")
         return
-    deep = h.get("deep") or {}
+    deep = h.deep or DeepHistory()
+    real, own, diff = o.real or Rate(), o.own or Rate(), o.diff or Difference()
     cols = st.columns(4)
-    cols[0].metric("Divergence, real history", ui.pct(o["real"].get("point")),
-                   help=ui.ci(o["real"].get("ci")))
-    cols[1].metric("Divergence, own history", ui.pct(o["own"].get("point")),
-                   help=ui.ci(o["own"].get("ci")))
-    cols[2].metric("Own − real", ui.pct(o["diff"].get("diff")), help=ui.ci(o["diff"].get("ci")))
-    share = (deep.get("compounding_share") or {})
-    cols[3].metric(f"Compounding share, depth ≥ {deep.get('min_depth')}",
-                   ui.pct(share.get("point")), help=ui.ci(share.get("ci")))
-    st.caption(f"{o.get('n')} calls of {o.get('trajectories')} trajectories, each rehearsed "
-               f"twice; induced errors (own wrong, real right): {o['induced'].get('count')}, "
-               f"recovered (real wrong, own right): {o['recovered'].get('count')}. Intervals "
+    cols[0].metric("Divergence, real history", ui.pct(real.point), help=ui.ci(real.ci))
+    cols[1].metric("Divergence, own history", ui.pct(own.point), help=ui.ci(own.ci))
+    cols[2].metric("Own − real", ui.pct(diff.diff), help=ui.ci(diff.ci))
+    share = deep.compounding_share or Rate()
+    cols[3].metric(f"Compounding share, depth ≥ {deep.min_depth}",
+                   ui.pct(share.point), help=ui.ci(share.ci))
+    st.caption(f"{o.n} calls of {o.trajectories} trajectories, each rehearsed "
+               f"twice; induced errors (own wrong, real right): {(o.induced or Rate()).count}, "
+               f"recovered (real wrong, own right): {(o.recovered or Rate()).count}. Intervals "
                "resample whole trajectories.")
     df = history_frame(h)
     if not df.empty:
         st.altair_chart(charts.band(df, "depth", "divergence_rate", "lo", "hi",
                                     "The same calls, real vs own history", "divergence",
                                     series="history"), width="stretch")
-    st.dataframe(pd.DataFrame([{"depth": r["depth"], "calls": r["n"],
-                                "real": r["real"].get("point"), "own": r["own"].get("point"),
-                                "own − real": r["diff"].get("diff"),
-                                "induced": r["induced"].get("count")}
-                               for r in h.get("by_depth") or []]), hide_index=True)
+    st.dataframe(pd.DataFrame([{"depth": r.depth, "calls": r.n,
+                                "real": (r.real or Rate()).point, "own": (r.own or Rate()).point,
+                                "own − real": (r.diff or Difference()).diff,
+                                "induced": (r.induced or Rate()).count}
+                               for r in h.by_depth or []]), hide_index=True)
 
 
-def stratum(s: dict[str, Any], key: str, label: str, title: str) -> None:
-    df = strata(s.get(key) or {}, label)
+def stratum(s: AuditSummary, key: str, label: str, title: str) -> None:
+    df = strata(getattr(s, key), label)
     if df.empty:
         st.info(f"No {title.lower()} in this audit.")
         return
@@ -203,35 +216,36 @@ def stratum(s: dict[str, Any], key: str, label: str, title: str) -> None:
     st.dataframe(df.sort_values("divergence_rate", ascending=False), hide_index=True)
 
 
-def skill(s: dict[str, Any]) -> None:
-    sk = (s.get("skill") or {}).get("by_scorer") or {}
+def skill(s: AuditSummary) -> None:
+    sk = (s.skill or Skill()).by_scorer or {}
     if not sk:
         st.info("No reference world models in this audit: run `envace-audit replay ... "
                 "--reference train.jsonl` to see skill against a lookup table and the most "
                 "common response.")
         return
-    rows = [{"scorer": n, "model": v.get("f_model"), "best reference": v.get("best_reference"),
-             "reference": v.get("f_ref"), "skill": v.get("point"), "lo": v.get("lo"),
-             "hi": v.get("hi"), **{f"ref {k}": x for k, x in (v.get("reference_means")
-                                                               or {}).items()}}
+    rows = [{"scorer": n, "model": v.f_model, "best reference": v.best_reference,
+             "reference": v.f_ref, "skill": v.point, "lo": v.lo, "hi": v.hi,
+             **{f"ref {k}": x for k, x in (v.reference_means or {}).items()}}
             for n, v in sk.items()]
     st.write("Skill = (F − F_ref) / (1 − F_ref) against the best trivial reference world model.")
     st.dataframe(pd.DataFrame(rows), hide_index=True)
-    each = [{"scorer": n, "reference": ref, "reference's score": v.get("f_ref"),
-             "skill": v.get("point"), "lo": v.get("lo"), "hi": v.get("hi")}
-            for n, row in sk.items() for ref, v in (row.get("against") or {}).items()]
+    each = [{"scorer": n, "reference": ref, "reference's score": v.f_ref,
+             "skill": v.point, "lo": v.lo, "hi": v.hi}
+            for n, row in sk.items() for ref, v in (row.against or {}).items()]
     if each:
         st.write("Skill against each reference (`edit` copies the call's arguments into the most "
                  "similar training response: above `lookup` but below `edit` may be copying only).")
         st.dataframe(pd.DataFrame(each), hide_index=True)
 
 
-def counts(s: dict[str, Any]) -> None:
-    st.json({k: s.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
-                                   "inputs", "audited_model", "reconciles")}, expanded=False)
-    for w in s.get("warnings") or []:
-        st.warning(md(w))
-    skipped = s.get("skipped_records") or []
+def counts(s: AuditSummary) -> None:
+    shown = s.dump()
+    st.json({k: shown.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
+                                       "inputs", "audited_model", "reconciles")},
+            expanded=False)
+    for w in s.warnings or []:
+        st.warning(md(w.model_dump()))
+    skipped = [r.row() for r in s.skipped_records or []]
     if skipped:
         st.warning(f"{len(skipped)} record(s) skipped by the audit:")
         st.dataframe(pd.DataFrame(skipped), hide_index=True)

@@ -40,11 +40,11 @@ def headline(run: Run) -> dict[str, Any]:
                 out["last reward"] = finite[-1]
     if run.latest_audit is not None:
         s, _ = data.summary(run.latest_audit.path)
-        if s:
-            out["latest divergence"] = _finite(s.get("divergence_rate"))
-            out["divergence CI"] = s.get("divergence_ci")
-            out["compounding ratio"] = _finite((s.get("compounding") or {}).get("ratio"))
-            out["audited calls"] = data.scored_steps(s)
+        if s is not None:
+            out["latest divergence"] = _finite(s.divergence_rate)
+            out["divergence CI"] = s.divergence_ci
+            out["compounding ratio"] = _finite(s.compounding.ratio if s.compounding else None)
+            out["audited calls"] = s.scored_steps
     return out
 
 
@@ -117,12 +117,10 @@ def details(run: Run) -> None:
         s, err = data.summary(run.path)
         if err:
             st.warning(md(err))
-        elif s:
-            inputs = s.get("inputs") if isinstance(s.get("inputs"), list) else []
-            verdict = s.get("verdict") if isinstance(s.get("verdict"), dict) else {}
-            st.write(f"Audit of {md(', '.join(map(str, inputs)))} · verdict "
-                     f"{code(verdict.get('scorer'))} · audited model "
-                     f"{md(s.get('audited_model') or 'the trajectories’ own rehearsals')}")
+        elif s is not None:
+            st.write(f"Audit of {md(', '.join(s.inputs or []))} · verdict "
+                     f"{code(s.verdict.scorer if s.verdict else None)} · audited model "
+                     f"{md(s.audited_model or 'the trajectories’ own rehearsals')}")
     cfg = read_text(run.path / RUN.config)
     if run.kind == "training" and (line := ui.mode_line(cfg)):
         st.caption(line)

@@ -56,7 +56,7 @@ def references(ctx_root: Path, run: Run, audit: Audit, task: str) -> dict[str, t
             row = hit.iloc[0]
             real = str(row.get("source", "")) == "real"
             summ, _ = data.summary(a.path)
-            stand_in = bool((summ or {}).get("audited_model"))  # a reference model's guesses
+            stand_in = bool(summ and summ.audited_model)  # a reference model's guesses
             rank = 0 if real and not stand_in else (1 if real else 2)
             lab = f"{r.name}/{a.label}" if r.kind == "training" else r.name
             found.append((rank, f"{lab} · {row['trajectory_id']}" + (" (real)" if rank == 0

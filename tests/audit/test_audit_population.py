@@ -17,6 +17,7 @@ from audit.compare import compare_audits, render_compare
 from audit.pipeline import run_audit
 from audit.rescore import rescore, summary_from_steps
 from audit.scoring.settings import AuditOptions
+from audit.store.models import AuditSummary
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, TrajectoryWriter
@@ -211,15 +212,15 @@ def run_dir(tmp_path_factory) -> tuple[Path, dict]:
     return root, record
 
 
-def _check_agreement(s: dict, record: dict) -> None:
-    assert s["divergence_rate"] == pytest.approx(record["fidelity/divergence_rate"])
-    assert s["counts"]["scored_steps"] == record["fidelity/steps"]
+def _check_agreement(s: AuditSummary, record: dict) -> None:
+    assert s.divergence_rate == pytest.approx(record["fidelity/divergence_rate"])
+    assert s.counts.scored_steps == record["fidelity/steps"]
     for name in ("exact", "json_f1"):
-        assert s["scores"][name]["mean"] == pytest.approx(record[f"fidelity/{name}"])
-    for r in s["by_depth"]:
-        if r["depth"] < 8:
-            assert r["divergence_rate"] == pytest.approx(record[f"fidelity/depth_{r['depth']}"])
-    assert s["by_depth"][0]["depth"] == 0 and "fidelity/depth_0" in record
+        assert s.scores[name].mean == pytest.approx(record[f"fidelity/{name}"])
+    for r in s.by_depth:
+        if r.depth < 8:
+            assert r.divergence_rate == pytest.approx(record[f"fidelity/depth_{r.depth}"])
+    assert s.by_depth[0].depth == 0 and "fidelity/depth_0" in record
 
 
 def test_metrics_and_dashboard_agree_for_the_same_step(run_dir, monkeypatch):
@@ -231,7 +232,7 @@ def test_metrics_and_dashboard_agree_for_the_same_step(run_dir, monkeypatch):
     run = next(r for r in discover(root) if r.name == "r")
     (audit,) = run.audits
     s, err = data.summary(audit.path)
-    assert err is None and not s.get("recomputed_from")
+    assert err is None and not s.recomputed_from
     _check_agreement(s, record)
     logged = data.metrics(run.metrics).frame.set_index("step")
     trend = data.audit_trend(run.audits).set_index("step")
@@ -262,5 +263,5 @@ def test_an_older_step_audit_is_recomputed_to_agree(run_dir, tmp_path):
     stale["divergence_rate"] = 0.123  # what a pooled summary would say
     (old / "summary.json").write_text(json.dumps(stale))
     s, err = readers.audit_summary(old)
-    assert err is None and s["recomputed_from"]["old_schema"] == "envace.audit/1"
+    assert err is None and s.recomputed_from["old_schema"] == "envace.audit/1"
     _check_agreement(s, record)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from audit.stats.clusters import CLUSTER, assign_clusters, resolve
-from audit.stats.compounding import clean, compounding_ratio
+from audit.stats.compounding import compounding_ratio
 from audit.stats.history import split_histories
 from audit.stats.intervals import (
     SIGN_FLIP,
@@ -42,6 +42,7 @@ from audit.stats.intervals import (
     ratio_difference,
 )
 from audit.stats.population import population
+from audit.stats.steps import clean
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT

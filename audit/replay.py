@@ -20,8 +20,8 @@ from typing import Any
 from audit.scoring.canonical import is_error_response
 from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions, Override
-from audit.stats.compounding import novelty
 from audit.stats.population import assign_depths, is_rehearsed
+from audit.stats.steps import novelty
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import CallLimits, guarded_env
 from envace.core.envs.task_common import UnknownTask

@@ -14,13 +14,24 @@ named in ``resampling_unit``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from audit.stats.clusters import CLUSTER, assign_clusters, resolve
-from audit.stats.compounding import clean, group_stats, stratum_label, summarize
+from audit.stats.compounding import compounding_block, logistic_divergence
+from audit.stats.depth_tables import (
+    NOVELTY_BINS,
+    StepTable,
+    depth_rows,
+    group_stats,
+    stratum_label,
+    table_strata,
+)
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
 from audit.stats.population import DETERMINISM, population
+from audit.stats.steps import Step, by_trajectory, clean, scored_steps, scorer_names
+from audit.stats.survival import first_divergence_survival
 from audit.store.models import SUMMARY_VERSION, StepRow
 from audit.worlds.reference import skill, skill_with_ci
 
@@ -151,6 +162,58 @@ def _error_prediction(rows: list[dict]) -> dict[str, Any]:
     return {"actual_errors": tp + fn, "predicted_errors": tp + fp, "true_positive": tp,
             "recall": tp / (tp + fn) if tp + fn else None,
             "precision": tp / (tp + fp) if tp + fp else None}
+
+
+def summarize(
+    steps: Iterable[Step],
+    scorers: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    logistic_boot: int = 200,
+    level: float = 0.95,
+    unit: str = "trajectory",
+) -> dict:
+    """The fidelity statistics of scored steps in one JSON-serialisable dict: counts, the
+    divergence rate, scores, the tables by depth and stratum (``audit.stats.depth_tables``), the
+    first-divergence curve (``audit.stats.survival``), the ``compounding`` block and the logistic
+    model (``audit.stats.compounding``), and how the intervals were made.
+
+    ``n_boot`` cluster resamples (seeded) give the intervals of rates and means and of the
+    compounding ratio; ``logistic_boot`` those of the logistic odds ratio. A step's cluster is
+    its ``cluster`` field (``audit.stats.clusters``), else its trajectory; ``unit`` names it in
+    ``interval``.
+    """
+    all_steps = list(steps)
+    scored = scored_steps(all_steps)
+    names = scorer_names(scored, scorers)
+    spec = IntervalSpec(resamples=n_boot, seed=seed, level=level, unit=unit)
+    table = StepTable(scored, names, spec)  # one set of trajectory resamples for every figure
+    overall = table.stats(None)
+    fd = first_divergence_survival(scored, spec=spec, resamples=table.resamples)
+    return clean(
+        {
+            "counts": {
+                "trajectories": len(by_trajectory(all_steps)),
+                "steps": len(all_steps),
+                "scored_steps": len(scored),
+                "diverged": overall["diverged"],
+            },
+            "divergence_rate": overall["divergence_rate"],
+            "divergence_ci": overall["divergence_ci"],
+            "divergence_ci_method": overall["divergence_ci_method"],
+            "divergence_ci_mc_error": overall["divergence_ci_mc_error"],
+            "scores": overall["scores"],
+            "by_depth": depth_rows(table),
+            "by_tool": table_strata(table, "tool", NOVELTY_BINS),
+            "by_mutates_state": table_strata(table, "mutates_state", NOVELTY_BINS),
+            "by_novelty": table_strata(table, "novelty", NOVELTY_BINS),
+            "first_divergence": fd,
+            "median_first_divergence": fd["median"],
+            "compounding": compounding_block(scored, n_boot, seed, spec.z),
+            "logistic": logistic_divergence(scored, n_boot=logistic_boot, seed=seed),
+            "interval": spec.describe(),
+        }
+    )
 
 
 def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,

@@ -1,4 +1,5 @@
-"""Tests for audit.stats.compounding: hand-computed answers and properties of every statistic."""
+"""Tests for the fidelity statistics (audit.stats.steps, depth_tables, survival, compounding,
+summary.summarize): hand-computed answers and properties of every statistic."""
 
 import json
 import math
@@ -10,16 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.stats.compounding import (
-    by_depth,
-    compounding_ratio,
-    first_divergence_survival,
-    logistic_divergence,
-    novelty,
-    strata,
-    summarize,
-)
+from audit.stats.compounding import compounding_ratio, logistic_divergence
+from audit.stats.depth_tables import by_depth, strata
 from audit.stats.intervals import wilson_ci
+from audit.stats.steps import novelty
+from audit.stats.summary import summarize
+from audit.stats.survival import first_divergence_survival
 
 
 def make_steps(flags_by_traj, tools=None, mutates=None, novel=None):

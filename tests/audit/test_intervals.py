@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from audit.stats.compounding import by_depth, group_stats, summarize
+from audit.stats.depth_tables import by_depth, group_stats
 from audit.stats.intervals import (
     BOOTSTRAP,
     NEWCOMBE_TRAJECTORIES,
@@ -22,6 +22,7 @@ from audit.stats.intervals import (
     ratio_difference,
     wilson_ci,
 )
+from audit.stats.summary import summarize
 
 SPEC = IntervalSpec(resamples=400, seed=0)
 

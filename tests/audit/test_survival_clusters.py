@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audit.stats.compounding import first_divergence_survival, summarize
 from audit.stats.intervals import IntervalSpec
+from audit.stats.summary import summarize
+from audit.stats.survival import first_divergence_survival
 
 
 def _steps(times: list[tuple[int, bool]], copies: int = 1) -> list[dict]:

@@ -171,9 +171,10 @@ def _scope(s: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
+def _headline(s: dict[str, Any]) -> list[str]:
+    """Title, inputs, verdict, scope and the counts that reconcile."""
     c = s["counts"]
-    lines = [
+    return [
         "# Fidelity audit" + (" — determinism check" if s.get("determinism_check") else ""),
         "",
         f"Inputs: {', '.join(md(i) for i in s['inputs'])}",
@@ -190,6 +191,12 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
         + (f" over {c['scored_steps']} steps" if "scored_steps" in c else ""),
         f"- median first divergence (depth): {_fmt(s.get('median_first_divergence'))}",
     ]
+
+
+def _compounding_lines(s: dict[str, Any]) -> list[str]:
+    """The compounding ratio, the depth trend, the logistic odds ratio and error prediction,
+    each with the question it answers."""
+    lines: list[str] = []
     comp = s.get("compounding") or {}
     lines.append(f"- compounding ratio P(div | earlier div) / P(div | none): "
                  f"{_fmt(comp.get('ratio'))}{_ci(comp.get('ci'), False)}"
@@ -214,6 +221,12 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     lines.append(f"- real failures: {ep.get('actual_errors')}, predicted by the rehearsal: "
                  f"recall {_fmt(ep.get('recall'), True)}, "
                  f"precision {_fmt(ep.get('precision'), True)}")
+    return lines
+
+
+def _score_lines(s: dict[str, Any]) -> list[str]:
+    """The scores table and skill against the reference world models."""
+    lines: list[str] = []
     lines += ["", "## Scores", "", "| scorer | mean | 95% CI |", "|---|---|---|"]
     for name, v in (s.get("scores") or {}).items():
         lines.append(f"| {name} | {_fmt(v['mean'])} | {_ci(v.get('ci'), False)} |")
@@ -248,6 +261,12 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
                 lines.append(f"| {title} {k} | {v['n']} | {_fmt(v['f_model'])} | "
                              f"{_fmt(v['f_ref'])} | {_fmt(v['point'])} | "
                              f"{_ci([v['lo'], v['hi']], False)} |")
+    return lines
+
+
+def _table_lines(s: dict[str, Any]) -> list[str]:
+    """Divergence by who wrote the response, by depth, by read/write, by novelty and by tool."""
+    lines: list[str] = []
     src = s.get("by_source") or {}
     if src:
         lines += ["", "## By who wrote the response", "",
@@ -268,7 +287,12 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     lines += ["", "## By tool", "", "| tool | steps | divergence |", "|---|---|---|"]
     for k, v in sorted((s.get("by_tool") or {}).items(), key=lambda kv: -kv[1]["n"]):
         lines.append(f"| {md(k)} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
-    lines += history_lines(s.get("history") or {})
+    return lines
+
+
+def _note_lines(s: dict[str, Any]) -> list[str]:
+    """Skipped records and warnings (the first 50 of each)."""
+    lines: list[str] = []
     if s.get("skipped_records"):
         lines += ["", "## Skipped records", ""]
         for r in s["skipped_records"][:50]:
@@ -278,6 +302,13 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
         for w in s["warnings"][:50]:
             lines.append(f"- {md(w['file'])}:{w['line']} ({md(w['trajectory_id'])}): "
                          f"{md(w['message'])}")
+    return lines
+
+
+def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
+    """``report.md`` of a summary (as written) and its plot files."""
+    lines = [*_headline(s), *_compounding_lines(s), *_score_lines(s), *_table_lines(s),
+             *history_lines(s.get("history") or {}), *_note_lines(s)]
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

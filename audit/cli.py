@@ -22,12 +22,16 @@ import os
 import sys
 from pathlib import Path
 
+from audit.stats.clusters import check_unit
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
+from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SKIPPED,
     EXIT_USAGE,
+    UsageError,
 )
 from envace.core.layout import AUDIT
 from envace.core.text import terminal_safe
@@ -40,6 +44,7 @@ SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary
 
 
 def _add_scoring(p: argparse.ArgumentParser) -> None:
+    # lazy: loads rapidfuzz: kept out of --help
     from audit.scoring.scorers import DEFAULT_SCORERS
 
     p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS),
@@ -57,8 +62,6 @@ CLUSTER_HELP = ("what intervals, paired tests and skill intervals resample: traj
 
 def cluster_unit(value: str) -> str:
     """argparse type of ``--cluster-by`` (a bad value is a usage error, exit 2)."""
-    from audit.stats.clusters import check_unit
-
     err = check_unit(value)
     if err:
         raise argparse.ArgumentTypeError(err)
@@ -81,8 +84,6 @@ def add_cluster_by(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-by", type=cluster_unit, default=None, metavar="UNIT",
                    help=CLUSTER_HELP)
 def _add_limits(p: argparse.ArgumentParser) -> None:
-    from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
-
     p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                    help="wall-clock limit of every real environment call, C code included: the "
                         "environment runs in a child process killed past it, the call answers "
@@ -100,6 +101,7 @@ def _limits(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _options(args: argparse.Namespace, **extra: object):
+    # lazy: loads rapidfuzz: kept out of --help
     from audit.scoring.settings import AuditOptions
 
     return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
@@ -108,6 +110,7 @@ def _options(args: argparse.Namespace, **extra: object):
 
 
 def _validate_scorers(args: argparse.Namespace) -> str | None:
+    # lazy: loads rapidfuzz: kept out of --help
     from audit.scoring.scorers import list_scorers
 
     known = set(list_scorers())
@@ -155,6 +158,7 @@ def _unreadable(paths: list[str]) -> str | None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
     from audit.pipeline import run_audit
 
     err = _unreadable(args.inputs)
@@ -174,6 +178,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
+    # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
     from audit.rescore import rescore
 
     src = Path(args.dir)
@@ -185,6 +190,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    # lazy: loads numpy, pydantic: kept out of --help
     from audit.compare import compare_audits, render_compare
 
     for d in (args.a, args.b):
@@ -193,12 +199,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_USAGE
     if args.out is not None:
+        # lazy: loads pydantic: kept out of --help
         from audit.store.output import OutputDir
 
         with OutputDir(args.out, [args.a, args.b], kind="compare") as tmp:
             result = compare_audits(args.a, args.b, alpha=args.alpha,
                                     cluster_by=args.cluster_by)
             text = render_compare(result)
+            # lazy: loads pydantic: kept out of --help
             from audit.store.output import write_json_atomic
 
             write_json_atomic(tmp / AUDIT.compare_json, result)
@@ -274,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from envace.core.errors import UsageError
-
     argv = sys.argv[1:] if argv is None else list(argv)
-    from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 
     try:  # --mcp-config FILE: the MCP server profiles that mcp:<profile> trajectories name
         argv = take_mcp_options(argv)

@@ -39,6 +39,7 @@ from audit.scoring.settings import AuditOptions, Override
 from audit.stats.summary import build_summary, compact
 from audit.store.models import skipped_row, step_line
 from audit.store.output import AuditWriter
+from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.errors import UsageError
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
 
@@ -126,8 +127,6 @@ class _Done:
 
 
 def _setup_worker(opts: AuditOptions, triples: list[Triple] | None) -> None:
-    from audit.worlds.reference import REFERENCE_NAMES, build_reference
-
     refs: dict[str, Override] = {}
     if triples is not None:
         refs = {n: build_reference(n, triples) for n in REFERENCE_NAMES}

@@ -58,6 +58,7 @@ from audit.worlds.memory import (
     train_tasks_in,
 )
 from audit.worlds.ranker import fit_ranker
+from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.envs.base import Environment
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.schema import Message, Trajectory, read_trajectories
@@ -252,8 +253,6 @@ def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
 
 def probe_settings(opts: AuditOptions) -> AuditOptions:
     """Audit settings of `opts`, with reference world models when `opts.reference` is set."""
-    from audit.worlds.reference import REFERENCE_NAMES, build_reference
-
     refs = {}
     if opts.reference:
         triples = reference_triples(opts.reference)

@@ -77,6 +77,7 @@ def _lines_at(path: str, size: int, mtime: int, offsets: tuple[int, ...]) -> lis
 
 @st.cache_data(max_entries=16, show_spinner="Comparing audits…")
 def _compare(a: Sig, b: Sig, sa: Sig, sb: Sig) -> dict[str, Any]:
+    # lazy: loads numpy: only the page that needs it pays
     from audit.compare import compare_audits  # scipy; imported only when comparing
 
     return compare_audits(Path(a[0]).parent, Path(b[0]).parent)

@@ -162,6 +162,7 @@ def audit_summary(audit_dir: str | os.PathLike[str]) -> tuple[AuditSummary | Non
     if summary is None:
         return None, problems[0]["reason"]
     if summary.schema_ != SUMMARY_VERSION and (d / AUDIT.steps).is_file():
+        # lazy: loads numpy, rapidfuzz: only the page that needs it pays
         from audit.rescore import summary_from_steps
 
         try:

@@ -193,10 +193,10 @@ def main_agentdojo() -> None:
 
 
 def main_tau2() -> None:
+    from envace.core.envs.tau2.domain import DOMAINS
     from envace.core.envs.tau2.export import real_trajectory as tau2_trajectory
     from envace.core.envs.tau2.tasks import (
         DEV_SHARE,
-        DOMAINS,
         SPLIT_DIR,
         carve_splits,
         get_task,

@@ -42,6 +42,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from audit.store.models import step_line, summary_data
+from audit.store.report import write_report
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 from envace.core.schema import json_text
@@ -318,8 +320,6 @@ class AuditWriter:
                     trajectory: dict[str, Any] | None = None) -> None:
         """One trajectory's step records (checked: ``pydantic.ValidationError`` for a record
         that is not a step row) and its ``trajectories.jsonl`` row."""
-        from audit.store.models import step_line
-
         text = "".join(step_line(r) for r in records)
         row = "" if trajectory is None else json_text(trajectory) + "\n"
         self.write_lines(text, row)
@@ -341,8 +341,6 @@ class AuditWriter:
         """Close the line files, write ``summary.json`` (checked against
         :class:`audit.store.models.AuditSummary`) and ``report.md`` with its plots; return the
         summary as written."""
-        from audit.store.models import summary_data
-        from audit.store.report import write_report
 
         assert self.dir is not None
         self._close()

@@ -67,9 +67,15 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from audit.scoring.canonical import canonical_text
+from audit.worlds.choice import SOURCES, choice_batch
 from audit.worlds.reference import canonical_arguments, most_common_response
+from envace.core.envs.agentdojo.tasks import split_ids as agentdojo_ids
+from envace.core.envs.bfcl.tasks import split_ids, split_tasks
+from envace.core.envs.task_envs import env_tasks
+from envace.core.envs.tau2.tasks import split_ids as tau2_ids
 from envace.core.envs.units import scenario_of
 from envace.core.errors import UsageError
+from envace.core.export import export_env, export_real
 from envace.core.schema import read_trajectories
 from envace.core.worldmodel import Unanswered
 
@@ -112,16 +118,10 @@ class Entry:
 def _train_ids(env: str) -> set[str] | None:
     """The train split's task ids of environment `env`; None when it has no committed splits."""
     if env == "bfcl":
-        from envace.core.envs.bfcl.tasks import split_ids
-
         return set(split_ids("train"))
     if env == "agentdojo":
-        from envace.core.envs.agentdojo.tasks import split_ids as agentdojo_ids
-
         return set(agentdojo_ids("train"))
     if env == "tau2":
-        from envace.core.envs.tau2.tasks import split_ids as tau2_ids
-
         return set(tau2_ids("train"))
     return None
 
@@ -200,9 +200,6 @@ class ResponseMemory:
     def from_train_split(cls, env: str) -> ResponseMemory:
         """The memory of environment `env`'s train split, exported from its tasks (what
         `memory_k` of `envace train` and `--memory-k` of `envace rollout/eval` show)."""
-        from envace.core.envs.bfcl.tasks import split_tasks
-        from envace.core.envs.task_envs import env_tasks
-        from envace.core.export import export_env, export_real
 
         trajs = (export_real(split_tasks("train")) if env == "bfcl"
                  else export_env(env, [t.id for t in env_tasks(env, "train")]))
@@ -410,8 +407,6 @@ class MemoryOptions:
         """The grounded batch world model (asked with task ids: `run_probe(task_ids=True)`) and
         the summary's `world_model` block, asked once the probe is done. ValueError when
         `choose` is given without a `scorer`."""
-        from audit.worlds.choice import SOURCES, choice_batch
-
         memory = self.memory
         chosen: dict[str, int] = dict.fromkeys(SOURCES, 0)
         if self.choose is not None:

@@ -55,6 +55,9 @@ from rapidfuzz import fuzz
 from audit.scoring.canonical import canonical_text
 from audit.worlds.memory import Request, ResponseMemory, TaskBatchAnswer
 from audit.worlds.reference import EMPTY, canonical_arguments, most_common_response, substitute
+from envace.core.envs.bfcl.tasks import split_tasks
+from envace.core.envs.task_envs import env_tasks
+from envace.core.export import export_env, export_real
 from envace.core.schema import read_trajectories
 
 #: similar training calls whose responses (and copy-edits) are candidates
@@ -250,9 +253,6 @@ class Ranker:
     def from_train_split(cls, env: str) -> Ranker:
         """The ranker of environment `env`'s train split, exported from its tasks (what
         ``envace eval --world ranker`` uses)."""
-        from envace.core.envs.bfcl.tasks import split_tasks
-        from envace.core.envs.task_envs import env_tasks
-        from envace.core.export import export_env, export_real
 
         trajs = list(export_real(split_tasks("train")) if env == "bfcl"
                      else export_env(env, [t.id for t in env_tasks(env, "train")]))

@@ -40,6 +40,7 @@ import numpy as np
 from rapidfuzz import fuzz
 
 from audit.scoring.canonical import canonical_text
+from audit.stats.intervals import mc_error, wilson_ci
 
 IDENTICAL = "identical_to_reference"  # skill's method when the model scores as the reference
 REFERENCE_NAMES = ("majority", "lookup", "edit", "echo", "empty")
@@ -410,8 +411,6 @@ def skill_with_ci(
     if not len(values):
         return out
     if np.ptp(values) == 0 and f_r < 1.0:
-        from audit.stats.intervals import wilson_ci
-
         miss_lo, miss_hi = wilson_ci((1.0 - f_m) * g, g)
         out.update(lo=1.0 - miss_hi / (1.0 - f_r), hi=1.0 - miss_lo / (1.0 - f_r),
                    method="wilson_groups")
@@ -419,7 +418,6 @@ def skill_with_ci(
     alpha = (1 - level) / 2
     lo, hi = np.quantile(values, [alpha, 1 - alpha])
     out["lo"], out["hi"] = float(lo), float(hi)
-    from audit.stats.intervals import mc_error
 
     out["mc_error"] = mc_error(values, level)
     return out

@@ -21,8 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from envace.core.envs.task_envs import check_task_env
 from envace.core.layout import RUN
 from envace.core.rewards import REWARDS
+from envace.model.models import default_cache_dir, load_model, resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -65,10 +67,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envace.core.envs.task_envs import check_task_env
+    # lazy: loads torch, transformers: kept out of --help
     from envace.evaluation.evaluate import select_tasks  # imports torch: only when run
     from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
-    from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rehearsal import RehearsalSettings
 
     try:
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")
         if args.memory_k:
+            # lazy: loads pydantic, rapidfuzz: kept out of --help
             from audit.worlds.memory import ResponseMemory
 
             settings.memory = ResponseMemory.from_train_split(args.env)
@@ -125,17 +127,20 @@ def _lookup(args: argparse.Namespace) -> object | None:
         raise ValueError(f"--world {args.world} answers rehearsed plans: --rehearsal parallel "
                          "or sequential")
     if args.world == "ranker":
+        # lazy: loads pydantic, rapidfuzz: kept out of --help
         from audit.worlds.ranker import Ranker
 
         return Ranker.from_train_split(args.env)
     if args.world != "hybrid":
         return None
+    # lazy: loads pydantic, rapidfuzz: kept out of --help
     from audit.worlds.memory import ResponseMemory
 
     return ResponseMemory.from_train_split(args.env)
 
 
 def _texts() -> list[str]:
+    # lazy: loads pydantic, rapidfuzz, yaml: kept out of --help
     from envace.training.sft import load_train_trajectories, training_texts
 
     return training_texts(load_train_trajectories())

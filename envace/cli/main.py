@@ -24,8 +24,23 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from envace.core.envs.bfcl.tasks import CATEGORIES, SPLITS
-from envace.core.envs.guard import limit_arg
+from envace.core.envs.base import UnknownEnvironment, make_env
+from envace.core.envs.bfcl.tasks import (
+    CATEGORIES,
+    SPLITS,
+    UnknownTask,
+    get_task,
+    load_tasks,
+    split_tasks,
+)
+from envace.core.envs.family import family
+from envace.core.envs.guard import CallLimits, limit_arg
+from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
+from envace.core.envs.mcp.taskfile import TaskFileError
+from envace.core.envs.task_common import DATA_DIR
+from envace.core.errors import UsageError
+from envace.core.outfile import atomic_output
+from envace.core.text import terminal_safe
 
 
 def _cmd_export_real(args: argparse.Namespace) -> int:
@@ -35,7 +50,7 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
         return 2
     if args.env != "bfcl":
         return _export_other(args)
-    from envace.core.envs.bfcl.tasks import UnknownTask, get_task, load_tasks, split_tasks
+    # lazy: loads pydantic: kept out of --help
     from envace.core.export import export_real
 
     if args.tasks:
@@ -54,23 +69,21 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from envace.core.envs.guard import CallLimits
-
     return CallLimits(args.call_timeout or None, int(args.call_memory_mb) or None)
 
 
 def _export_other(args: argparse.Namespace) -> int:
-    from envace.core.envs.base import UnknownEnvironment
+    # lazy: loads pydantic: kept out of --help
     from envace.core.export import export_env
 
     try:
         if args.tasks:
             ids = list(args.tasks)
         elif args.env.startswith("mcp:"):  # the tasks of --mcp-tasks FILE (their split field)
-            from envace.core.envs.family import family
 
             ids = [t.id for t in family(args.env).split_tasks(args.split, "task")]
         elif args.env == "agentdojo":
+            # lazy: its load_tasks would shadow BFCL's, imported above
             from envace.core.envs.agentdojo.tasks import DEFAULT_VERSION, load_tasks, split_ids
 
             version = args.benchmark_version or DEFAULT_VERSION
@@ -78,12 +91,11 @@ def _export_other(args: argparse.Namespace) -> int:
             ids = list(known) if args.split == "all" else [
                 i for i in split_ids(args.split) if i in known]
         elif args.env == "tau2":
+            # lazy: loads pydantic: kept out of --help
             from envace.core.envs.tau2.tasks import split_ids as tau2_ids
 
             ids = tau2_ids(args.split, args.domain)
         else:
-            from envace.core.envs.base import make_env
-
             env = make_env(args.env)  # a plugin's import failure: PluginLoadError, exit 2
             if args.split != "all" or not hasattr(env, "task_ids"):
                 print(f"envace: {args.env} has no committed splits: use --split all "
@@ -102,10 +114,8 @@ def _export_other(args: argparse.Namespace) -> int:
 
 def _write(trajs: Any, out: str, skipped: list[tuple[str, str]] | None = None) -> int:
     """Write the trajectories; a task that could not be recorded is named on stderr (exit 3)."""
-    from envace.core.errors import UsageError
-    from envace.core.outfile import atomic_output
+    # lazy: loads pydantic: kept out of --help
     from envace.core.schema import TrajectoryWriter
-    from envace.core.text import terminal_safe
 
     n = 0
     try:  # whole or not at all: a full disk or a refused --out leaves nothing (exit 2)
@@ -127,9 +137,9 @@ def _write(trajs: Any, out: str, skipped: list[tuple[str, str]] | None = None) -
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
+    # lazy: loads yaml: kept out of --help
     from envace.core.envs.mcp.profile import ProfileError
     from envace.core.envs.mcp.record import run
-    from envace.core.envs.mcp.tasks import TaskFileError
 
     try:
         return run(args.env, args.tasks, args.out, turn_end=not args.no_turn_end)
@@ -139,16 +149,16 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
+    # lazy: read at call time: tests patch it where it is defined
     from envace.core.envs.base import describe_env, env_names
-    from envace.core.text import terminal_safe as safe
 
     names = args.names or env_names()
     failed = 0
     for name in names:
         d = describe_env(name)
-        print(f"{safe(name)}  [{safe(d['source'])}]")
+        print(f"{terminal_safe(name)}  [{terminal_safe(d['source'])}]")
         if d["error"]:
-            print(f"  error: {safe(d['error'])}")
+            print(f"  error: {terminal_safe(d['error'])}")
             failed += 1
             continue
         for key in ("tasks", "tools"):
@@ -157,15 +167,13 @@ def _cmd_envs(args: argparse.Namespace) -> int:
                 print(f"  {key}: (not listed)")
                 continue
             items = sorted(set(items)) if key == "tools" else items
-            shown = ", ".join(safe(str(i)) for i in (items if args.all else items[:8]))
+            shown = ", ".join(terminal_safe(str(i)) for i in (items if args.all else items[:8]))
             more = "" if args.all or len(items) <= 8 else ", ... (--all lists every one)"
             print(f"  {key} ({len(items)}): {shown}{more}")
     return 3 if failed else 0  # listed, but an environment could not be loaded
 
 
 def _cmd_splits(args: argparse.Namespace) -> int:
-    from envace.core.envs.task_common import DATA_DIR
-
     print((DATA_DIR / "splits" / "README.md").read_text())
     return 0
 
@@ -246,8 +254,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
-
     try:
         argv = take_mcp_options(sys.argv[1:] if argv is None else list(argv))
     except McpOptionError as exc:

@@ -24,7 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envace.core.envs.task_envs import check_task_env, env_tasks
 from envace.core.modes import ROLLOUT_MODES
+from envace.model.endpoint import EndpointError
+from envace.model.models import default_cache_dir, load_model, resolve_model
+from envace.model.simulators import connect_endpoint, local_simulator
+from envace.model.windows import DESC_CHARS, fitting_tasks
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -63,9 +68,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envace.core.envs.task_envs import check_task_env
-    from envace.model.endpoint import EndpointError
-    from envace.model.windows import DESC_CHARS
 
     try:
         check_task_env(args.env)
@@ -89,13 +91,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"envace rollout: {exc}", file=sys.stderr)
             return 2
     # the model side (torch) only once the simulator is known to answer
-    from envace.core.envs.task_envs import env_tasks
+    # lazy: loads numpy: kept out of --help
     from envace.core.rewards import task_reward
     from envace.core.schema import TrajectoryWriter
-    from envace.model.models import default_cache_dir, load_model, resolve_model
     from envace.model.rollout import RolloutConfig, run_episodes
-    from envace.model.simulators import local_simulator
-    from envace.model.windows import fitting_tasks
 
     try:
         path = resolve_model(args.model, default_cache_dir()) if args.model != "tiny" else None
@@ -114,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "simulator" and sim is None:
         texts = None
         if args.simulator == "tiny":  # the tiny preset's tokenizer is trained on train texts
+            # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
             from envace.training.sft import load_train_trajectories, training_texts
 
             texts = training_texts(load_train_trajectories())
@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                          max_context=args.max_context, seed=args.seed)
     if args.memory_k:
+        # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
         from audit.worlds.memory import ResponseMemory
 
         rcfg.memory, rcfg.memory_k = ResponseMemory.from_train_split(args.env), args.memory_k
@@ -145,9 +146,6 @@ def run(args: argparse.Namespace) -> int:
 
 def endpoint_simulator(url: str, args: argparse.Namespace, desc_chars: int) -> Any:
     """A checked `EndpointSimulator` (the model: `--simulator-model`, else the only one served)."""
-    from envace.model.endpoint import EndpointError
-    from envace.model.simulators import connect_endpoint
-
     try:
         return connect_endpoint(url, args.simulator_model or "", api=args.simulator_api,
                                 timeout_s=args.simulator_timeout,

@@ -56,6 +56,7 @@ def add_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    # lazy: loads yaml: kept out of --help
     from envace.training.config import ConfigError, config_help, load_config
     from envace.training.sft import SFTSettings
 
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"envace sft: {exc}", file=sys.stderr)
         return 2
+    # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
     from envace.training.sft import run_sft
 
     try:

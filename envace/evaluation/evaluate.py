@@ -22,6 +22,7 @@ from typing import Any
 from audit.stats.intervals import cluster_ratio, wilson_ci
 from audit.store.output import write_json_atomic
 from envace.core.envs.bfcl.tasks import Task
+from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
@@ -120,8 +121,6 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
 def select_tasks(split: str, unit: str, limit: int, tokenizer, max_context: int,
                  max_new_tokens: int, seed: int, env: str = "bfcl") -> list:
     """The tasks of ``env``'s split that fit the context, at most ``limit`` (seeded sample)."""
-    from envace.core.envs.task_envs import env_tasks
-
     tasks = fitting_tasks(env_tasks(env, split, unit), tokenizer, max_context, max_new_tokens)
     if limit and len(tasks) > limit:
         tasks = random.Random(seed).sample(tasks, limit)

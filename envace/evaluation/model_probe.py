@@ -114,6 +114,7 @@ def sequence_logprobs(model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[
     in order of length, results in input order."""
     import torch
 
+    # lazy: loads torch: only this path needs it
     from envace.model.trained_logits import selected_logits
 
     device = next(model.parameters()).device

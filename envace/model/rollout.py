@@ -269,6 +269,7 @@ class Engine:
         stays in the episode (CONTEXT, recorded as a system message with ``memory: true``)."""
         if self.cfg.memory is None or self.cfg.memory_k <= 0:
             return
+        # lazy: loads numpy, rapidfuzz: only this path needs it
         from audit.worlds.memory import render_note
 
         note = render_note(self.cfg.memory.similar(name, args, row.task.id, self.cfg.memory_k))

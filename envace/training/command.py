@@ -41,6 +41,7 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
     """Check the arguments and the config, train (``train_fn``: another trainer entry with
     ``envace.training.train.train``'s signature, e.g. the vLLM one); the exit code: 0 done,
     2 bad usage or config, 130 interrupted (resumable)."""
+    # lazy: loads yaml: kept out of --help
     from envace.training.config import ConfigError, TrainConfig, config_help, load_config
 
     if args.help_config:
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2
     if train_fn is None:
+        # lazy: loads torch, transformers: kept out of --help
         from envace.training.train import train as train_fn
 
     try:
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
 def _write_failure(run_dir: Path, exc: BaseException) -> str | None:
     """One line for a failure to write the run (the system's reason), None for anything else
     (a RuntimeError that is no I/O failure is a bug and keeps its traceback)."""
+    # lazy: loads torch: kept out of --help
     from envace.training.checkpoint import CheckpointWriteError, write_failure
 
     if isinstance(exc, CheckpointWriteError):

@@ -10,6 +10,7 @@ import difflib
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from envace.core.envs.task_envs import check_task_env
 from envace.core.modes import TRAINING_MODES, modes_help, training_mode
 from envace.model.windows import DESC_CHARS
 from envace.training.config_base import (  # noqa: F401  (re-exported: the callers' one import)
@@ -267,8 +268,6 @@ class TrainConfig:
 
     def _check_env(self) -> None:
         """The environment is installed and has task splits with a verifier."""
-        from envace.core.envs.task_envs import check_task_env
-
         try:
             check_task_env(self.env)
         except ValueError as exc:
@@ -279,6 +278,7 @@ class TrainConfig:
         here, not after the model loaded and the first step rolled out."""
         if not self.audit_scorers:
             return
+        # lazy: loads rapidfuzz: only this path needs it
         from audit.scoring.scorers import list_scorers
 
         known = list_scorers()

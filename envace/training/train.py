@@ -52,6 +52,7 @@ from envace.training.fidelity import (
     write_step_audit,
 )
 from envace.training.fsdp import grad_norm_value
+from envace.training.reporting import make_reporter
 from envace.training.resume import (
     Heartbeat,
     RunLock,
@@ -60,10 +61,12 @@ from envace.training.resume import (
     plan_resume,
     running_marker,
 )
+from envace.training.train_report import finish_run
 from envace.training.train_setup import (
     Policy,
     build_policy,
     check_anchors,
+    check_same_config,
     served_simulator,
     training_pool,
 )
@@ -184,6 +187,7 @@ def update(policy: Policy, episodes: list[Episode], adv: torch.Tensor, cfg: Trai
                 ent_sum += float(grpo.entropy_from_logits(logits)[mask[sel]].sum())
             parts.append(st)
         if sharded:  # FSDP reduced the gradients in each backward
+            # lazy: FSDP only under a sharded launch (torch.distributed.fsdp)
             from envace.training.fsdp import idle_backward
 
             with timer.section("update/backward"):
@@ -403,8 +407,6 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True,
 
 def _train(cfg: TrainConfig, resume: bool, progress: bool, rollout: Any | None, restart: bool,
            lock: RunLock) -> Path:
-    from envace.training.train_report import finish_run
-
     dist = init(cfg.sharding)
     if dist.fsdp and cfg.sharding != "fsdp":  # accelerate's FSDP config: say so in config.yaml
         cfg = dataclasses.replace(cfg, sharding="fsdp")
@@ -425,8 +427,6 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, rollout: Any | None, 
         check_new_run_dir(run_dir)
         state = None
     if resume and (run_dir / RUN.config).exists():
-        from envace.training.train_setup import check_same_config
-
         check_same_config(run_dir, cfg)
     if state is not None:  # before anything is written: a run without its KL anchor is refused
         check_anchors(cfg, run_dir)
@@ -469,8 +469,6 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, rollout: Any | None, 
 
 def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
           metrics: Path, progress: bool, dist: Dist = Dist()) -> None:
-    from envace.training.reporting import make_reporter
-
     reporter = make_reporter(cfg.report_to if dist.is_main else "none", run_dir, to_dict(cfg))
     try:
         _steps(cfg, policy, tasks, run_dir, start, metrics, progress, dist, reporter)

@@ -23,7 +23,9 @@ from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
-from envace.model.models import default_cache_dir, load_model, resolve_model
+from envace.model.endpoint import EndpointError
+from envace.model.models import default_cache_dir, load_model, mark_weights_changed, resolve_model
+from envace.model.simulators import connect_endpoint, local_simulator, split_endpoint_spec
 from envace.model.windows import fitting_tasks
 from envace.training.checkpoint import save_checkpoint
 from envace.training.config import ConfigError, TrainConfig, to_dict
@@ -60,6 +62,7 @@ class Policy:
     memory: Any | None = None
 
     def run_episodes(self, *args: Any, **kwargs: Any) -> Any:
+        # lazy: loads transformers: only this path needs it
         from envace.model.rollout import run_episodes
 
         return (self.rollout or run_episodes)(*args, **kwargs)
@@ -85,9 +88,8 @@ class Policy:
     def after_step(self, name: str) -> None:
         """After an optimizer step: the whole model catches up with its sharded twin, and is
         marked changed (`mark_weights_changed`: what a rollout backend syncs on)."""
-        from envace.model.models import mark_weights_changed
-
         if name in self.sharded:
+            # lazy: FSDP only under a sharded launch (torch.distributed.fsdp)
             from envace.training.fsdp import refresh
 
             refresh(self.whole(name), self.sharded[name])
@@ -98,6 +100,7 @@ class Policy:
         """A checkpoint, written by rank 0. Under FSDP every rank must call this (gathering
         the optimizer state is collective); otherwise only rank 0 needs to."""
         if self.sharded:
+            # lazy: FSDP only under a sharded launch (torch.distributed.fsdp)
             from envace.training.fsdp import optimizer_state
 
             opt_states = {n: optimizer_state(self.sharded[n], o)
@@ -131,6 +134,7 @@ def training_pool(cfg: TrainConfig, tokenizer: Any) -> list[Task]:
 
 
 def _train_texts() -> list[str]:
+    # lazy: loads pydantic, rapidfuzz: only this path needs it
     from envace.training.sft import load_train_trajectories, training_texts
 
     return training_texts(load_train_trajectories())
@@ -141,6 +145,7 @@ def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
     BFCL's, which ``run_sft`` loads itself)."""
     if cfg.env == "bfcl":
         return None
+    # lazy: loads pydantic: only this path needs it
     from envace.core.export import export_env
 
     return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
@@ -151,6 +156,7 @@ def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:
     real trajectories of the run environment's train split)."""
     cache = default_cache_dir()
     if cfg.sft_steps > 0:
+        # lazy: loads pydantic, rapidfuzz: only this path needs it
         from envace.training.sft import SFTSettings, run_sft
 
         settings = SFTSettings(preset=cfg.model, out=str(run_dir / "sft"), max_steps=cfg.sft_steps,
@@ -260,10 +266,12 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
         wm = wm.to(device) if wm is not None else None
     policy = Policy(model, tok, Path(path), world_model=wm)
     if cfg.memory_k > 0:
+        # lazy: loads pydantic, rapidfuzz: only this path needs it
         from audit.worlds.memory import ResponseMemory
 
         policy.memory = ResponseMemory.from_train_split(cfg.env)
     if cfg.backend == "vllm":  # engines start lazily, on the first rollout
+        # lazy: the vLLM lane only (config backend=vllm)
         from envace.model.backends.vllm_backend import VLLMRollouts
 
         policy.rollout = VLLMRollouts.for_config(cfg, model_path=loaded_from)
@@ -276,6 +284,7 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
     if training_mode(cfg.mode).rollout == "simulator":
         policy.simulator = simulator if simulator is not None else make_simulator(cfg)
     if dist.fsdp and dist.active:
+        # lazy: FSDP only under a sharded launch (torch.distributed.fsdp)
         from envace.training.fsdp import shard
 
         for name, m, _ in policy.trainees(cfg.mode):
@@ -290,6 +299,7 @@ def build_policy(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None,
                               "state is laid out differently): resume with the same launch")
         for name, sd in state["optimizers"].items():
             if policy.sharded:
+                # lazy: FSDP only under a sharded launch (torch.distributed.fsdp)
                 from envace.training.fsdp import load_optimizer_state
 
                 load_optimizer_state(policy.sharded[name], policy.optimizers[name], sd)
@@ -309,8 +319,6 @@ def served_simulator(cfg: TrainConfig) -> Any | None:
     if training_mode(cfg.mode).rollout != "simulator" or \
             not spec.startswith(("http://", "https://")):
         return None
-    from envace.model.endpoint import EndpointError
-    from envace.model.simulators import connect_endpoint, split_endpoint_spec
 
     url, model = split_endpoint_spec(spec)
     try:
@@ -323,8 +331,6 @@ def served_simulator(cfg: TrainConfig) -> Any | None:
 def make_simulator(cfg: TrainConfig) -> Any:
     """The simulator of mode ``simulator``: a served one (``served_simulator``), or a frozen
     local model (preset or path)."""
-    from envace.model.simulators import local_simulator
-
     served = served_simulator(cfg)
     if served is not None:
         return served

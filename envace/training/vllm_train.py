@@ -17,6 +17,7 @@ from pathlib import Path
 
 # imported first: it sets OMP_WAIT_POLICY before torch is imported (see its docstring)
 from envace.model.backends.vllm_backend import VLLMRollouts
+from envace.training.command import add_parser, run
 from envace.training.config import TrainConfig
 
 
@@ -25,6 +26,7 @@ def train_with_vllm(cfg: TrainConfig, resume: bool = False, progress: bool = Tru
     """``envace.training.train.train`` with its rollouts and final evaluation on vLLM (the same as
     ``envace train backend=vllm``, but with engines the caller may inspect). The policy lives on
     cuda when there is one. Engines of a ``rollouts`` passed in are left running."""
+    # lazy: loads transformers: only this path needs it
     import envace.training.train as trainer
 
     own = rollouts is None
@@ -41,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     """``train [--config PATH | --resume DIR [--restart]] [key=value ...]``: `envace train`'s
     command line, with vLLM rollouts; its exit code."""
     import argparse
-
-    from envace.training.command import add_parser, run
 
     parser = argparse.ArgumentParser(prog="python -m envace.training.vllm_train",
                                      description=__doc__.split("\n\n")[0])

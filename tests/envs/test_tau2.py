@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from envace.core.envs.base import ToolKind, make_env
+from envace.core.envs.tau2 import domain as D
 from envace.core.envs.tau2 import tasks as T
-from envace.core.envs.tau2.env import TAU2Env, restorers, tool_call
+from envace.core.envs.tau2.domain import restorers
+from envace.core.envs.tau2.env import TAU2Env, tool_call
 from envace.core.envs.tau2.verify import check_calls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +38,11 @@ def _tau2_file(rel: str) -> Path:
 # ------------------------------------------------------------------ the data as tau2 has it
 def test_sizes_and_prompts_are_tau2s():
     sizes = {d: (len(T.load_tasks(d)), sum(len(t.calls()) for t in T.load_tasks(d).values()))
-             for d in T.DOMAINS}
+             for d in D.DOMAINS}
     assert sizes == {"airline": (50, 148), "retail": (114, 553), "telecom": (114, 516)}
-    assert len(T.load_tasks(T.FULL_DOMAIN)) == 2285
+    assert len(T.load_tasks(D.FULL_DOMAIN)) == 2285
     base = {t.tau2_id for t in T.load_tasks("telecom").values()}
-    assert base <= {t.tau2_id for t in T.load_tasks(T.FULL_DOMAIN).values()}
+    assert base <= {t.tau2_id for t in T.load_tasks(D.FULL_DOMAIN).values()}
     # the prompt constants are tau2's (its agent module imports litellm, so they are copied)
     tree = ast.parse(_tau2_file("agent/llm_agent.py").read_text())
     consts = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)
@@ -61,7 +63,7 @@ def test_sizes_and_prompts_are_tau2s():
 def test_committed_splits_follow_the_rule_and_keep_tau2s_test():
     carved = T.carve_splits()
     assert {s: T.split_ids(s) for s in T.SPLITS} == carved
-    for d in T.DOMAINS:
+    for d in D.DOMAINS:
         mine = {s: {i.split("/", 1)[1] for i in carved[s] if i.startswith(d + "/")}
                 for s in T.SPLITS}
         theirs = T.tau2_splits(d)
@@ -71,7 +73,7 @@ def test_committed_splits_follow_the_rule_and_keep_tau2s_test():
         assert len(mine["dev"]) == int(T.DEV_SHARE * len(theirs["train"]) + 0.5)
     assert [len(carved[s]) for s in T.SPLITS] == [132, 46, 100]
     with pytest.raises(ValueError, match="no splits"):
-        T.split_ids("train", T.FULL_DOMAIN)
+        T.split_ids("train", D.FULL_DOMAIN)
 
 
 # ------------------------------------------------------------------ every response is tau2's
@@ -80,9 +82,9 @@ def _raw_db(domain: str) -> tuple[bytes, bytes | None]:
     """The domain's databases as tau2 reads them from its files (validated per task below)."""
     from tau2.utils import load_file
 
-    mod = T.domain_module(domain)
+    mod = D.domain_module(domain)
     pkg = sys.modules[mod.__name__.rsplit(".", 1)[0] + ".utils"]
-    prefix = "TELECOM" if domain in T.SOLO else domain.upper()
+    prefix = "TELECOM" if domain in D.SOLO else domain.upper()
     db = json.dumps(load_file(getattr(pkg, f"{prefix}_DB_PATH"))).encode()
     user_path = getattr(pkg, f"{prefix}_USER_DB_PATH", None)
     return db, (json.dumps(load_file(user_path)).encode() if user_path else None)
@@ -93,7 +95,7 @@ def _tau2_reference(domain: str, task: T.TAU2Task) -> Any:
     files (as its ``DB.load`` does), the initial state applied by its set_state."""
     db_cls, user_cls = (type(r.pristine) if r else None for r in restorers(domain))
     raw, raw_user = _raw_db(domain)
-    mod = T.domain_module(domain)
+    mod = D.domain_module(domain)
     kw: dict[str, Any] = {"db": db_cls.model_validate_json(raw)}
     if raw_user is not None:
         kw.update(user_db=user_cls.model_validate_json(raw_user), solo_mode=True)
@@ -104,7 +106,7 @@ def _tau2_reference(domain: str, task: T.TAU2Task) -> Any:
     return env
 
 
-@pytest.mark.parametrize("domain", T.DOMAINS)
+@pytest.mark.parametrize("domain", D.DOMAINS)
 def test_every_ground_truth_call_answers_as_tau2s_get_response(domain):
     from envace.core.envs.tau2.env import ids_from
 
@@ -158,14 +160,14 @@ def _verifier_cases(tasks: list[T.TAU2Task]) -> None:
 
 
 def test_verifier_is_tau2s_on_a_sample_of_each_domain():
-    sample = [t for d in T.DOMAINS for t in list(T.load_tasks(d).values())[:3]]
+    sample = [t for d in D.DOMAINS for t in list(T.load_tasks(d).values())[:3]]
     _verifier_cases(sample)
     with_comm = next(t for t in T.load_tasks("retail").values() if t.final_text)
     _verifier_cases([with_comm])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("domain", T.DOMAINS)
+@pytest.mark.parametrize("domain", D.DOMAINS)
 def test_verifier_passes_every_ground_truth_and_fails_altered_lists(domain):
     _verifier_cases(list(T.load_tasks(domain).values()))
 
@@ -218,7 +220,7 @@ def test_telecom_bill_ids_are_frozen_per_reset():
     assert len(new) == 1, bills
     import uuid
 
-    tools = T.tau2_module("tau2.domains.telecom.tools")
+    tools = D.tau2_module("tau2.domains.telecom.tools")
     assert tools.uuid.uuid4() != tools.uuid.uuid4()  # outside the adapter: real uuid4
     assert isinstance(tools.uuid.uuid4(), uuid.UUID)
 
@@ -226,7 +228,7 @@ def test_telecom_bill_ids_are_frozen_per_reset():
 def test_tool_kinds_are_tau2s_and_reads_change_nothing():
     env = TAU2Env()
     kinds = {}
-    for d in T.DOMAINS:
+    for d in D.DOMAINS:
         env.reset(next(iter(T.load_tasks(d).values())))
         for s in env.tools():
             kinds[(d, s["function"]["name"])] = env.tool_kind(s["function"]["name"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from envace.core.envs.mcp.taskfile import TaskFileError, tasks_path
 from envace.core.envs.units import BUILTIN_UNITS, TASK, UNITS
 
 MCP_CLUSTER = "cluster"  # the unit of an MCP task file whose tasks declare a ``cluster``
@@ -48,6 +49,7 @@ def _safe(fn: Callable[[str], object]) -> Callable[[str], str]:
 
 
 def _plugin(name: str) -> Declaration:
+    # lazy: loads : only this path needs it
     from envace.core.envs.base import _REGISTRY, PluginLoadError, _load_plugin, plugin_entry_points
 
     factory = _REGISTRY.get(name)
@@ -76,7 +78,8 @@ def _plugin(name: str) -> Declaration:
 
 
 def _mcp(name: str) -> Declaration:
-    from envace.core.envs.mcp.tasks import TaskFileError, load_tasks, tasks_path
+    # lazy: loads anyio, jsonschema, mcp: only this path needs it
+    from envace.core.envs.mcp.tasks import load_tasks
 
     try:
         path = tasks_path()

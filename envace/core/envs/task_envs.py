@@ -21,6 +21,7 @@ from typing import Any
 
 from envace.core.envs.base import Environment, env_names
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
+from envace.core.envs.mcp.taskfile import tasks_path
 
 #: Environments with committed splits and a verifier (what rollout, train and eval need).
 TASK_ENVS = tuple(FAMILIES)
@@ -33,8 +34,8 @@ def check_task_env(name: str) -> None:
     if name in TASK_ENVS:
         return
     if name.startswith(MCP_PREFIX):  # an MCP profile: its tasks come from the task file
+        # lazy: loads yaml: only this path needs it
         from envace.core.envs.mcp.profile import load_profile
-        from envace.core.envs.mcp.tasks import tasks_path
 
         load_profile(name.removeprefix(MCP_PREFIX))
         tasks_path()

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from envace.core.timing import NULL_TIMER
+
 if TYPE_CHECKING:
     from envace.core.envs.bfcl.tasks import Task
     from envace.core.timing import Timer
@@ -86,6 +88,7 @@ class HFBackend:
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec,
                  max_new_tokens: Sequence[int] | None = None,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
+        # lazy: loads transformers: only this path needs it
         from envace.model.backends.hf import HFStepper, sample
 
         caps = list(max_new_tokens) if max_new_tokens is not None \
@@ -141,7 +144,7 @@ def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequ
     ``rollout/decode`` section (a backend's prefill of the new tail is inside it; forced text
     costs no forward here).
     """
-    from envace.core.timing import NULL_TIMER
+    # lazy: loads transformers: only this path needs it
     from envace.model.rollout import Engine, push_token
 
     timer = NULL_TIMER if timer is None else timer

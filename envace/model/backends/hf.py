@@ -40,6 +40,7 @@ import torch
 
 from envace.model.backends import kv_cache
 from envace.model.backends.packed_linear import PackedLinears, available
+from envace.model.models import weights_version
 
 
 def _cache_kw() -> str:
@@ -70,8 +71,6 @@ def generation_model(model: torch.nn.Module, dtype: str = "same") -> torch.nn.Mo
     no gradients. Log-probabilities sampled from it are the copy's, not the fp32 model's: the
     tolerance between the two is measured in `tests/model/test_rollout.py` and
     `docs/profiling.md`."""
-    from envace.model.models import weights_version
-
     if dtype not in GEN_DTYPES:
         raise ValueError(f"unknown generation dtype {dtype!r}; known: {', '.join(GEN_DTYPES)}")
     target = GEN_DTYPES[dtype]

@@ -52,6 +52,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from envace.core.timing import NULL_TIMER
 from envace.model.backends.base import Generation, SamplingSpec, run_episodes_backend  # noqa: E402
 from envace.model.models import weights_version  # noqa: E402
 
@@ -223,8 +224,6 @@ class VLLMRollouts:
                 timer: Timer | None = None) -> VLLMBackend:
         """The engine for ``role``, started on first use, its weights synced with ``model``'s
         (a ``weight_sync`` section of ``timer``)."""
-        from envace.core.timing import NULL_TIMER
-
         if role not in self.backends:
             path = self.model_path if role == "policy" and self.model_path else \
                 model_folder(model, tokenizer)

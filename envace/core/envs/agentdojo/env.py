@@ -35,6 +35,7 @@ from envace.core.envs.agentdojo.tasks import (
     default_environment,
     deterministic_world,
     get_task,
+    load_tasks,
     suite_tools,
     suites,
 )
@@ -142,8 +143,6 @@ class AgentDojoEnv:
 
     # -- catalogue (optional protocol methods: `envace envs`, export) ------------------------
     def task_ids(self) -> list[str]:
-        from envace.core.envs.agentdojo.tasks import load_tasks
-
         return list(load_tasks(self.version))
 
     def all_tools(self) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from envace.core.envs.bfcl.callparse import parse_call_source
 from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -148,8 +149,6 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 @lru_cache(maxsize=1)
 def load_tasks() -> dict[str, Task]:
     """All 800 BFCL v4 multi-turn tasks by id."""
-    from envace.core.envs.bfcl.callparse import parse_call_source
-
     root = bfcl_data_dir()
     tasks: dict[str, Task] = {}
     for cat in CATEGORIES:

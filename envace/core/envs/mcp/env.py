@@ -37,7 +37,9 @@ from envace.core.envs.base import ToolKind, ToolResult, hash_state
 from envace.core.envs.mcp.client import ServerError, ServerProcess
 from envace.core.envs.mcp.content import fill_workdir, function_schema, result_text
 from envace.core.envs.mcp.profile import Profile, load_profile
+from envace.core.envs.mcp.taskfile import read_task_file
 from envace.core.envs.mcp.workdir import check_files, read_state, write_files
+from envace.core.envs.task_common import UnknownTask
 
 #: Tool kinds observed in this process, per profile: tool -> whether a call changed the state.
 _OBSERVED: dict[str, dict[str, bool]] = {}
@@ -57,10 +59,8 @@ class McpEnv:
         self._validators: dict[str, Any] = {}
         self._read_only: set[str] = set()
         self._tasks: dict[str, Any] = {}
-        if tasks is not None:
-            from envace.core.envs.mcp.tasks import load_tasks
-
-            self._tasks = {t.id: t for t in load_tasks(tasks, self.name)[0]}
+        if tasks is not None:  # reset by id: a task's state is all the environment needs
+            self._tasks = {t["id"]: {"files": t["files"]} for t in read_task_file(tasks)[0]}
         self._held: list[Any] = [None, None]  # (server, root) for the finalizer
         weakref.finalize(self, _cleanup, self._held)
 
@@ -99,8 +99,6 @@ class McpEnv:
     def _task_files(self, task: Any) -> dict[str, str]:
         if isinstance(task, str):
             if task not in self._tasks:
-                from envace.core.envs.task_common import UnknownTask
-
                 raise UnknownTask(f"unknown {self.name} task {task!r} (give make_env tasks=FILE "
                                   "to reset by id)")
             task = self._tasks[task]
@@ -255,3 +253,17 @@ def mcp_env(name: str, **kwargs: Any) -> McpEnv:
     ``ENVACE_MCP_CONFIG``."""
     return McpEnv(name.removeprefix("mcp:"), config=kwargs.pop("config", None)
                   or os.environ.get("ENVACE_MCP_CONFIG"), **kwargs)
+
+
+#: The tools of each profile's server, listed once per process (``profile_tools``).
+_TOOLS: dict[str, list[dict[str, Any]]] = {}
+
+
+def profile_tools(task: Any) -> list[dict[str, Any]]:
+    """The tools of a task's server (listed once per process and environment name, from the
+    first task asked about: an ``McpTask`` of :mod:`envace.core.envs.mcp.tasks`)."""
+    if task.env_name not in _TOOLS:
+        with mcp_env(task.env_name) as env:
+            env.reset(task)
+            _TOOLS[task.env_name] = env.tools()
+    return [dict(s) for s in _TOOLS[task.env_name]]

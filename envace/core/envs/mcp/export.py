@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.envs.mcp.env import mcp_env
 from envace.core.envs.mcp.tasks import McpTask
 from envace.core.export import run_calls
 from envace.core.schema import Message, Trajectory
@@ -18,8 +19,6 @@ from envace.core.schema import Message, Trajectory
 
 def real_trajectory(task: McpTask, env: Any = None, turn_end: bool = True) -> Trajectory:
     """The task's ground truth executed against a fresh server (``env`` is reset to it)."""
-    from envace.core.envs.mcp.env import mcp_env
-
     own = env is None
     env = env if env is not None else mcp_env(task.env_name)
     try:

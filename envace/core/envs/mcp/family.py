@@ -17,12 +17,12 @@ from functools import cache
 from typing import Any
 
 from envace.core.envs.family import Family
+from envace.core.envs.mcp.env import mcp_env
 from envace.core.envs.mcp.export import real_trajectory
-from envace.core.envs.mcp.tasks import SPLITS, McpTask, load_tasks, tasks_path
+from envace.core.envs.mcp.taskfile import SPLITS, tasks_path
+from envace.core.envs.mcp.tasks import McpTask, load_tasks
 from envace.core.envs.mcp.verify import reward
 from envace.core.envs.task_common import UnknownTask
-
-_TOOLS: dict[str, list[dict[str, Any]]] = {}
 
 
 def _tasks(env_name: str) -> list[McpTask]:
@@ -33,17 +33,6 @@ def _tasks(env_name: str) -> list[McpTask]:
         raise ValueError(f"{len(problems)} bad line(s) in the task file {path}; line "
                          f"{first['line']}: {first['reason']}")
     return tasks
-
-
-def profile_tools(task: McpTask) -> list[dict[str, Any]]:
-    """The tools of a task's server (listed once per process and environment name)."""
-    if task.env_name not in _TOOLS:
-        from envace.core.envs.mcp.env import mcp_env
-
-        with mcp_env(task.env_name) as env:
-            env.reset(task)
-            _TOOLS[task.env_name] = env.tools()
-    return [dict(s) for s in _TOOLS[task.env_name]]
 
 
 @cache
@@ -62,8 +51,6 @@ def mcp_family(env_name: str) -> Family:
         raise UnknownTask(f"no task {task_id!r} in the task file {tasks_path()}")
 
     def new_env(task: Any = None) -> Any:
-        from envace.core.envs.mcp.env import mcp_env
-
         return mcp_env(env_name)
 
     return Family(

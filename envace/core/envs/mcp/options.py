@@ -44,6 +44,7 @@ def take_mcp_options(argv: list[str]) -> list[str]:
 
 def _apply(option: str, value: str) -> None:
     if option == "--mcp-config":
+        # lazy: loads yaml: kept out of --help
         from envace.core.envs.mcp.profile import ProfileError, use_config
 
         try:

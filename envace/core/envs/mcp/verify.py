@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.envs.mcp.env import mcp_env
 from envace.core.envs.mcp.tasks import McpTask
 
 Call = tuple[str, dict[str, Any]]
@@ -21,8 +22,6 @@ _TRUTH: dict[tuple[str, str], str] = {}
 
 def final_state_hash(task: McpTask, calls: list[Call]) -> tuple[str, int]:
     """(state hash after ``calls`` from the task's initial state, how many were errors)."""
-    from envace.core.envs.mcp.env import mcp_env
-
     with mcp_env(task.env_name) as env:
         env.reset(task)
         errors = sum(env.execute(name, args).error for name, args in calls)
@@ -39,6 +38,7 @@ def truth_hash(task: McpTask) -> str:
 def reward(kind: str, task: McpTask, calls_per_turn: list[list[Call]],
            final_text: str = "") -> dict[str, Any]:
     """The family's verifier (see the module docstring)."""
+    # lazy: loads numpy: only this path needs it
     from envace.core.rewards import single_turn_reward  # rewards dispatches to the families
 
     model = [c for turn in calls_per_turn for c in turn]

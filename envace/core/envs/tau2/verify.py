@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.envs.tau2.env import IdSource, TAU2Env, ids_from, new_ids, slot_environment
-from envace.core.envs.tau2.tasks import TAU2Task, tau2_module
+from envace.core.envs.tau2.domain import slot_environment, tau2_module
+from envace.core.envs.tau2.env import IdSource, TAU2Env, ids_from, new_ids
+from envace.core.envs.tau2.tasks import TAU2Task
 from envace.core.rewards import single_turn_reward
 
 Call = tuple[str, dict[str, Any]]

@@ -20,49 +20,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from envace.core.envs.base import Environment, make_env
+from envace.core.envs.base import make_env
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
 from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env
-from envace.core.schema import Message, Trajectory
-
-
-class ExportSkip(Exception):
-    """A task whose real trajectory cannot be recorded (a call past its limit)."""
-
-
-def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
-              messages: list[dict[str, Any]], step: int) -> int:
-    """Execute calls, appending one assistant message and one tool message per call; a call
-    past its limit is no real response and is never written as one (:class:`ExportSkip`)."""
-    for name, args in calls:
-        call_id = f"c{step}"
-        result = env.execute(name, args)
-        if getattr(result, "timeout", False):
-            raise ExportSkip(f"call {step} ({name!r:.80}): {result.content[:200]}")
-        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        tool_msg = {"role": "tool", "tool_call_id": call_id, "name": name,
-                    "content": result.content, "rehearsed": False}
-        if result.error:
-            tool_msg["error"] = True
-        messages.append(tool_msg)
-        step += 1
-    return step
+from envace.core.envs.recording import ExportSkip, real_record, single_turn_messages
+from envace.core.schema import Trajectory
 
 
 def plugin_trajectory(env: Any, env_name: str, task_id: str, turn_end: bool = True
                       ) -> Trajectory:
     """A listed task's ground truth, for an environment with the optional catalogue methods."""
     env.reset(task_id)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": env.task_prompt(task_id)}]
-    run_calls(env, env.ground_truth(task_id), messages, 0)
-    if turn_end:
-        messages.append({"role": "assistant", "content": ""})
-    return Trajectory(
-        id=f"real-{task_id}", task_id=task_id, env={"name": env_name, "task": task_id},
-        source="real", messages=[Message.model_validate(m) for m in messages],
-        tools=env.tools(), meta={"category": env_name},
-    )
+    messages = single_turn_messages(env, [{"role": "user", "content": env.task_prompt(task_id)}],
+                                    env.ground_truth(task_id), "", turn_end)
+    return real_record(task_id, {"name": env_name, "task": task_id}, messages, env.tools(),
+                       {"category": env_name})
 
 
 def export_real(tasks: Iterable[Any], turn_end: bool = True, limits: CallLimits | None = None,

@@ -7,13 +7,11 @@ own utility check of those calls.
 
 from __future__ import annotations
 
-from typing import Any
-
 from envace.core.envs.agentdojo.env import AgentDojoEnv
 from envace.core.envs.agentdojo.tasks import AgentDojoTask
 from envace.core.envs.agentdojo.verify import check_calls
-from envace.core.export import run_calls
-from envace.core.schema import Message, Trajectory
+from envace.core.envs.recording import real_record, single_turn_messages
+from envace.core.schema import Trajectory
 
 
 def real_trajectory(task: AgentDojoTask, env: AgentDojoEnv | None = None,
@@ -21,19 +19,11 @@ def real_trajectory(task: AgentDojoTask, env: AgentDojoEnv | None = None,
     """An AgentDojo task's ground truth as a real trajectory; reward from its own checker."""
     env = env or AgentDojoEnv(task.version)
     env.reset(task)
-    messages: list[dict[str, Any]] = task.turn_messages(0)
-    run_calls(env, task.calls(), messages, 0)
-    if turn_end:
-        messages.append({"role": "assistant", "content": task.ground_truth_output})
+    messages = single_turn_messages(env, task.turn_messages(0), task.calls(),
+                                    task.ground_truth_output, turn_end)
     check = check_calls(task, task.calls(), task.ground_truth_output)
-    return Trajectory(
-        id=f"real-{task.id}",
-        task_id=task.id,
-        env={"name": "agentdojo", "task": task.id, "version": task.version},
-        source="real",
-        messages=[Message.model_validate(m) for m in messages],
-        tools=task.tools(),
-        reward=1.0 if check.valid else 0.0,
-        meta={"category": task.suite, "suite": task.suite, "version": task.version,
-              "difficulty": task.difficulty},
-    )
+    return real_record(task.id, {"name": "agentdojo", "task": task.id, "version": task.version},
+                       messages, task.tools(),
+                       {"category": task.suite, "suite": task.suite, "version": task.version,
+                        "difficulty": task.difficulty},
+                       reward=1.0 if check.valid else 0.0)

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
+from envace.core.envs.task_common import (
+    DATA_DIR,
+    GroundTruthCall,
+    TaskRecord,
+    UnknownTask,
+    format_call,
+)
 
 SUITES = ("workspace", "travel", "banking", "slack")
 DEFAULT_VERSION = "v1.2.2"
@@ -161,7 +167,7 @@ def suite_tools(suite: str, version: str = DEFAULT_VERSION) -> list[dict[str, An
 
 
 @dataclass
-class AgentDojoTask:
+class AgentDojoTask(TaskRecord):
     """One AgentDojo user task: one user turn, its ground-truth calls, the expected answer.
 
     Shaped like :class:`envace.core.envs.bfcl.tasks.Task` where export, replay, rollout and eval
@@ -200,29 +206,12 @@ class AgentDojoTask:
     def number(self) -> int:
         return int(self.id.rsplit("_", 1)[1])
 
-    def turn_messages(self, turn: int) -> list[dict[str, str]]:
-        return [dict(m) for m in self.turns[turn]]
-
-    def opening_messages(self) -> list[dict[str, Any]]:
-        return self.turn_messages(0)
-
     def tools(self, turn: int | None = None) -> list[dict[str, Any]]:
         return suite_tools(self.suite, self.version)
-
-    def tool_names(self) -> set[str]:
-        return {s["function"]["name"] for s in self.tools()}
-
-    def calls(self) -> list[tuple[str, dict[str, Any]]]:
-        """The ground truth as (name, keyword arguments), in order."""
-        return [(c.name, dict(c.kwargs)) for turn in self.ground_truth for c in turn]
 
     def user_task(self) -> Any:
         """agentdojo's own BaseUserTask object."""
         return suites(self.version)[self.suite].user_tasks[self.id.split("/", 1)[1]]
-
-
-def _format_call(name: str, kwargs: dict[str, Any]) -> str:
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
 
 
 def _make_task(version: str, suite: str, name: str, user_task: Any) -> AgentDojoTask:
@@ -230,7 +219,7 @@ def _make_task(version: str, suite: str, name: str, user_task: Any) -> AgentDojo
     calls = []
     for fc in user_task.ground_truth(env.model_copy(deep=True)):
         kwargs = json.loads(json.dumps(dict(fc.args)))  # plain JSON data, as a trajectory holds it
-        calls.append(GroundTruthCall(_format_call(fc.function, kwargs), fc.function, (), kwargs))
+        calls.append(GroundTruthCall(format_call(fc.function, kwargs), fc.function, (), kwargs))
     return AgentDojoTask(
         id=f"{suite}/{name}",
         suite=suite,

@@ -13,8 +13,8 @@ from typing import Any
 from envace.core.envs.bfcl.env import BFCLEnv
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.bfcl.verify import ground_truth_calls
-from envace.core.export import run_calls
-from envace.core.schema import Message, Trajectory
+from envace.core.envs.recording import real_record, run_calls
+from envace.core.schema import Trajectory
 
 
 def real_trajectory(task: Task, env: BFCLEnv | None = None, turn_end: bool = True) -> Trajectory:
@@ -28,14 +28,6 @@ def real_trajectory(task: Task, env: BFCLEnv | None = None, turn_end: bool = Tru
         step = run_calls(env, calls, messages, step)
         if turn_end:
             messages.append({"role": "assistant", "content": ""})
-    return Trajectory(
-        id=f"real-{task.id}",
-        task_id=task.id,
-        env={"name": "bfcl", "task": task.id},
-        source="real",
-        messages=[Message.model_validate(m) for m in messages],
-        tools=task.tools(),
-        reward=1.0,
-        meta={"category": task.category, "scenario": task.scenario,
-              "backends": task.involved_classes},
-    )
+    return real_record(task.id, {"name": "bfcl", "task": task.id}, messages, task.tools(),
+                       {"category": task.category, "scenario": task.scenario,
+                        "backends": task.involved_classes}, reward=1.0)

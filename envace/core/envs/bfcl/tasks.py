@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.envs.bfcl.callparse import parse_call_source
-from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
+from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, TaskRecord, UnknownTask
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 BACKENDS = (
@@ -43,7 +43,7 @@ def tools_added_message(names: list[str]) -> dict[str, str]:
 
 
 @dataclass
-class Task:
+class Task(TaskRecord):
     """A BFCL multi-turn task."""
 
     id: str
@@ -92,9 +92,6 @@ class Task:
             for s in function_docs()[c]
             if s["function"]["name"] not in hidden
         ]
-
-    def tool_names(self) -> set[str]:
-        return {s["function"]["name"] for s in self.tools()}
 
 
 def bfcl_data_dir() -> Path:

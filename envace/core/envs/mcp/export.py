@@ -13,8 +13,8 @@ from typing import Any
 
 from envace.core.envs.mcp.env import mcp_env
 from envace.core.envs.mcp.tasks import McpTask
-from envace.core.export import run_calls
-from envace.core.schema import Message, Trajectory
+from envace.core.envs.recording import real_record, single_turn_messages
+from envace.core.schema import Trajectory
 
 
 def real_trajectory(task: McpTask, env: Any = None, turn_end: bool = True) -> Trajectory:
@@ -23,16 +23,10 @@ def real_trajectory(task: McpTask, env: Any = None, turn_end: bool = True) -> Tr
     env = env if env is not None else mcp_env(task.env_name)
     try:
         env.reset(task)
-        messages: list[dict[str, Any]] = task.opening_messages()
-        run_calls(env, task.calls(), messages, 0)
-        if turn_end:
-            messages.append({"role": "assistant", "content": ""})
+        messages = single_turn_messages(env, task.opening_messages(), task.calls(), "", turn_end)
         tools = env.tools()
     finally:
         if own:
             env.close()
-    return Trajectory(
-        id=f"real-{task.id}", task_id=task.id, env=task.env_record(), source="real",
-        messages=[Message.model_validate(m) for m in messages], tools=tools,
-        meta={"category": task.env_name, **({"split": task.split} if task.split else {})},
-    )
+    return real_record(task.id, task.env_record(), messages, tools,
+                       {"category": task.env_name, **({"split": task.split} if task.split else {})})

@@ -19,10 +19,11 @@ from typing import Any
 
 from envace.core.envs.mcp.env import profile_tools
 from envace.core.envs.mcp.taskfile import check_task, read_task_file
+from envace.core.envs.task_common import TaskRecord
 
 
 @dataclass
-class McpTask:
+class McpTask(TaskRecord):
     """One task of a task file, shaped like the other families' tasks for rollout and eval
     (``turns``, ``turn_messages``, ``opening_messages``, ``tools``, ``base_id``, ...)."""
 
@@ -55,18 +56,9 @@ class McpTask:
     def primary_backend(self) -> str:
         return self.env_name
 
-    def turn_messages(self, turn: int) -> list[dict[str, str]]:
-        return [dict(m) for m in self.turns[turn]]
-
-    def opening_messages(self) -> list[dict[str, Any]]:
-        return self.turn_messages(0)
-
     def tools(self, turn: int | None = None) -> list[dict[str, Any]]:
         """The server's tools (listed once per process and profile, from this task's state)."""
         return profile_tools(self)
-
-    def tool_names(self) -> set[str]:
-        return {s["function"]["name"] for s in self.tools()}
 
     def calls(self) -> list[tuple[str, dict[str, Any]]]:
         return [(n, dict(a)) for n, a in self.ground_truth]

@@ -9,13 +9,11 @@ none), which tau2's communicate check reads. The reward is tau2's own evaluation
 
 from __future__ import annotations
 
-from typing import Any
-
+from envace.core.envs.recording import real_record, single_turn_messages
 from envace.core.envs.tau2.env import TAU2Env
 from envace.core.envs.tau2.tasks import TAU2Task
 from envace.core.envs.tau2.verify import tau2_messages, tau2_reward
-from envace.core.export import run_calls
-from envace.core.schema import Message, Trajectory
+from envace.core.schema import Trajectory
 
 
 def real_trajectory(task: TAU2Task, env: TAU2Env | None = None,
@@ -23,21 +21,12 @@ def real_trajectory(task: TAU2Task, env: TAU2Env | None = None,
     """A τ² task's ground truth as a real trajectory; reward from tau2's evaluators."""
     env = env or TAU2Env()
     env.reset(task)
-    messages: list[dict[str, Any]] = task.turn_messages(0)
-    run_calls(env, task.calls(), messages, 0)
-    if turn_end:
-        messages.append({"role": "assistant", "content": task.final_text})
+    messages = single_turn_messages(env, task.turn_messages(0), task.calls(), task.final_text,
+                                    turn_end)
     tool_msgs = [m for m in messages if m["role"] == "tool"]
     reward, _, _ = tau2_reward(task, tau2_messages(
         task.calls(), [(m["content"], bool(m.get("error"))) for m in tool_msgs],
         task.final_text if turn_end else ""))
-    return Trajectory(
-        id=f"real-{task.id}",
-        task_id=task.id,
-        env={"name": "tau2", "task": task.id},
-        source="real",
-        messages=[Message.model_validate(m) for m in messages],
-        tools=task.tools(),
-        reward=float(reward),
-        meta={"category": task.domain, "domain": task.domain, "solo": task.solo},
-    )
+    return real_record(task.id, {"name": "tau2", "task": task.id}, messages, task.tools(),
+                       {"category": task.domain, "domain": task.domain, "solo": task.solo},
+                       reward=float(reward))

@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from envace.core.envs.task_common import DATA_DIR, GroundTruthCall, UnknownTask
+from envace.core.envs.task_common import (
+    DATA_DIR,
+    GroundTruthCall,
+    TaskRecord,
+    UnknownTask,
+    format_call,
+)
 from envace.core.envs.tau2.domain import (
     ALL_DOMAINS,
     DOMAINS,
@@ -121,7 +127,7 @@ def system_prompt(domain: str) -> str:
 
 
 @dataclass
-class TAU2Task:
+class TAU2Task(TaskRecord):
     """One τ² task: one user turn (the scenario or ticket), its ground-truth calls, the text its
     final message must say (``communicate_info``).
 
@@ -159,21 +165,8 @@ class TAU2Task:
     def solo(self) -> bool:
         return self.domain in SOLO
 
-    def turn_messages(self, turn: int) -> list[dict[str, str]]:
-        return [dict(m) for m in self.turns[turn]]
-
-    def opening_messages(self) -> list[dict[str, Any]]:
-        return self.turn_messages(0)
-
     def tools(self, turn: int | None = None) -> list[dict[str, Any]]:
         return domain_tools(self.domain)
-
-    def tool_names(self) -> set[str]:
-        return {s["function"]["name"] for s in self.tools()}
-
-    def calls(self) -> list[tuple[str, dict[str, Any]]]:
-        """The ground truth as (name, keyword arguments), in order."""
-        return [(c.name, dict(c.kwargs)) for turn in self.ground_truth for c in turn]
 
     def tau2_task(self) -> Any:
         """tau2's own Task object."""
@@ -187,16 +180,12 @@ def _tau2_tasks(domain: str) -> dict[str, Any]:
     return {t.id: t for t in mod.get_tasks(split)}
 
 
-def _format_call(name: str, kwargs: dict[str, Any]) -> str:
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
-
-
 def _make_task(domain: str, task: Any) -> TAU2Task:
     crit = task.evaluation_criteria
     calls = []
     for a in (crit.actions or []) if crit is not None else []:
         kwargs = json.loads(json.dumps(a.arguments))  # plain JSON data, as a trajectory holds it
-        calls.append(GroundTruthCall(_format_call(a.name, kwargs), a.name, (), kwargs))
+        calls.append(GroundTruthCall(format_call(a.name, kwargs), a.name, (), kwargs))
     prompt = task.ticket if domain in SOLO else str(task.user_scenario)
     info = (crit.communicate_info or []) if crit is not None else []
     return TAU2Task(id=f"{domain}/{task.id}", domain=domain, tau2_id=task.id, prompt=prompt or "",

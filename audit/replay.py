@@ -84,6 +84,7 @@ class RealCalls:
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
         self.timed_out: set[int] = set()  # steps whose call ran past its limit
+        self.crashed: set[int] = set()  # steps whose call's process died
         self._ahead: dict[int, Any] = {}
 
     def prefetch(self, steps: list[Any]) -> None:
@@ -105,6 +106,8 @@ class RealCalls:
         res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
         if getattr(res, "timeout", False):
             self.timed_out.add(st.step)
+        if getattr(res, "crashed", False):
+            self.crashed.add(st.step)
         return res.content, res.error
 
     def warnings(self) -> list[str]:
@@ -151,6 +154,8 @@ def replay_trajectory(
                           env, history_text, settings)
         if st.step in calls.timed_out:
             rec["timeout"] = True
+        if st.step in calls.crashed:
+            rec["crashed"] = True
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))

@@ -74,9 +74,11 @@ class StepRow(BaseModel):
     unanswered_reason: str | None = None
     #: the probe's history: "real" (teacher-forced) or "own" (self-conditioned, ``--history``)
     history: Literal["real", "own"] | None = None
-    #: the real call ran past the call limit (or its process died) and was ended; written
-    #: only when true
+    #: the real call ran past the call limit and was ended; written only when true
     timeout: bool | None = None
+    #: the real call's process died during it (a signal, an exit, the memory limit; ``actual``
+    #: names which); written only when true
+    crashed: bool | None = None
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:

@@ -37,7 +37,7 @@ def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
     for name, args in calls:
         call_id = f"c{step}"
         result = env.execute(name, args)
-        if getattr(result, "timeout", False):
+        if getattr(result, "timeout", False) or getattr(result, "crashed", False):
             raise ExportSkip(f"call {step} ({name!r:.80}): {result.content[:200]}")
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})

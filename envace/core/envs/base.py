@@ -56,11 +56,14 @@ class ToolKind(StrEnum):
 @dataclass(frozen=True)
 class ToolResult:
     """What the environment returned for one call. Errors are data, never exceptions.
-    ``timeout``: the call ran past its time limit (or its process died) and was ended."""
+    ``timeout``: the call ran past its time limit and was ended; ``crashed``: its process died
+    during the call (a signal, ``os._exit``, the memory limit); ``content`` says which, with the
+    signal or exit code. Neither is a response of the environment's own."""
 
     content: str
     error: bool = False
     timeout: bool = False
+    crashed: bool = False
 
 
 @runtime_checkable

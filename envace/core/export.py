@@ -12,7 +12,10 @@ the reference world models.
 With ``limits`` (the CLI's ``--call-timeout``; ``envace.core.envs.guard``) the environment runs
 in a child process and every call is under the limit; a task whose call runs past it, or (a
 plugin) whose reset or calls raise, is not written but named in ``skipped`` (task id, reason):
-it costs that task, and the CLI exits 3.
+it costs that task, and the CLI exits 3. So does a call whose arguments or real response pass
+the size limit of a call (``MAX_CALL_BYTES``, the limit the audit's readers apply: docs/audit.md,
+"Size limits"); a trajectory whose line would pass ``MAX_LINE_BYTES`` is not written and costs
+that task too (the CLI's writer).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from envace.core.envs.base import Environment, make_env
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
 from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env
-from envace.core.schema import Message, Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Message, Trajectory, json_text, utf8_len
 
 
 class ExportSkip(Exception):
@@ -36,9 +39,17 @@ def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
     past its limit is no real response and is never written as one (:class:`ExportSkip`)."""
     for name, args in calls:
         call_id = f"c{step}"
+        size = utf8_len(json_text(args))
+        if size > MAX_CALL_BYTES:  # the limit every reader applies (docs/audit.md, size limits)
+            raise ExportSkip(f"call {step} ({name!r:.80}): arguments of {size} bytes pass the "
+                             f"{MAX_CALL_BYTES}-byte limit of a call")
         result = env.execute(name, args)
         if getattr(result, "timeout", False) or getattr(result, "crashed", False):
             raise ExportSkip(f"call {step} ({name!r:.80}): {result.content[:200]}")
+        if (len(result.content) > MAX_CALL_BYTES // 4
+                and (size := utf8_len(result.content)) > MAX_CALL_BYTES):
+            raise ExportSkip(f"call {step} ({name!r:.80}): the real response of {size} bytes "
+                             f"passes the {MAX_CALL_BYTES}-byte limit of a response")
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         tool_msg = {"role": "tool", "tool_call_id": call_id, "name": name,

@@ -47,7 +47,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envace.core.envs.base import PluginLoadError, ToolKind, ToolResult, make_env
+from envace.core.envs.base import (
+    PluginLoadError,
+    ToolKind,
+    ToolResult,
+    load_builtins,
+    make_env,
+)
 from envace.core.envs.family import MCP_PREFIX
 
 #: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
@@ -274,6 +280,7 @@ class GuardedEnv:
 
     # -- the child's life ---------------------------------------------------------------------
     def _start(self) -> None:
+        load_builtins()  # once per process: every child forks warm (no imports of its own)
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=_child, args=(theirs, self.name, self.kwargs,

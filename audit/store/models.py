@@ -150,6 +150,13 @@ class Skipped(BaseModel):
         return self.model_dump(exclude={"kept_in"} if self.kept_in is None else set())
 
 
+def place(row: dict[str, Any]) -> str:
+    """Where a skipped record or a warning is: ``file:line``, or the file alone when the record
+    is a whole file (``line`` None: a summary.json, a missing input), never ``file:None``."""
+    line = row.get("line")
+    return f"{row.get('file')}:{line}" if line is not None else str(row.get("file"))
+
+
 def skipped_row(file: str | Any, line: int | None, reason: str) -> dict[str, Any]:
     """One ``skipped_records`` entry, checked against :class:`Skipped` (every place that skips a
     record writes it through here, so the shape has one definition)."""

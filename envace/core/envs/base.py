@@ -29,6 +29,7 @@ Optional methods an environment may have (``envace envs`` and ``export-real`` us
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -134,7 +135,8 @@ def load_builtins() -> None:
     for module in BUILTINS.values():
         warm = getattr(getattr(importlib.import_module(module), "FAMILY", None), "warm", None)
         if warm is not None:
-            warm()
+            with contextlib.suppress(Exception):  # not warmed: each child loads it itself
+                warm()
     _WARM.append(True)
 
 

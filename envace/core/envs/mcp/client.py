@@ -35,6 +35,12 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from envace.core.envs.mcp.lines import REFUSED_ANSWER, install
+
+# stdout read as bounded lines: an answer too long, not text, or with a lone surrogate is that
+# call's own clear error at once, never a timeout (envace/core/envs/mcp/lines.py)
+install()
+
 #: Extra seconds the synchronous side waits beyond a request's own timeout before giving up on
 #: the event loop itself (only a stuck loop runs this out).
 LOOP_GRACE_S = 10.0
@@ -198,6 +204,8 @@ class ServerProcess:
             with anyio.fail_after(timeout):
                 return await session.call_tool(name, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
+            if exc.code == REFUSED_ANSWER:  # refused by envace's reader, not the server's error
+                raise ServerAnswer(f"{self.label} on {name}: {exc.message[:300]}") from None
             if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 raise ServerAnswer(f"{self.label} answered {name} with JSON-RPC error "
                                    f"{exc.code}: {exc.message[:300]}") from None

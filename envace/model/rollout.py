@@ -17,7 +17,8 @@ answered by
   ``envace.core.envs.guard``: C code included); a call past them (or whose process dies) is
   answered with its error text, marked ``timeout`` (or ``crashed``) in the tool message, kept out
   of ``real_obs`` and of the verifier's calls, and ends that episode (``call_timeout`` /
-  ``call_crashed``): it costs that episode, never the batch;
+  ``call_crashed``): it costs that episode, never the batch. So does a response past the size
+  limit of a response (``MAX_CALL_BYTES``: ``too_large``, ``call_too_large``);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 
 and acting resumes on what came back. An assistant message without calls ends the user turn;
@@ -39,10 +40,16 @@ import torch
 
 from envace.core.envs.base import Environment
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, CallLimits
+from envace.core.envs.guard import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_MEMORY_MB,
+    CallLimits,
+    CallTimeout,
+    EnvProcessDied,
+)
 from envace.core.envs.task_envs import close_env, env_record, task_environment
 from envace.core.modes import SOURCE, check_rollout_mode
-from envace.core.schema import Message, Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Message, Trajectory, utf8_len
 from envace.core.timing import NULL_TIMER, Timer
 from envace.core.worldmodel import WorldModel
 from envace.model import chat
@@ -184,9 +191,14 @@ class Engine:
 
     # -- episode logic ----------------------------------------------------------------------
     def start(self, task: Task) -> _Row:
-        env = None
+        env, failed = None, None
         if self.cfg.mode == "real":
-            env = task_environment(task, self.cfg.call_limits)
+            try:  # a reset past the limits (a per-turn task replays its history): one episode
+                env = task_environment(task, self.cfg.call_limits)
+            except CallTimeout:
+                failed = "reset_timeout"
+            except EnvProcessDied:
+                failed = "reset_crashed"
         messages = task.opening_messages()
         ids, _ = chat.encode_with_roles(self.tok, messages, task.tools(turn=0),
                                             generation_prompt="assistant",
@@ -196,6 +208,7 @@ class Engine:
                    [-1] * n, [[] for _ in task.turns])
         # call ids (and step indices) continue after the calls of earlier turns in the history
         row.steps = sum(len(m.get("tool_calls") or []) for m in messages)
+        row.done = failed
         return row
 
     def _offered(self, row: _Row) -> set[str]:
@@ -267,6 +280,12 @@ class Engine:
             content, extra = res.content, ({"error": True} if res.error else {})
             rehearsed = False
             ended = _ended(res)
+            if not ended and len(content) > MAX_CALL_BYTES // 4 and (
+                    size := utf8_len(content)) > MAX_CALL_BYTES:  # the audit's own limit
+                content = (f"Error during execution: the response of {size} bytes passes the "
+                           f"{MAX_CALL_BYTES}-byte limit of a response (docs/audit.md, size "
+                           "limits)")
+                ended = "too_large"
             if ended:  # no real response: answered with why, and the episode ends on it
                 self._end_on(row, call_id, name, args, content, ended)
                 return
@@ -283,10 +302,11 @@ class Engine:
 
     def _end_on(self, row: _Row, call_id: str, name: str, args: dict[str, Any], content: str,
                 how: str) -> None:
-        """A call cut at the limit (``timeout``) or whose process died (``crashed``): its error
-        text is the tool message (so marked), forced in as CONTEXT but not as a real
-        observation; the call leaves the verifier's list (the guard takes it to have changed
-        nothing, and running it again would only stall again); the episode ends."""
+        """A call cut at the limit (``timeout``), whose process died (``crashed``) or whose
+        response passes the size limit (``too_large``): its error text is the tool message (so
+        marked), forced in as CONTEXT but not as a real observation; the call leaves the
+        verifier's list (the guard takes a cut call to have changed nothing, and running it
+        again would only stall again); the episode ends."""
         row.pending.pop(0)
         row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
                              "content": content, "rehearsed": False, "error": True, how: True})

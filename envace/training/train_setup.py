@@ -141,9 +141,20 @@ def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
     BFCL's, which ``run_sft`` loads itself)."""
     if cfg.env == "bfcl":
         return None
-    from envace.core.export import export_env
+    import sys
 
-    return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
+    from envace.core.envs.guard import CallLimits
+    from envace.core.export import export_env
+    from envace.core.text import terminal_safe
+
+    skipped: list[tuple[str, str]] = []  # a ground truth past the call limits costs its task
+    out = list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")],
+                          limits=CallLimits(), skipped=skipped))
+    if skipped:
+        print(f"envace train: cold start without {len(skipped)} task(s) whose ground truth could "
+              f"not be recorded (first: {terminal_safe(skipped[0][0])}: "
+              f"{terminal_safe(skipped[0][1][:200])})", file=sys.stderr)
+    return out
 
 
 def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:

@@ -106,3 +106,38 @@ def test_the_batch_goes_on_and_the_reward_does_not_stall_again(tok):
     assert time.monotonic() - t0 < 10 and reward["reward"] == 0.0
     time.sleep(0.2)
     assert _children() - before == set()  # every episode's process ended with the rollout
+
+
+def test_a_response_past_the_size_limit_ends_its_episode_as_too_large(tok):
+    from envace.core.schema import MAX_CALL_BYTES
+
+    eng = Engine(None, tok, RolloutConfig(mode="real", call_timeout_s=10))
+    row = eng.start(get_task("multi_turn_base_32"))
+    try:
+        big = "y" * (MAX_CALL_BYTES + 10)
+        play(eng, row, chat.format_call("echo", {"content": big}), "act")
+        tool = row.messages[-1]
+        assert tool["too_large"] is True and tool["error"] and row.done == "call_too_large"
+        assert f"{MAX_CALL_BYTES}-byte limit of a response" in tool["content"]
+        assert len(tool["content"]) < 1000
+    finally:
+        close_rows([row])
+
+
+def test_a_reset_past_the_limit_costs_its_episode_not_the_batch(tok, monkeypatch):
+    from envace.core.envs.guard import CallTimeout
+    from envace.model import rollout
+
+    real = rollout.task_environment
+
+    def stalls_on_32(task, limits):
+        if task.id == "multi_turn_base_32":
+            raise CallTimeout("bfcl.reset ran past the call limit of 1.5 s")
+        return real(task, limits)
+
+    monkeypatch.setattr(rollout, "task_environment", stalls_on_32)
+    eng = Engine(None, tok, RolloutConfig(mode="real", call_timeout_s=LIMIT_S, max_context=8192))
+    rows, _ = eng.start_all([get_task("multi_turn_base_32"), get_task("multi_turn_base_47")])
+    assert rows[0].done == "reset_timeout" and rows[0].env is None
+    assert rows[1].done is None and rows[1].env is not None
+    close_rows(rows)

@@ -257,3 +257,23 @@ def test_a_batch_left_unread_never_answers_a_later_call():
     assert env.execute("count", {}).content == '{"n": 2}'  # state of the calls read, restored
     assert env.execute("count", {}).content == '{"n": 3}'
     env.close()
+
+
+def test_the_probe_marks_ended_calls_as_the_replay_does():
+    """The probe's step rows used to carry neither mark: a death or a cut call looked like the
+    environment's own error answer."""
+    from audit.probe import probe_trajectory
+    from envace.core.schema import Trajectory
+
+    traj = Trajectory.model_validate(_trajectory(
+        "p", [("count", {}), ("die", {}), ("sleep", {"s": 60}), ("count", {})],
+        {"name": "test-hostile", "task": "t"}))
+    envs: dict = {}
+    try:
+        res = probe_trajectory(traj, lambda *a: "{}", AuditOptions(call_timeout_s=1.0), envs)
+    finally:
+        for e in envs.values():
+            e.close()
+    assert [r.get("crashed") for r in res.steps] == [None, True, None, None]
+    assert [r.get("timeout") for r in res.steps] == [None, None, True, None]
+    assert json.loads(res.steps[3]["actual"]) == {"n": 2}

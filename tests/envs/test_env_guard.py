@@ -53,6 +53,9 @@ class HostileEnv:
         if tool == "die":
             os._exit(7)
         if tool == "segv":
+            import faulthandler
+
+            faulthandler.disable()  # pytest's handler would print the child's stack
             os.kill(os.getpid(), signal.SIGSEGV)
         if tool == "eat":
             blob = bytearray(int(arguments.get("mb", 8192)) * 1024 * 1024)

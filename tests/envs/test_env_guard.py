@@ -280,3 +280,18 @@ def test_the_probe_marks_ended_calls_as_the_replay_does():
     assert [r.get("crashed") for r in res.steps] == [None, True, None, None]
     assert [r.get("timeout") for r in res.steps] == [None, None, True, None]
     assert json.loads(res.steps[3]["actual"]) == {"n": 2}
+
+
+def test_an_environment_left_open_at_exit_ends_quietly():
+    """A GuardedEnv collected at interpreter exit used to print 'Exception ignored in
+    GuardedEnv.__del__' (the module's globals were gone); its child must not outlive it."""
+    code = ("import torch\nimport envace.model.models\n"  # a trainer's module teardown order
+            "from envace.core.envs.guard import guarded_env\n"
+            "env = guarded_env('bfcl')\nenv.reset({'involved_classes': ['MathAPI']})\n"
+            "print(env._proc.pid)\nopen_env = guarded_env('bfcl')\nenv.close()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    child = int(p.stdout.split()[-1])
+    time.sleep(0.5)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"

@@ -330,8 +330,9 @@ class GuardedEnv:
             self._proc.join(1)
         self._kill()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+    def __del__(self, _quiet: Any = contextlib.suppress) -> None:
+        # bound at definition: at interpreter exit the module's globals may be gone already
+        with _quiet(Exception):
             self._kill()
 
     def _wait(self, timeout: float | None) -> tuple[str, Any]:

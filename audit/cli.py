@@ -123,8 +123,11 @@ def _validate_scorers(args: argparse.Namespace) -> str | None:
 
 
 def _list(kind: str, items: list[dict], fmt: str) -> None:
+    from audit.store.models import place  # not at the top: --help stays free of pydantic
+
     for item in items[:SHOWN]:
-        print(terminal_safe(f"  {kind} " + fmt.format(**item)), file=sys.stderr)
+        print(terminal_safe(f"  {kind} " + fmt.format(**item, where=place(item))),
+              file=sys.stderr)
     if len(items) > SHOWN:
         print(f"  ... and {len(items) - SHOWN} more {kind} (see {AUDIT.summary})", file=sys.stderr)
 
@@ -141,10 +144,10 @@ def _finish(summary: dict, out: str) -> int:
           f"{Path(out) / AUDIT.report}")
     if summary.get("determinism_warning"):
         print(f"  warning: {terminal_safe(summary['determinism_warning'])}", file=sys.stderr)
-    _list("skipped", summary["skipped_records"], "{file}:{line}: {reason}")
-    _list("warning", summary.get("warnings") or [], "{file}:{line}: {message}")
+    _list("skipped", summary["skipped_records"], "{where}: {reason}")
+    _list("warning", summary.get("warnings") or [], "{where}: {message}")
     ref_skipped = summary.get("reference_skipped_records") or []
-    _list("skipped in --reference", ref_skipped, "{file}:{line}: {reason}")
+    _list("skipped in --reference", ref_skipped, "{where}: {reason}")
     return EXIT_SKIPPED if c["skipped"] or ref_skipped else EXIT_OK
 
 
@@ -215,7 +218,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         result = compare_audits(args.a, args.b, alpha=args.alpha, cluster_by=args.cluster_by)
         text = render_compare(result)
     print("\n".join(terminal_safe(line) for line in text.split("\n")))
-    _list("skipped", result["skipped_records"], "{file}:{line}: {reason}")
+    _list("skipped", result["skipped_records"], "{where}: {reason}")
     return EXIT_SKIPPED if result["skipped_records"] else EXIT_OK
 
 

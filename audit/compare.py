@@ -43,6 +43,7 @@ from audit.stats.intervals import (
 )
 from audit.stats.population import population
 from audit.stats.steps import clean
+from audit.store.models import place
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
@@ -62,8 +63,8 @@ def _load(dir_: Path, skipped: list[dict[str, Any]]) -> tuple[dict, list[dict]]:
         raise UsageError(f"cannot read {dir_ / AUDIT.steps}: {exc.strerror or exc}") from None
     if steps.unusable:
         first = steps.skipped[0]
-        raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; line "
-                         f"{first['line']}: {first['reason']})")
+        raise UsageError(f"no usable step record ({steps.nonblank} lines; "
+                         f"{place(first)}: {first['reason']})")
     summary, problems = read_summary(dir_)
     skipped.extend(problems + steps.skipped)
     return summary, steps.records
@@ -256,5 +257,5 @@ def render_compare(c: dict[str, Any]) -> str:
                       f"{fp({'p_value': p.get('mcnemar_exact_p')})})."]
     if c.get("skipped_records"):
         lines += ["", f"Not used ({len(c['skipped_records'])}):", ""]
-        lines += [f"- {r['file']}:{r['line']}: {r['reason']}" for r in c["skipped_records"][:20]]
+        lines += [f"- {place(r)}: {r['reason']}" for r in c["skipped_records"][:20]]
     return "\n".join(lines) + "\n"

@@ -37,7 +37,7 @@ from typing import Any
 from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.summary import build_summary, compact
-from audit.store.models import skipped_row, step_line
+from audit.store.models import place, skipped_row, step_line
 from audit.store.output import AuditWriter
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.errors import UsageError
@@ -73,7 +73,7 @@ def read_reference(path: str | os.PathLike[str]) -> tuple[list[Triple], dict[str
     report = {"file": str(path), "records_read": read, "trajectories": usable,
               "calls": len(out), "skipped_records": skipped}
     if not out:
-        first = f"; line {skipped[0]['line']}: {skipped[0]['reason']}" if skipped else ""
+        first = f"; {place(skipped[0])}: {skipped[0]['reason']}" if skipped else ""
         raise UsageError(f"--reference {path} holds no usable record ({read} read, "
                          f"{len(skipped)} unreadable{first}; no answered real call)")
     return out, report

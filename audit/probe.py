@@ -40,6 +40,7 @@ from audit.replay import (
     TrajectoryAudit,
     _message_text,
     _reset,
+    check_actual_size,
     check_sizes,
     step_record,
     trajectory_row,
@@ -228,12 +229,14 @@ def probe_steps(
                 if rehearsed is not None:
                     own[st.step] = str(rehearsed)
             actual_text, actual_error = calls.execute(st)
+            check_actual_size(st, actual_text)  # as the replay: one record, never a writer's
             real[st.step] = (actual_text, actual_error)
             if asked:
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
                                        history_text, settings))
                 records[-1]["history"] = history
+                calls.mark(records[-1], st.step)
                 if why is not None:
                     records[-1]["unanswered_reason"] = why
     assign_depths(records)

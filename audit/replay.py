@@ -84,6 +84,7 @@ class RealCalls:
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
         self.timed_out: set[int] = set()  # steps whose call ran past its limit
+        self.crashed: set[int] = set()  # steps whose call's process died
         self._ahead: dict[int, Any] = {}
 
     def prefetch(self, steps: list[Any]) -> None:
@@ -105,7 +106,16 @@ class RealCalls:
         res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
         if getattr(res, "timeout", False):
             self.timed_out.add(st.step)
+        if getattr(res, "crashed", False):
+            self.crashed.add(st.step)
         return res.content, res.error
+
+    def mark(self, rec: dict[str, Any], step: int) -> None:
+        """Mark step row ``rec`` ``timeout`` / ``crashed`` when its real call was so ended."""
+        if step in self.timed_out:
+            rec["timeout"] = True
+        if step in self.crashed:
+            rec["crashed"] = True
 
     def warnings(self) -> list[str]:
         if not self.unknown:
@@ -134,10 +144,7 @@ def replay_trajectory(
             history.append(_message_text(m))
         seen_upto = st.message_index + 1
         actual_text, actual_error = calls.execute(st)
-        if len(actual_text) > MAX_CALL_BYTES // 4 and utf8_len(actual_text) > MAX_CALL_BYTES:
-            raise ReplayError(f"call {st.step} ({st.tool[:80]!r}): the real response of "
-                              f"{utf8_len(actual_text)} bytes is past the {MAX_CALL_BYTES}-byte "
-                              "limit of a response (docs/audit.md, size limits)")
+        check_actual_size(st, actual_text)
         resp = st.response
         if override is not None:
             rehearsed = override(st.tool, st.arguments or {})
@@ -149,11 +156,18 @@ def replay_trajectory(
         history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
                           env, history_text, settings)
-        if st.step in calls.timed_out:
-            rec["timeout"] = True
+        calls.mark(rec, st.step)
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
+
+
+def check_actual_size(st: Any, actual_text: str) -> None:
+    """:class:`ReplayError` when the real response passes ``MAX_CALL_BYTES``."""
+    if len(actual_text) > MAX_CALL_BYTES // 4 and utf8_len(actual_text) > MAX_CALL_BYTES:
+        raise ReplayError(f"call {st.step} ({str(st.tool)[:80]!r}): the real response of "
+                          f"{utf8_len(actual_text)} bytes is past the {MAX_CALL_BYTES}-byte "
+                          "limit of a response (docs/audit.md, size limits)")
 
 
 def check_sizes(steps: list[Any]) -> None:

@@ -28,7 +28,7 @@ from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
-from audit.store.models import SUMMARY_VERSION, skipped_row, step_line
+from audit.store.models import SUMMARY_VERSION, place, skipped_row, step_line
 from audit.store.output import AuditWriter
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
@@ -74,8 +74,8 @@ def rescore(src: Path, out: Path, opts: AuditOptions) -> dict[str, Any]:
             raise UsageError(f"cannot read {src / AUDIT.steps}: {exc.strerror or exc}"
                              ) from None
         if steps.unusable:
-            raise UsageError(f"{steps.path}: no usable step record ({steps.nonblank} lines; "
-                             f"line {steps.skipped[0]['line']}: {steps.skipped[0]['reason']})")
+            raise UsageError(f"no usable step record ({steps.nonblank} lines; "
+                             f"{place(steps.skipped[0])}: {steps.skipped[0]['reason']})")
         old, problems = read_summary(src)
         bad = list(steps.skipped)
         raw_bad = list(steps.bad)

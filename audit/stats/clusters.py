@@ -43,7 +43,7 @@ class Resolved:
 #: (clustering by the verdict itself would make every interval meaningless).
 NOT_UNITS = frozenset({
     "diverged", "scores", "rehearsed", "actual", "actual_error", "rehearsed_error", "unanswered",
-    "unanswered_reason", "malformed", "timeout", "novelty", "depth", "step", "arguments",
+    "unanswered_reason", "malformed", "timeout", "crashed", "novelty", "depth", "step", "arguments",
     "references", "mutates_state", "source_rehearsed", "probe", "history", "tool", "messages",
 })
 

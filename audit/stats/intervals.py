@@ -43,6 +43,7 @@ NEWCOMBE_TRAJECTORIES = "newcombe_wilson_trajectories"
 NO_SPREAD = "no_spread"  # replicates without spread for a mean outside [0, 1]: no interval
 SIGN_FLIP = "exact_cluster_sign_flip"  # exact McNemar when every cluster is one pair
 BOOTSTRAP_P = "bootstrap"
+NEWCOMBE_P = "newcombe_inverted"  # the p-value of the Newcombe interval's own test
 MC_ERROR = ("each bootstrap interval's mc_error: the larger Monte-Carlo standard error of its "
             "two percentile endpoints, half the distance between the order statistics of "
             "ranks B*q -/+ sqrt(B*q*(1-q)) of the B replicates (it shrinks as 1/sqrt(B)); "
@@ -348,6 +349,29 @@ def _newcombe(pa: float, ca: int, pb: float, cb: int, z: float) -> list[float] |
             d + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)]
 
 
+def newcombe_p(pa: float, ca: int, pb: float, cb: int) -> float | None:
+    """Two-sided p-value that goes with :func:`_newcombe`'s interval: ``2 (1 - Phi(z*))`` for the
+    ``z*`` at which the interval's end touches 0 (the interval widens with ``z``), so the
+    interval at level ``1 - alpha`` excludes 0 exactly when ``p < alpha``. None without an
+    interval; 1 when the difference is 0."""
+    if _newcombe(pa, ca, pb, cb, 1.0) is None:
+        return None
+    if pb == pa:
+        return 1.0
+
+    def excludes(z: float) -> bool:
+        lo, hi = _newcombe(pa, ca, pb, cb, z)  # type: ignore[misc]
+        return lo > 0 or hi < 0
+
+    lo_z, hi_z = 0.0, 40.0
+    if excludes(hi_z):
+        return math.erfc(hi_z / math.sqrt(2))
+    for _ in range(60):  # bisection to ~1e-16 in z
+        mid = (lo_z + hi_z) / 2
+        lo_z, hi_z = (mid, hi_z) if excludes(mid) else (lo_z, mid)
+    return float(math.erfc(hi_z / math.sqrt(2)))
+
+
 def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
                      spec: IntervalSpec, paired: bool) -> list[dict[str, Any]]:
     """B − A for each column of two audits' per-trajectory ``(sums, counts)``.
@@ -359,7 +383,10 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
     ``test``, how it was made: ``exact_cluster_sign_flip`` (:func:`sign_flip_p`) when the design
     is paired and both sides count the same steps of every cluster with integer sums (a rate on
     the same calls: the exact McNemar test, clustered); otherwise ``bootstrap``, from the share
-    of replicates on either side of 0 (never below ``1 / (B + 1)``).
+    of replicates on either side of 0 (never below ``1 / (B + 1)``); or, where the interval is
+    Newcombe's (a side with one cluster, or replicates without spread) and no exact test
+    applies, ``newcombe_inverted`` (:func:`newcombe_p`: the p-value of that interval's own
+    test, so the two agree).
     """
     (sa, na), (sb, nb) = a, b
     if paired and sa.shape[0] != sb.shape[0]:
@@ -381,21 +408,25 @@ def ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
             out.append(row)
             continue
         row["diff"] = d = pb - pa
+        # a side with one cluster has no between-cluster spread to resample: the bootstrap
+        # would hold it fixed (an interval and a p-value far too sure); both then come from
+        # Newcombe's interval on cluster counts, the p-value by inverting that interval, so
+        # the two always agree (p < alpha exactly when the interval excludes 0)
+        ca, cb = ra[j]["trajectories"], rb[j]["trajectories"]
         if reps is not None:
             col = reps[:, j][np.isfinite(reps[:, j])]
-            if len(col) and _spread(col) > 1e-12:
+            if len(col) and _spread(col) > 1e-12 and min(ca, cb) >= 2:
                 lo, hi = _percentile(col, spec.level)  # type: ignore[misc]
                 row["ci"], row["method"] = [min(lo, d), max(hi, d)], BOOTSTRAP
-            else:
-                row["ci"] = _newcombe(pa, ra[j]["trajectories"], pb, rb[j]["trajectories"],
-                                      spec.z)
-                row["method"] = NEWCOMBE_TRAJECTORIES
-            if row["method"] == BOOTSTRAP:
                 row["mc_error"] = mc_error(col, spec.level)
-            if len(col):
                 below, above = int((col <= 0).sum()), int((col >= 0).sum())
                 row["p_value"] = min(1.0, 2 * (1 + min(below, above)) / (len(col) + 1))
                 row["test"] = BOOTSTRAP_P
+            else:
+                row["ci"] = _newcombe(pa, ca, pb, cb, spec.z)
+                row["method"] = NEWCOMBE_TRAJECTORIES
+                row["p_value"] = newcombe_p(pa, ca, pb, cb)
+                row["test"] = NEWCOMBE_P if row["p_value"] is not None else None
         exact = (sign_flip_p(sb[:, j] - sa[:, j])
                  if paired and np.array_equal(na[:, j], nb[:, j]) else None)
         if exact is not None:

@@ -78,9 +78,11 @@ class StepRow(BaseModel):
     unanswered_reason: str | None = None
     #: the probe's history: "real" (teacher-forced) or "own" (self-conditioned, ``--history``)
     history: Literal["real", "own"] | None = None
-    #: the real call ran past the call limit (or its process died) and was ended; written
-    #: only when true
+    #: the real call ran past the call limit and was ended; written only when true
     timeout: bool | None = None
+    #: the real call's process died during it (a signal, an exit, the memory limit; ``actual``
+    #: names which); written only when true
+    crashed: bool | None = None
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:
@@ -180,6 +182,13 @@ class Skipped(Block):
     def row(self) -> dict[str, Any]:
         """The entry of ``skipped_records`` (``kept_in`` only where rescore set it)."""
         return self.model_dump(exclude={"kept_in"} if self.kept_in is None else set())
+
+
+def place(row: dict[str, Any]) -> str:
+    """Where a skipped record or a warning is: ``file:line``, or the file alone when the record
+    is a whole file (``line`` None: a summary.json, a missing input), never ``file:None``."""
+    line = row.get("line")
+    return f"{row.get('file')}:{line}" if line is not None else str(row.get("file"))
 
 
 def skipped_row(file: str | Any, line: int | None, reason: str) -> dict[str, Any]:

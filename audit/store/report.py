@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from audit.store.models import place
 from envace.core.layout import AUDIT
 from envace.core.text import markdown_safe as md
 from envace.core.text import terminal_safe
@@ -41,7 +42,37 @@ def _save(fig: Any, out: Path, name: str) -> str:
     return name
 
 
-def plot_all(out: Path, s: dict[str, Any]) -> list[str]:
+def plot_all(out: Path, s: dict[str, Any], notes: list[str] | None = None) -> list[str]:
+    """The figures of summary ``s`` written into ``out`` (their names). What matplotlib warns
+    of while drawing (a glyph of a tool name missing from the font, ...) never reaches the
+    terminal raw: each distinct message, made safe, goes to ``notes`` (report.md shows them)."""
+    import logging
+    import warnings
+
+    caught: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record.getMessage())
+
+    log = logging.getLogger("matplotlib")
+    keep, propagate = _Keep(logging.WARNING), log.propagate
+    log.addHandler(keep)
+    log.propagate = False
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            made = _plot_all(out, s)
+        caught.extend(str(w.message) for w in seen)
+    finally:
+        log.removeHandler(keep)
+        log.propagate = propagate
+    if notes is not None:
+        notes.extend(terminal_safe(m)[:300] for m in dict.fromkeys(caught))
+    return made
+
+
+def _plot_all(out: Path, s: dict[str, Any]) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -296,11 +327,11 @@ def _note_lines(s: dict[str, Any]) -> list[str]:
     if s.get("skipped_records"):
         lines += ["", "## Skipped records", ""]
         for r in s["skipped_records"][:50]:
-            lines.append(f"- {md(r['file'])}:{r['line']}: {md(r['reason'])}")
+            lines.append(f"- {md(place(r))}: {md(r['reason'])}")
     if s.get("warnings"):
         lines += ["", "## Warnings", ""]
         for w in s["warnings"][:50]:
-            lines.append(f"- {md(w['file'])}:{w['line']} ({md(w['trajectory_id'])}): "
+            lines.append(f"- {md(place(w))} ({md(w['trajectory_id'])}): "
                          f"{md(w['message'])}")
     return lines
 
@@ -314,7 +345,12 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
 
 
 def write_report(out: Path, summary: dict[str, Any], plots: bool = True) -> None:
-    made = plot_all(out, summary) if plots else []
+    notes: list[str] = []
+    made = plot_all(out, summary, notes) if plots else []
+    text = render_markdown(summary, made)
+    if notes:  # what matplotlib warned of while drawing (missing glyphs, ...), made safe
+        text += ("\nNotes on the plots (the tables above give every name exactly):\n\n"
+                 + "".join(f"- {md(n)}\n" for n in notes[:20]))
     tmp = out / f"{AUDIT.report}.tmp"
-    tmp.write_text(render_markdown(summary, made), encoding="utf-8", errors="backslashreplace")
+    tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
     os.replace(tmp, out / AUDIT.report)

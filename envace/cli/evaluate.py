@@ -21,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env
 from envace.core.layout import RUN
 from envace.core.rewards import REWARDS
@@ -60,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--out", help="output folder (default "
                    "runs/eval-[<env>-]<split>-<rehearsal>-n<N>[-<world>])")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                   help="wall-clock limit of every real environment call, C code included (the "
+                        "episode's backend runs in a child process that is killed; 0: none): a "
+                        "call past it ends its episode (docs/audit.md, limits)")
+    p.add_argument("--call-memory-mb", type=limit_arg, default=DEFAULT_MEMORY_MB, metavar="MB",
+                   help="memory a real environment call may add (0: no limit)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where the model generates: auto (the GPU when there is one, as "
                         "`envace train` does), cpu or cuda")
@@ -81,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
                                      else 0, max_new_tokens=args.max_new_tokens,
                                      max_context=args.max_context,
                                      max_memory_tokens=args.max_memory_tokens, seed=args.seed,
-                                     world=args.world, lookup=_lookup(args))
+                                     world=args.world, lookup=_lookup(args),
+                                     call_timeout_s=args.call_timeout or None,
+                                     call_memory_mb=int(args.call_memory_mb) or None)
         if args.memory_k < 0 or (args.memory_k and args.rehearsal == "none"):
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")

@@ -115,20 +115,24 @@ def _export_other(args: argparse.Namespace) -> int:
 def _write(trajs: Any, out: str, skipped: list[tuple[str, str]] | None = None) -> int:
     """Write the trajectories; a task that could not be recorded is named on stderr (exit 3)."""
     # lazy: loads pydantic: kept out of --help
-    from envace.core.schema import TrajectoryWriter
+    from envace.core.schema import RecordTooLarge, TrajectoryWriter
 
     n = 0
+    skipped = skipped if skipped is not None else []
     try:  # whole or not at all: a full disk or a refused --out leaves nothing (exit 2)
         with atomic_output(out) as tmp, TrajectoryWriter(tmp, mode="w") as w:
             for traj in trajs:
-                w.write(traj)
+                try:
+                    w.write(traj)
+                except RecordTooLarge as exc:  # one record past the line limit costs one
+                    skipped.append((traj.task_id, str(exc)))
+                    continue
                 n += 1
     except (UsageError, OSError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         print(f"envace data export-real: {terminal_safe(str(why))}; nothing written",
               file=sys.stderr)
         return 2
-    skipped = skipped or []
     print(f"wrote {n} real trajectories to {terminal_safe(out)}"
           + (f"; skipped {len(skipped)} task(s)" if skipped else ""))
     for tid, reason in skipped[:20]:

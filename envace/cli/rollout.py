@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env, env_tasks
 from envace.core.modes import ROLLOUT_MODES
 from envace.model.endpoint import EndpointError
@@ -49,6 +50,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--simulator-timeout", type=float, default=60.0, help="seconds per attempt")
     p.add_argument("--simulator-retries", type=int, default=3)
     p.add_argument("--out", required=True)
+    p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                   help="mode real: wall-clock limit of every environment call, C code included "
+                        "(the episode's backend runs in a child process that is killed; 0: "
+                        "none): a call past it ends its episode (docs/audit.md, limits)")
+    p.add_argument("--call-memory-mb", type=limit_arg, default=DEFAULT_MEMORY_MB, metavar="MB",
+                   help="mode real: memory an environment call may add (0: no limit)")
     p.add_argument("--tasks", type=int, default=0, help="at most this many tasks (0: all)")
     p.add_argument("--unit", default="turn", choices=["turn", "task"],
                    help="BFCL: single user turns or whole multi-turn tasks; AgentDojo tasks are "
@@ -120,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         sim = local_simulator(args.simulator, args.max_new_tokens, DESC_CHARS, texts)
     rcfg = RolloutConfig(mode=args.mode, temperature=args.temperature, top_p=args.top_p,
                          max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
-                         max_context=args.max_context, seed=args.seed)
+                         max_context=args.max_context, seed=args.seed,
+                         call_timeout_s=args.call_timeout or None,
+                         call_memory_mb=int(args.call_memory_mb) or None)
     if args.memory_k:
         # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
         from audit.worlds.memory import ResponseMemory

@@ -12,7 +12,10 @@ the reference world models.
 With ``limits`` (the CLI's ``--call-timeout``; ``envace.core.envs.guard``) the environment runs
 in a child process and every call is under the limit; a task whose call runs past it, or (a
 plugin) whose reset or calls raise, is not written but named in ``skipped`` (task id, reason):
-it costs that task, and the CLI exits 3.
+it costs that task, and the CLI exits 3. So does a call whose arguments or real response pass
+the size limit of a call (``MAX_CALL_BYTES``, the limit the audit's readers apply: docs/audit.md,
+"Size limits"); a trajectory whose line would pass ``MAX_LINE_BYTES`` is not written and costs
+that task too (the CLI's writer).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 from audit.stats.intervals import cluster_ratio, wilson_ci
 from audit.store.output import write_json_atomic
 from envace.core.envs.bfcl.tasks import Task
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward
@@ -44,6 +45,9 @@ class EvalSettings:
     desc_chars: int = 60
     memory: Any = None  # rehearse with a memory of real responses (RolloutConfig.memory)
     memory_k: int = 3
+    # every real environment call's limits (RolloutConfig.call_timeout_s / call_memory_mb)
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    call_memory_mb: int | None = DEFAULT_MEMORY_MB
 
 
 def pass_at_k(successes: list[list[bool]], k: int) -> float:
@@ -82,7 +86,9 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
             cfg = RolloutConfig(mode=s.mode, temperature=s.temperature, top_p=s.top_p,
                                 max_new_tokens=s.max_new_tokens, max_turns=s.max_turns,
                                 max_context=s.max_context, desc_chars=s.desc_chars,
-                                seed=10_000 + seed, memory=s.memory, memory_k=s.memory_k)
+                                seed=10_000 + seed, memory=s.memory, memory_k=s.memory_k,
+                                call_timeout_s=s.call_timeout_s,
+                                call_memory_mb=s.call_memory_mb)
             for i in range(0, len(tasks), s.batch_size):
                 for ep in rollout(model, tokenizer, tasks[i:i + s.batch_size], cfg):
                     r = task_reward(s.reward, ep.task, ep.calls_per_turn, ep.final_text)

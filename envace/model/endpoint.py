@@ -52,6 +52,9 @@ CHAT_SYSTEM = ("You simulate a tool backend. Given the conversation and the late
                "reply with only the tool's response (JSON), nothing else.")
 RETRY_STATUS = {408, 429}  # besides 5xx: request timeout, rate limited
 MAX_REASON = 300
+#: The longest answer body read from a served model (16 MiB: an answer is a few hundred tokens);
+#: a longer one is refused unread past it, never held in memory whole (docs/audit.md, size limits)
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 API_KEY_ENV = "ENVACE_ENDPOINT_API_KEY"
 
 
@@ -164,7 +167,7 @@ class EndpointClient:
             conn.request("GET" if body is None else "POST", parts.path, body=data,
                          headers=self.headers)
             resp = conn.getresponse()
-            raw = resp.read()
+            raw = resp.read(MAX_ANSWER_BYTES + 1)
             status, location = resp.status, resp.getheader("Location")
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             if expired.is_set() or isinstance(exc, TimeoutError):
@@ -184,6 +187,9 @@ class EndpointClient:
                 sock.close()
         if expired.is_set():
             raise _Failure(f"no answer from {url} within {self.timeout_s:g} s", True)
+        if len(raw) > MAX_ANSWER_BYTES:  # not retried: the same request would answer the same
+            raise _Failure(f"answer from {url} passes the {MAX_ANSWER_BYTES}-byte limit of an "
+                           "answer: refused", False)
         if 300 <= status < 400:
             raise _Failure(f"HTTP {status} from {url}: a redirect (to "
                            f"{_short(location or '?')}) is not followed: only the configured "

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.core.envs.bfcl.tasks import Task
+from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
 
@@ -78,6 +79,9 @@ class RehearsalSettings:
     # `audit.worlds.ranker.Ranker` fitted on it (anything with `exact(tool, args, task_id,
     # messages)`)
     lookup: Any = None
+    # every real environment call's limits (RolloutConfig.call_timeout_s / call_memory_mb)
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    call_memory_mb: int | None = DEFAULT_MEMORY_MB
 
     def __post_init__(self) -> None:
         if self.strategy not in ("none", "parallel", "sequential"):
@@ -224,7 +228,8 @@ def _cfg(s: RehearsalSettings, mode: str, temperature: float, seed: int, **kw: A
                          max_turns=kw.get("max_turns", s.max_turns), max_context=s.max_context,
                          desc_chars=s.desc_chars, seed=seed,
                          memory=s.memory if mode == "rehearse" else None, memory_k=s.memory_k,
-                         lookup=s.lookup if mode == "rehearse" else None)
+                         lookup=s.lookup if mode == "rehearse" else None,
+                         call_timeout_s=s.call_timeout_s, call_memory_mb=s.call_memory_mb)
 
 
 def _critiques(model: Any, tok: Any, tasks: list[Task], plans: list[str],

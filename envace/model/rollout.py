@@ -12,7 +12,13 @@ answered by
   is forced in instead wherever it has one (CONTEXT, marked ``rehearsed`` and ``lookup``);
 - ``real``: the real environment of the task (``task.env_name``, built by ``make_env``; its text
   is forced in as CONTEXT, kept out of the policy loss, and flagged in ``Episode.real_obs``: the
-  tokens ``real_obs_coef``'s supervised loss trains);
+  tokens ``real_obs_coef``'s supervised loss trains). Each episode's backend runs in a child
+  process of its own under the call limits (``RolloutConfig.call_timeout_s`` / ``call_memory_mb``,
+  ``envace.core.envs.guard``: C code included); a call past them (or whose process dies) is
+  answered with its error text, marked ``timeout`` (or ``crashed``) in the tool message, kept out
+  of ``real_obs`` and of the verifier's calls, and ends that episode (``call_timeout`` /
+  ``call_crashed``): it costs that episode, never the batch. So does a response past the size
+  limit of a response (``MAX_CALL_BYTES``: ``too_large``, ``call_too_large``);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 
 and acting resumes on what came back. An assistant message without calls ends the user turn;
@@ -34,9 +40,16 @@ import torch
 
 from envace.core.envs.base import Environment
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.task_envs import env_record, task_environment
+from envace.core.envs.guard import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_MEMORY_MB,
+    CallLimits,
+    CallTimeout,
+    EnvProcessDied,
+)
+from envace.core.envs.task_envs import close_env, env_record, task_environment
 from envace.core.modes import SOURCE, check_rollout_mode
-from envace.core.schema import Message, Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Message, Trajectory, utf8_len
 from envace.core.timing import NULL_TIMER, Timer
 from envace.core.worldmodel import WorldModel
 from envace.model import chat
@@ -74,6 +87,14 @@ class RolloutConfig:
     # (`backends.packed_linear`; CPU fp32/bf16, same product in another summation order);
     # False: plain F.linear, which repacks every weight at every call
     packed_linear: bool = True
+    # mode ``real``: every environment call's wall-clock limit (s) and added memory (MiB), each
+    # None for no limit (both None: the backend in this process, no child); envace.core.envs.guard
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
+    call_memory_mb: int | None = DEFAULT_MEMORY_MB
+
+    @property
+    def call_limits(self) -> CallLimits:
+        return CallLimits(self.call_timeout_s, self.call_memory_mb)
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
@@ -170,9 +191,14 @@ class Engine:
 
     # -- episode logic ----------------------------------------------------------------------
     def start(self, task: Task) -> _Row:
-        env = None
+        env, failed = None, None
         if self.cfg.mode == "real":
-            env = task_environment(task)
+            try:  # a reset past the limits (a per-turn task replays its history): one episode
+                env = task_environment(task, self.cfg.call_limits)
+            except CallTimeout:
+                failed = "reset_timeout"
+            except EnvProcessDied:
+                failed = "reset_crashed"
         messages = task.opening_messages()
         ids, _ = chat.encode_with_roles(self.tok, messages, task.tools(turn=0),
                                             generation_prompt="assistant",
@@ -182,6 +208,7 @@ class Engine:
                    [-1] * n, [[] for _ in task.turns])
         # call ids (and step indices) continue after the calls of earlier turns in the history
         row.steps = sum(len(m.get("tool_calls") or []) for m in messages)
+        row.done = failed
         return row
 
     def _offered(self, row: _Row) -> set[str]:
@@ -252,6 +279,16 @@ class Engine:
             res = row.env.execute(name, args)  # type: ignore[union-attr]
             content, extra = res.content, ({"error": True} if res.error else {})
             rehearsed = False
+            ended = _ended(res)
+            if not ended and len(content) > MAX_CALL_BYTES // 4 and (
+                    size := utf8_len(content)) > MAX_CALL_BYTES:  # the audit's own limit
+                content = (f"Error during execution: the response of {size} bytes passes the "
+                           f"{MAX_CALL_BYTES}-byte limit of a response (docs/audit.md, size "
+                           "limits)")
+                ended = "too_large"
+            if ended:  # no real response: answered with why, and the episode ends on it
+                self._end_on(row, call_id, name, args, content, ended)
+                return
         else:
             content = self.simulator(row.messages, row.task.tools(), name, args)  # type: ignore[misc]
             extra, rehearsed = {}, True
@@ -262,6 +299,24 @@ class Engine:
         if not rehearsed:
             row.real_spans.append(span)
         self._next_response(row)
+
+    def _end_on(self, row: _Row, call_id: str, name: str, args: dict[str, Any], content: str,
+                how: str) -> None:
+        """A call cut at the limit (``timeout``), whose process died (``crashed``) or whose
+        response passes the size limit (``too_large``): its error text is the tool message (so
+        marked), forced in as CONTEXT but not as a real observation; the call leaves the
+        verifier's list (the guard takes a cut call to have changed nothing, and running it
+        again would only stall again); the episode ends."""
+        row.pending.pop(0)
+        row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                             "content": content, "rehearsed": False, "error": True, how: True})
+        turn_calls = row.calls_per_turn[row.turn]
+        for k in range(len(turn_calls) - 1, -1, -1):
+            if turn_calls[k] == (name, args):
+                del turn_calls[k]
+                break
+        self._force_turn(row, "tool", content)
+        row.done = f"call_{how}"
 
     def _memory_note(self, row: _Row, name: str, args: dict[str, Any]) -> None:
         """With a memory: the note of similar training calls (never the task's own scenario) as
@@ -291,7 +346,13 @@ class Engine:
     def start_all(self, tasks: Sequence[Task]) -> tuple[list[_Row], list[int]]:
         """Rows for the tasks and their prompt lengths; a prompt over the context limit ends
         its episode before it starts."""
-        rows = [self.start(t) for t in tasks]
+        rows: list[_Row] = []
+        try:
+            for t in tasks:
+                rows.append(self.start(t))
+        except BaseException:
+            close_rows(rows)
+            raise
         for r in rows:
             if len(r.ids) >= self.cfg.max_context:
                 r.done = "context_limit"
@@ -312,6 +373,21 @@ class Engine:
             real_obs[start:min(end, len(row.ids))] = [True] * (min(end, len(row.ids)) - start)
         return Episode(row.task, traj, row.ids, row.roles, row.logprobs, row.step_of_token,
                        prompt_len, row.done or "unknown", row.calls_per_turn, real_obs)
+
+
+def _ended(res: Any) -> str | None:
+    """``"timeout"`` or ``"crashed"`` when a real call gave no response of its own."""
+    if getattr(res, "crashed", False):
+        return "crashed"
+    return "timeout" if getattr(res, "timeout", False) else None
+
+
+def close_rows(rows: Sequence[_Row]) -> None:
+    """End the episodes' environment processes (mode ``real``)."""
+    for r in rows:
+        if r.env is not None:
+            close_env(r.env)
+            r.env = None
 
 
 def push_token(eng: Engine, r: _Row, tok: int, lp: float, cfg: RolloutConfig,
@@ -373,47 +449,50 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
     """
     eng = Engine(model, tokenizer, cfg, simulator)
     rows, prompt_lens = eng.start_all(tasks)
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
-    models = [model] + ([world_model] if world_model is not None else [])
-    was_training = [m.training for m in models]
-    for m in models:
-        m.eval()
-    steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad, packed=cfg.packed_linear)
-                for m in models]
-    # the batch holds only live rows (``live``: their indices); a row over the context limit is
-    # never encoded, a finished row leaves the batch
-    live = [i for i, r in enumerate(rows) if r.done is None]
-    with timer.section("rollout/prefill"):
-        all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
-    while live:
-        with timer.section("rollout/decode"):
-            logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
-                                                for i in live])
-            toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
-        chunks: list[list[int]] = []
-        forced = False
-        for j, i in enumerate(live):
-            r = rows[i]
-            if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
-                forced = True
-                chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
-                chunks.append([t for t, _, _ in chunk])
-                for t, role, step in chunk:
-                    r.push(t, role, 0.0, step)
-            else:  # a sampled token: recorded, and the message ends on <|im_end|> or the cap
-                push_token(eng, r, int(toks[j]), float(logps[j]), cfg, tokenizer)
-                chunks.append([r.ids[-1]])
-            if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
-                r.done = "context_limit"
-        keep = [j for j, i in enumerate(live) if rows[i].done is None]
-        if len(keep) < len(live):  # what a finished row would append is never needed
-            live, chunks = [live[j] for j in keep], [chunks[j] for j in keep]
-            if not live:
-                break
-            for s in steppers:
-                s.select(keep)
-        with timer.section("rollout/forced" if forced else "rollout/decode"):
-            all_logits = [s.extend(chunks) for s in steppers]
-    for m, flag in zip(models, was_training, strict=True):
-        m.train(flag)
-    return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
+    try:  # every episode's environment process ends with the rollout, however it ends
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+        models = [model] + ([world_model] if world_model is not None else [])
+        was_training = [m.training for m in models]
+        for m in models:
+            m.eval()
+        steppers = [HFStepper(generation_model(m, cfg.gen_dtype), eng.pad, packed=cfg.packed_linear)
+                    for m in models]
+        # the batch holds only live rows (``live``: their indices); a row over the context limit is
+        # never encoded, a finished row leaves the batch
+        live = [i for i, r in enumerate(rows) if r.done is None]
+        with timer.section("rollout/prefill"):
+            all_logits = [s.prefill([rows[i].ids for i in live]) for s in steppers] if live else []
+        while live:
+            with timer.section("rollout/decode"):
+                logits = choose_logits(all_logits, [not rows[i].queue and rows[i].gen == "rehearse"
+                                                    for i in live])
+                toks, logps = sample(logits, cfg.temperature, cfg.top_p, gen)
+            chunks: list[list[int]] = []
+            forced = False
+            for j, i in enumerate(live):
+                r = rows[i]
+                if r.queue:  # forced text goes in as one chunk (one forward, not one per token)
+                    forced = True
+                    chunk = [r.queue.popleft() for _ in range(min(FORCED_CHUNK, len(r.queue)))]
+                    chunks.append([t for t, _, _ in chunk])
+                    for t, role, step in chunk:
+                        r.push(t, role, 0.0, step)
+                else:  # a sampled token: recorded, and the message ends on <|im_end|> or the cap
+                    push_token(eng, r, int(toks[j]), float(logps[j]), cfg, tokenizer)
+                    chunks.append([r.ids[-1]])
+                if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
+                    r.done = "context_limit"
+            keep = [j for j, i in enumerate(live) if rows[i].done is None]
+            if len(keep) < len(live):  # what a finished row would append is never needed
+                live, chunks = [live[j] for j in keep], [chunks[j] for j in keep]
+                if not live:
+                    break
+                for s in steppers:
+                    s.select(keep)
+            with timer.section("rollout/forced" if forced else "rollout/decode"):
+                all_logits = [s.extend(chunks) for s in steppers]
+        for m, flag in zip(models, was_training, strict=True):
+            m.train(flag)
+        return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
+    finally:
+        close_rows(rows)

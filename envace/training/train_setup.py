@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ import torch
 import yaml
 
 from envace.core.envs.bfcl.tasks import Task
+from envace.core.envs.guard import CallLimits
 from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
+from envace.core.text import terminal_safe
 from envace.model.endpoint import EndpointError
 from envace.model.models import default_cache_dir, load_model, mark_weights_changed, resolve_model
 from envace.model.simulators import connect_endpoint, local_simulator, split_endpoint_spec
@@ -148,7 +151,14 @@ def sft_trajectories(cfg: TrainConfig) -> list[Any] | None:
     # lazy: loads pydantic: only this path needs it
     from envace.core.export import export_env
 
-    return list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")]))
+    skipped: list[tuple[str, str]] = []  # a ground truth past the call limits costs its task
+    out = list(export_env(cfg.env, [t.id for t in env_tasks(cfg.env, "train")],
+                          limits=CallLimits(), skipped=skipped))
+    if skipped:
+        print(f"envace train: cold start without {len(skipped)} task(s) whose ground truth could "
+              f"not be recorded (first: {terminal_safe(skipped[0][0])}: "
+              f"{terminal_safe(skipped[0][1][:200])})", file=sys.stderr)
+    return out
 
 
 def initial_model_path(cfg: TrainConfig, run_dir: Path, progress: bool) -> Path:

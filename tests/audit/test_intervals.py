@@ -257,3 +257,34 @@ def test_a_mean_outside_zero_one_without_spread_gets_no_rates_interval():
     assert res["ci"] is None
     res = cluster_ratio([0.0, 0.0], ["a", "b"], SPEC)  # a rate of 0: Wilson still applies
     assert res["method"] == "wilson_trajectories" and res["ci"][0] == 0.0 < res["ci"][1]
+
+
+def test_a_side_with_one_cluster_gives_a_p_value_that_agrees_with_its_interval():
+    """Issue #39 (B11): A is one trajectory (one cluster), B many that all diverge. The bootstrap
+    held A fixed: no spread, so the interval was Newcombe's (0 inside) while the p-value was
+    the bootstrap's floor (0.001, "significant"). Both now come from Newcombe's interval."""
+    a = cluster_sums(*[np.array(x) for x in ([0, 0, 0], [0.0, 0.0, 1.0])], 1)
+    b = cluster_sums(np.arange(3), np.ones(3))
+    for level in (0.95, 0.5):
+        d = ratio_difference(a, b, IntervalSpec(resamples=500, seed=0, level=level), False)[0]
+        assert d["method"] == NEWCOMBE_TRAJECTORIES and d["test"] == "newcombe_inverted"
+        assert (d["p_value"] < 1 - level) == (not d["ci"][0] <= 0 <= d["ci"][1])
+    # one cluster against many with spread: the bootstrap would ignore A's uncertainty
+    b2 = cluster_sums(np.arange(6), np.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0]))
+    d = ratio_difference(a, b2, IntervalSpec(resamples=500, seed=0), False)[0]
+    assert d["method"] == NEWCOMBE_TRAJECTORIES and d["ci"][0] <= 0 <= d["ci"][1]
+    assert d["p_value"] >= 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(flag_trajectories, flag_trajectories, st.sampled_from([0.5, 0.9, 0.95]))
+def test_p_value_and_interval_agree_wherever_the_interval_is_newcombes(ta, tb, level):
+    """Independent audits (the paired design keeps its exact sign-flip test)."""
+    (va, ga), (vb, gb) = _flat(ta), _flat(tb)
+    sa = cluster_sums(cluster_codes(ga)[0], np.array(va))
+    sb = cluster_sums(cluster_codes(gb)[0], np.array(vb))
+    d = ratio_difference(sa, sb, IntervalSpec(resamples=100, seed=0, level=level), False)[0]
+    if d["method"] == NEWCOMBE_TRAJECTORIES and d["ci"] is not None:
+        inside = d["ci"][0] - 1e-9 <= 0 <= d["ci"][1] + 1e-9
+        edge = min(abs(d["ci"][0]), abs(d["ci"][1])) < 1e-6
+        assert edge or (d["p_value"] < 1 - level) == (not inside)

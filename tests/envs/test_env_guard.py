@@ -47,11 +47,16 @@ class HostileEnv:
         return []
 
     def tool_names(self):
-        return {"count", "die", "eat", "sleep"}
+        return {"count", "die", "segv", "eat", "sleep"}
 
     def execute(self, tool, arguments):
         if tool == "die":
             os._exit(7)
+        if tool == "segv":
+            import faulthandler
+
+            faulthandler.disable()  # pytest's handler would print the child's stack
+            os.kill(os.getpid(), signal.SIGSEGV)
         if tool == "eat":
             blob = bytearray(int(arguments.get("mb", 8192)) * 1024 * 1024)
             return ToolResult(str(len(blob)))
@@ -100,15 +105,18 @@ def test_a_process_that_dies_or_stalls_costs_one_call_and_memory_is_limited():
     env.reset("t")
     assert env.execute("count", {}).content == '{"n": 1}'
     died = env.execute("die", {})
-    assert died.error and died.timeout and "exit code 7" in died.content
+    # a death is marked as what it is (crashed, with its exit code or signal), not a timeout
+    assert died.error and died.crashed and not died.timeout and "exit code 7" in died.content
     assert env.execute("count", {}).content == '{"n": 2}'  # state restored, then the call
+    segv = env.execute("segv", {})
+    assert segv.crashed and not segv.timeout and "killed by SIGSEGV" in segv.content
     stalled = env.execute("sleep", {"s": 60})
-    assert stalled.timeout
+    assert stalled.timeout and not stalled.crashed
     ate = env.execute("eat", {"mb": 8192})  # 8 GiB past a 256 MiB limit: MemoryError in child
     assert ate.error
     assert env.execute("count", {}).content == '{"n": 3}'
     results = list(env.execute_many([("count", {}), ("die", {}), ("count", {})]))
-    assert [r.timeout for r in results] == [False, True, False]
+    assert [r.crashed for r in results] == [False, True, False]
     assert results[2].content == '{"n": 5}'
     with pytest.raises(CallTimeout):
         GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=0.5))._call("execute", "sleep",
@@ -180,7 +188,8 @@ def test_a_tool_that_kills_its_process_costs_one_step_not_a_worker(tmp_path, wor
     assert summary["counts"]["trajectories"] == 21 and summary["counts"]["skipped"] == 0
     rows = [json.loads(x) for x in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
     killer = [r for r in rows if r["trajectory_id"] == "killer"]
-    assert [r.get("timeout") for r in killer] == [None, True, None]
+    assert [r.get("crashed") for r in killer] == [None, True, None]
+    assert [r.get("timeout") for r in killer] == [None, None, None]
     assert json.loads(killer[2]["actual"]) == {"n": 2}
 
 
@@ -251,3 +260,38 @@ def test_a_batch_left_unread_never_answers_a_later_call():
     assert env.execute("count", {}).content == '{"n": 2}'  # state of the calls read, restored
     assert env.execute("count", {}).content == '{"n": 3}'
     env.close()
+
+
+def test_the_probe_marks_ended_calls_as_the_replay_does():
+    """The probe's step rows used to carry neither mark: a death or a cut call looked like the
+    environment's own error answer."""
+    from audit.probe import probe_trajectory
+    from envace.core.schema import Trajectory
+
+    traj = Trajectory.model_validate(_trajectory(
+        "p", [("count", {}), ("die", {}), ("sleep", {"s": 60}), ("count", {})],
+        {"name": "test-hostile", "task": "t"}))
+    envs: dict = {}
+    try:
+        res = probe_trajectory(traj, lambda *a: "{}", AuditOptions(call_timeout_s=1.0), envs)
+    finally:
+        for e in envs.values():
+            e.close()
+    assert [r.get("crashed") for r in res.steps] == [None, True, None, None]
+    assert [r.get("timeout") for r in res.steps] == [None, None, True, None]
+    assert json.loads(res.steps[3]["actual"]) == {"n": 2}
+
+
+def test_an_environment_left_open_at_exit_ends_quietly():
+    """A GuardedEnv collected at interpreter exit used to print 'Exception ignored in
+    GuardedEnv.__del__' (the module's globals were gone); its child must not outlive it."""
+    code = ("import torch\nimport envace.model.models\n"  # a trainer's module teardown order
+            "from envace.core.envs.guard import guarded_env\n"
+            "env = guarded_env('bfcl')\nenv.reset({'involved_classes': ['MathAPI']})\n"
+            "print(env._proc.pid)\nopen_env = guarded_env('bfcl')\nenv.close()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    child = int(p.stdout.split()[-1])
+    time.sleep(0.5)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"

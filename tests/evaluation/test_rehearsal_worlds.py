@@ -128,8 +128,9 @@ def test_oracle_plans_run_in_private_copies_and_the_commit_in_its_own(trained):
     model, tok = trained
     tasks = [get_task(t) for t in TASKS]
     before = BFCLEnv.executed_total
-    res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(
-        strategy="parallel", n=2, max_new_tokens=64, max_turns=4, world="oracle"))
+    res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(  # limits off: the backend
+        strategy="parallel", n=2, max_new_tokens=64, max_turns=4, world="oracle",  # runs (and
+        call_timeout_s=None, call_memory_mb=None))  # is counted) in this process
     plan_calls = commit_calls = 0
     for r in res:
         for p in r["plans"]:

@@ -164,3 +164,32 @@ def test_a_refused_connection_is_a_retried_failure():
     ans = EndpointClient(f"http://127.0.0.1:{port}/v1", "m", retries=2,
                          sleep=sleeps.append).ask({"prompt": "x"})
     assert ans.text is None and "cannot reach" in ans.error and len(sleeps) == 2
+
+
+class _Huge(BaseHTTPRequestHandler):
+    """Answers 200 with a body that never ends (a chunk at a time, as fast as it is read)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.end_headers()  # no length: the body runs until the connection closes
+        try:
+            self.wfile.write(b'{"choices": [{"text": "')
+            chunk = b"x" * (1 << 20)
+            for _ in range(10_000):
+                self.wfile.write(chunk)
+        except OSError:
+            pass
+
+
+def test_an_endless_answer_is_refused_at_the_size_limit_not_held_in_memory():
+    from envace.model.endpoint import MAX_ANSWER_BYTES
+
+    for url in _serve(_Huge):
+        t0 = time.monotonic()
+        ans = EndpointClient(url, "m", timeout_s=30, retries=2).ask({"prompt": "x"})
+        assert ans.text is None and f"{MAX_ANSWER_BYTES}-byte limit" in ans.error, ans.error
+        assert time.monotonic() - t0 < 25  # not retried, not read to the timeout

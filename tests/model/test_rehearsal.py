@@ -41,8 +41,9 @@ def test_rehearsal_touches_no_environment_and_commit_only_its_own(trained):
     assert any(e.trajectory.tool_steps() for e in eps), "the trained model made no call"
     for strategy in ("parallel", "sequential"):
         before = BFCLEnv.executed_total
-        res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(
-            strategy=strategy, n=2, max_new_tokens=64, max_turns=4))
+        res = rehearse_and_commit(model, tok, tasks, RehearsalSettings(  # limits off: the
+            strategy=strategy, n=2, max_new_tokens=64, max_turns=4,  # backend runs (and is
+            call_timeout_s=None, call_memory_mb=None))  # counted) in this process
         answered = [sum(1 for s in r["commit"].trajectory.tool_steps() if s.response is not None)
                     for r in res]
         assert BFCLEnv.executed_total - before == sum(answered)  # the commits' own, no more

@@ -66,6 +66,10 @@ class Family:
     resamples it."""
     cluster_id: Callable[[str], str]
     """``task_id -> the id of its resampling unit`` (BFCL: the scenario of its four variants)."""
+    warm: Callable[[], None] | None = None
+    """Optional: load, in the process that forks environment children
+    (``envace.core.envs.guard``), what each new environment would otherwise load in its own
+    child (BFCL: its backend classes), so that a child per episode starts in milliseconds."""
 
 
 class UnknownFamily(KeyError):

@@ -20,12 +20,15 @@ other public method the environment has (``tool_names``, ``reset_record``, ``tas
 After a call is killed (or the process died: a plugin's ``os._exit``, a segfault, the memory
 limit), a fresh child is started and brought back to the state before that call by replaying
 the reset and the calls since it (environments are deterministic backends; the killed call is
-taken to have changed nothing). If that restore fails too, every later call until the next
-``reset`` answers an error marked ``timeout``: the rest of that trajectory is lost, never
-more. Memory: ``RLIMIT_AS`` of the child is set to its size at start plus ``memory_mb`` (Linux
-and macOS; elsewhere no memory limit), so an allocation past it fails inside the call (an error
-result) or kills the child (answered as above). Ctrl-C in the caller kills the child and
-propagates; the child itself ignores SIGINT and dies with its parent (Linux).
+taken to have changed nothing). A call past the limit is answered as an error result marked
+``timeout``; a call during which the process died (a signal other than our kill, ``os._exit``,
+the memory limit) as one marked ``crashed``, its text naming the signal or exit code. If the
+restore fails too, every later call until the next ``reset`` answers an error so marked: the
+rest of that trajectory is lost, never more. Memory: ``RLIMIT_AS`` of the child is set to its
+size at start plus ``memory_mb`` (Linux and macOS; elsewhere no memory limit), so an allocation
+past it fails inside the call (an error result) or kills the child (``crashed``). Ctrl-C in
+the caller kills the child and propagates; the child itself ignores SIGINT and dies with its
+parent (Linux).
 
 ``execute_many`` runs a list of calls in one message and streams each result back, so a
 trajectory costs one round trip, not one per call (bench/results/guard_overhead.json).
@@ -44,7 +47,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envace.core.envs.base import PluginLoadError, ToolKind, ToolResult, make_env
+from envace.core.envs.base import (
+    PluginLoadError,
+    ToolKind,
+    ToolResult,
+    load_builtins,
+    make_env,
+)
 from envace.core.envs.family import MCP_PREFIX
 
 #: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
@@ -264,12 +273,14 @@ class GuardedEnv:
         self._reset_op: tuple[str, Any] | None = None
         self._log: list[tuple[str, Any]] = []  # calls since the last reset
         self._lost: str | None = None
+        self._lost_crashed = False  # what lost it: a death (crashed) or the limit (timeout)
         self._kinds: dict[str, ToolKind | None] = {}  # kept across resets: a tool's kind
         self._after_reset: dict[str, Any] = {}
         self._start()
 
     # -- the child's life ---------------------------------------------------------------------
     def _start(self) -> None:
+        load_builtins()  # once per process: every child forks warm (no imports of its own)
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=_child, args=(theirs, self.name, self.kwargs,
@@ -319,8 +330,9 @@ class GuardedEnv:
             self._proc.join(1)
         self._kill()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+    def __del__(self, _quiet: Any = contextlib.suppress) -> None:
+        # bound at definition: at interpreter exit the module's globals may be gone already
+        with _quiet(Exception):
             self._kill()
 
     def _wait(self, timeout: float | None) -> tuple[str, Any]:
@@ -430,13 +442,15 @@ class GuardedEnv:
         i = 0
         while i < len(calls):
             if self._lost is not None:
-                yield ToolResult(f"{ERROR_PREFIX}not run: {self._lost}", True, timeout=True)
+                yield ToolResult(f"{ERROR_PREFIX}not run: {self._lost}", True,
+                                 timeout=not self._lost_crashed, crashed=self._lost_crashed)
                 i += 1
                 continue
             if not self._send(("batch", calls[i:])):
                 self._restart_quietly()
                 if not self._send(("batch", calls[i:])):
                     self._lost = self._lost or "the environment process cannot be reached"
+                    self._lost_crashed = True
                     continue
             while i < len(calls):
                 t0 = time.monotonic()
@@ -454,14 +468,15 @@ class GuardedEnv:
                 took = time.monotonic() - t0
                 i += 1
                 self._restart_quietly()
+                self._lost_crashed = kind != "timeout"
                 if kind == "timeout":
                     yield ToolResult(
                         f"{ERROR_PREFIX}the call ran past the call limit of "
                         f"{self.limits.call_timeout_s:g} s ({took:.1f} s); its process was "
                         f"killed", True, timeout=True)
                 else:
-                    yield ToolResult(f"{ERROR_PREFIX}the environment process died during this "
-                                     f"call ({_exit_text(value)})", True, timeout=True)
+                    yield ToolResult(f"{ERROR_PREFIX}the environment process crashed during "
+                                     f"this call ({_exit_text(value)})", True, crashed=True)
                 break  # the rest goes to the new child in a new batch
 
     def tools(self) -> list[dict[str, Any]]:

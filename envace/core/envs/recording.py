@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from envace.core.envs.base import Environment
-from envace.core.schema import Message, Trajectory
+from envace.core.schema import MAX_CALL_BYTES, Message, Trajectory, json_text, utf8_len
 
 
 class ExportSkip(Exception):
@@ -24,9 +24,17 @@ def run_calls(env: Environment, calls: list[tuple[str, dict[str, Any]]],
     past its limit is no real response and is never written as one (:class:`ExportSkip`)."""
     for name, args in calls:
         call_id = f"c{step}"
+        size = utf8_len(json_text(args))
+        if size > MAX_CALL_BYTES:  # the limit every reader applies (docs/audit.md, size limits)
+            raise ExportSkip(f"call {step} ({name!r:.80}): arguments of {size} bytes pass the "
+                             f"{MAX_CALL_BYTES}-byte limit of a call")
         result = env.execute(name, args)
-        if getattr(result, "timeout", False):
+        if getattr(result, "timeout", False) or getattr(result, "crashed", False):
             raise ExportSkip(f"call {step} ({name!r:.80}): {result.content[:200]}")
+        if (len(result.content) > MAX_CALL_BYTES // 4
+                and (size := utf8_len(result.content)) > MAX_CALL_BYTES):
+            raise ExportSkip(f"call {step} ({name!r:.80}): the real response of {size} bytes "
+                             f"passes the {MAX_CALL_BYTES}-byte limit of a response")
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         tool_msg = {"role": "tool", "tool_call_id": call_id, "name": name,

@@ -21,6 +21,7 @@ from typing import Any
 
 from envace.core.envs.base import Environment, env_names
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
+from envace.core.envs.guard import CallLimits, GuardedEnv, guarded_env
 from envace.core.envs.mcp.taskfile import tasks_path
 
 #: Environments with committed splits and a verifier (what rollout, train and eval need).
@@ -57,12 +58,37 @@ def env_tasks(name: str, split: str, unit: str = "task") -> list[Any]:
     return list(family(name).split_tasks(split, unit))
 
 
-def task_environment(task: Any) -> Environment:
+def env_kwargs(task: Any) -> dict[str, Any]:
+    """``make_env(task.env_name, **env_kwargs(task))`` builds the task's backend (its benchmark
+    version where it has one)."""
+    version = getattr(task, "version", None)
+    return {"version": version} if version else {}
+
+
+def task_environment(task: Any, limits: CallLimits | None = None) -> Environment:
     """A fresh real backend of the task's environment, reset to the task (a per-turn BFCL task
-    replays its earlier turns; an AgentDojo task loads in its own benchmark version)."""
-    env = family(task.env_name).new_env(task)
-    env.reset(task)
+    replays its earlier turns; an AgentDojo task loads in its own benchmark version).
+
+    Every call (the reset included) runs under ``limits`` (default
+    :class:`~envace.core.envs.guard.CallLimits`: the backend lives in a child process that is
+    killed past the limit, C code included, ``envace.core.envs.guard``); ``CallLimits(None,
+    None)``: the plain backend in this process. Close a guarded one with ``close_env``."""
+    limits = limits if limits is not None else CallLimits()
+    env = (family(task.env_name).new_env(task) if limits.off
+           else guarded_env(task.env_name, limits, **env_kwargs(task)))
+    try:
+        env.reset(task)
+    except BaseException:
+        close_env(env)
+        raise
     return env
+
+
+def close_env(env: Any) -> None:
+    """End a guarded environment's process (a plain environment is left alone: its ``close``
+    may be one of its tools)."""
+    if isinstance(env, GuardedEnv):
+        env.close()
 
 
 def env_record(task: Any) -> dict[str, Any]:

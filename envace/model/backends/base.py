@@ -145,41 +145,44 @@ def run_episodes_backend(backend: GenerationBackend, tokenizer: Any, tasks: Sequ
     costs no forward here).
     """
     # lazy: loads transformers: only this path needs it
-    from envace.model.rollout import Engine, push_token
+    from envace.model.rollout import Engine, close_rows, push_token
 
     timer = NULL_TIMER if timer is None else timer
 
     eng = Engine(None, tokenizer, cfg, simulator)
     rows, prompt_lens = eng.start_all(tasks)
-    spec = SamplingSpec(cfg.temperature, cfg.top_p, cfg.max_new_tokens, (eng.im_end,))
-    sent = [0] * len(rows)
-    while True:
-        for r in rows:  # forced text only joins the sequence: the next prompt encodes it
-            while r.done is None and r.queue:
-                push_token(eng, r, 0, 0.0, cfg, tokenizer)
-        live = [i for i, r in enumerate(rows) if r.done is None]
-        if not live:
-            break
-        groups: dict[int, list[int]] = {}
-        for i in live:
-            wm = world_backend is not None and rows[i].gen == "rehearse"
-            groups.setdefault(int(wm), []).append(i)
-        for wm, idx in groups.items():
-            be = world_backend if wm else backend
-            assert be is not None
-            caps = [min(cfg.max_new_tokens, cfg.max_context - len(rows[i].ids)) for i in idx]
-            seeds = [(cfg.seed * 1_000_003 + i * 7_919 + sent[i]) % 2**31 for i in idx]
-            with timer.section("rollout/decode"):
-                gens = be.generate([rows[i].ids for i in idx], spec, caps, seeds)
-            for i, g in zip(idx, gens, strict=True):
-                sent[i] += 1
-                r = rows[i]
-                for tok, lp in zip(g.ids, g.logprobs, strict=True):
-                    if push_token(eng, r, tok, lp, cfg, tokenizer):
-                        break
-                else:  # the backend stopped early for a reason of its own
-                    r.done = r.done or "backend_stop"
-    return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
+    try:  # every episode's environment process ends with the rollout, however it ends
+        spec = SamplingSpec(cfg.temperature, cfg.top_p, cfg.max_new_tokens, (eng.im_end,))
+        sent = [0] * len(rows)
+        while True:
+            for r in rows:  # forced text only joins the sequence: the next prompt encodes it
+                while r.done is None and r.queue:
+                    push_token(eng, r, 0, 0.0, cfg, tokenizer)
+            live = [i for i, r in enumerate(rows) if r.done is None]
+            if not live:
+                break
+            groups: dict[int, list[int]] = {}
+            for i in live:
+                wm = world_backend is not None and rows[i].gen == "rehearse"
+                groups.setdefault(int(wm), []).append(i)
+            for wm, idx in groups.items():
+                be = world_backend if wm else backend
+                assert be is not None
+                caps = [min(cfg.max_new_tokens, cfg.max_context - len(rows[i].ids)) for i in idx]
+                seeds = [(cfg.seed * 1_000_003 + i * 7_919 + sent[i]) % 2**31 for i in idx]
+                with timer.section("rollout/decode"):
+                    gens = be.generate([rows[i].ids for i in idx], spec, caps, seeds)
+                for i, g in zip(idx, gens, strict=True):
+                    sent[i] += 1
+                    r = rows[i]
+                    for tok, lp in zip(g.ids, g.logprobs, strict=True):
+                        if push_token(eng, r, tok, lp, cfg, tokenizer):
+                            break
+                    else:  # the backend stopped early for a reason of its own
+                        r.done = r.done or "backend_stop"
+        return [eng.episode(r, n) for r, n in zip(rows, prompt_lens, strict=True)]
+    finally:
+        close_rows(rows)
 
 
 __all__ = ["Generation", "GenerationBackend", "HFBackend", "SamplingSpec",

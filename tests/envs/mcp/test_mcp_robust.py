@@ -106,6 +106,7 @@ def test_call_timeout_bounds_the_profile_timeout(env):
         t0 = time.monotonic()
         r = env.execute("hang", {})
         assert r.error and "within 0.5 s" in r.content and time.monotonic() - t0 < 8
+        assert r.timeout and not r.crashed  # marked in the audit's step row (#39)
     finally:
         env.call_timeout = None
 
@@ -114,6 +115,7 @@ def test_a_crash_mid_call_is_an_error_with_a_reason(env):
     env.reset({"files": {}})
     r = env.execute("crash", {})
     assert r.error and "Connection closed" in r.content, r.content
+    assert r.crashed and not r.timeout  # a dead server, not a call past its limit (#39)
     assert env.execute("list_entries", {}).error
     assert gone(env.marker)
 

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from envace.core.envs.bfcl.env import BFCLEnv
+from envace.core.envs.bfcl.env import BFCLEnv, backend_class, backend_methods
 from envace.core.envs.bfcl.export import real_trajectory
-from envace.core.envs.bfcl.tasks import SPLITS, Task, get_task, split_tasks
+from envace.core.envs.bfcl.tasks import (
+    BACKENDS,
+    SPLITS,
+    Task,
+    function_docs,
+    get_task,
+    split_tasks,
+)
 from envace.core.envs.bfcl.turns import resolve, turn_tasks
 from envace.core.envs.bfcl.verify import reward
 from envace.core.envs.family import Family
@@ -33,9 +40,16 @@ def _new_env(task: Any = None) -> BFCLEnv:
     return BFCLEnv()
 
 
+def _warm() -> None:
+    for name in BACKENDS:  # loaded once here, not in every environment child (70 ms each)
+        backend_class(name)
+        backend_methods(name)
+        function_docs()
+
+
 FAMILY = Family(
     name="bfcl", summary="BFCL v4 multi-turn: 8 stateful backends, 800 tasks",
     splits=SPLITS, split_tasks=_split, get_task=_task, new_env=_new_env,
     real_trajectory=real_trajectory, reward=reward, resampling_unit=resampling_unit("bfcl"),
-    cluster_id=scenario_of,
+    cluster_id=scenario_of, warm=_warm,
 )

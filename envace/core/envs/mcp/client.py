@@ -35,6 +35,12 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from envace.core.envs.mcp.lines import REFUSED_ANSWER, install
+
+# stdout read as bounded lines: an answer too long, not text, or with a lone surrogate is that
+# call's own clear error at once, never a timeout (envace/core/envs/mcp/lines.py)
+install()
+
 #: Extra seconds the synchronous side waits beyond a request's own timeout before giving up on
 #: the event loop itself (only a stuck loop runs this out).
 LOOP_GRACE_S = 10.0
@@ -52,7 +58,11 @@ _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 class ServerError(RuntimeError):
-    """The server could not start, crashed, broke the protocol or did not answer in time."""
+    """The server could not start, crashed, broke the protocol or did not answer in time;
+    ``kind``: ``"timeout"`` (no answer in time), ``"crashed"`` (its connection ended: the
+    process died) or None (anything else)."""
+
+    kind: str | None = None
 
 
 class ServerAnswer(ServerError):
@@ -176,18 +186,21 @@ class ServerProcess:
             raise ServerError(f"{self.label} is not running ({self._dead or 'not started'})")
         fut = asyncio.run_coroutine_threadsafe(self._call(name, arguments, timeout),
                                                _background_loop())
+        kind: str | None = None
         try:
             return fut.result(timeout=timeout + LOOP_GRACE_S)
         except concurrent.futures.TimeoutError:
             fut.cancel()
-            reason = f"{self.label} did not answer {name} within {timeout:g} s"
+            reason, kind = f"{self.label} did not answer {name} within {timeout:g} s", "timeout"
         except ServerAnswer:
             raise  # an answer: the server goes on
         except ServerError as exc:
-            reason = str(exc)
+            reason, kind = str(exc), exc.kind
         self._dead = reason
         self.close()
-        raise ServerError(f"{reason}{_tail(self.errlog)}")
+        err = ServerError(f"{reason}{_tail(self.errlog)}")
+        err.kind = kind
+        raise err
 
     async def _call(self, name: str, arguments: dict[str, Any], timeout: float
                     ) -> types.CallToolResult:
@@ -198,12 +211,18 @@ class ServerProcess:
             with anyio.fail_after(timeout):
                 return await session.call_tool(name, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
+            if exc.code == REFUSED_ANSWER:  # refused by envace's reader, not the server's error
+                raise ServerAnswer(f"{self.label} on {name}: {exc.message[:300]}") from None
             if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 raise ServerAnswer(f"{self.label} answered {name} with JSON-RPC error "
                                    f"{exc.code}: {exc.message[:300]}") from None
-            raise ServerError(_reason(exc, f"{self.label} on {name}", timeout)) from None
+            err = ServerError(_reason(exc, f"{self.label} on {name}", timeout))
+            err.kind = "crashed" if exc.code == CONNECTION_CLOSED else "timeout"
+            raise err from None
         except Exception as exc:
-            raise ServerError(_reason(exc, f"{self.label} on {name}", timeout)) from None
+            err = ServerError(_reason(exc, f"{self.label} on {name}", timeout))
+            err.kind = "timeout" if isinstance(exc, TimeoutError) else None
+            raise err from None
 
 
 def _reason(exc: BaseException, what: str, timeout: float) -> str:

@@ -173,9 +173,10 @@ class McpEnv:
         before = self.state_hash()
         try:
             result = self._server.call(tool, fill_workdir(arguments, work), self.timeout())
-        except ServerError as exc:
+        except ServerError as exc:  # marked as what it was: cut at the limit, or a dead server
             self._observe(tool, before, failed=True)
-            return ToolResult(f"Error: {exc}", True)
+            return ToolResult(f"Error: {exc}", True, timeout=exc.kind == "timeout",
+                              crashed=exc.kind == "crashed")
         self._observe(tool, before, failed=bool(result.is_error))
         text = result_text(result, work, self.profile.volatile)
         return ToolResult(text, bool(result.is_error))

@@ -31,13 +31,12 @@ def record(env_name: str, tasks_file: str, out: str, turn_end: bool = True
     with (atomic_output(out, [tasks_file]) as tmp, mcp_env(env_name) as env,
           TrajectoryWriter(tmp, mode="w") as w):
         for task in tasks:
-            try:
-                traj = real_trajectory(task, env, turn_end)
-            except Exception as exc:  # a server that cannot start costs its task
+            try:  # a server that cannot start, or a record past the size limits, costs its task
+                w.write(real_trajectory(task, env, turn_end))
+            except Exception as exc:
                 problems.append({"file": tasks_file, "task": task.id,
                                  "reason": f"{type(exc).__name__}: {str(exc)[:300]}"})
                 continue
-            w.write(traj)
             n += 1
     return n, problems
 

@@ -123,7 +123,8 @@ def _validate_scorers(args: argparse.Namespace) -> str | None:
 
 
 def _list(kind: str, items: list[dict], fmt: str) -> None:
-    from audit.store.models import place  # not at the top: --help stays free of pydantic
+    # lazy: loads pydantic: kept out of --help
+    from audit.store.models import place
 
     for item in items[:SHOWN]:
         print(terminal_safe(f"  {kind} " + fmt.format(**item, where=place(item))),

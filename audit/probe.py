@@ -69,7 +69,8 @@ ProbeSteps = Generator[Request, Any, TrajectoryAudit]
 #: answers a batch of requests in order: the text, or an `Unanswered` for a step with no answer.
 #: One whose ``keyed`` attribute is true is also given ``keys=``: each request's
 #: ``(history, trajectory id)``; a key missing from a round is a trajectory that has ended (a
-#: world model that keeps state per conversation, e.g. its KV cache, may drop it then)
+#: world model that keeps state per conversation, e.g. its KV cache, may drop it then), and a
+#: last round with no request at all ends them all
 BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
 CHUNK = 64  # trajectories probed together (one round asks each of them once)
 #: `envace probe --history`: the histories each value rehearses from
@@ -177,6 +178,8 @@ def probe_batched(
             raise ValueError(f"answer_batch gave {len(answers)} answers for {len(order)} requests")
         for i, reply in zip(order, answers, strict=True):
             advance(i, live[i][0], reply)
+    if keyed:  # a round with no request: every trajectory has ended
+        answer_batch([], [], keys=[]) if task_ids else answer_batch([], keys=[])  # type: ignore[call-arg]
     return [r if r is not None else RuntimeError("not probed") for r in results]
 
 

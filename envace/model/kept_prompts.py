@@ -61,12 +61,11 @@ class KeptPrompts:
     """Kept caches per key, and batched greedy generation over them."""
 
     def __init__(self, model: Any, pad_id: int, stop_id: int, batch_size: int = 8,
-                 decode_threads: int = 1, packed: bool = False,
-                 timer: Any = None) -> None:
+                 decode_threads: int = 1, packed: bool = False) -> None:
         self.model, self.pad_id, self.stop_id = model, pad_id, stop_id
-        self.batch_size, self.decode_threads, self.packed = max(1, batch_size), decode_threads, packed
+        self.batch_size = max(1, batch_size)
+        self.decode_threads, self.packed = decode_threads, packed
         self.kept: dict[Any, Kept] = {}
-        self.timer = timer
         self.reused = 0  # prompt tokens taken from a kept cache (bookkeeping)
         self.encoded = 0  # prompt tokens encoded
 
@@ -85,6 +84,8 @@ class KeptPrompts:
             raise ValueError("keys must be distinct within a call")
         wanted = set(keys)
         self.drop(lambda k: k in wanted)
+        if not keys:
+            return []
         was_training = self.model.training
         self.model.eval()
         reuse = []
@@ -104,11 +105,6 @@ class KeptPrompts:
                 out[i] = g
         self.model.train(was_training)
         return out
-
-    def _section(self, name: str) -> Any:
-        import contextlib
-
-        return self.timer.section(name) if self.timer is not None else contextlib.nullcontext()
 
     def _batch(self, keys: list[Any], prompts: list[list[int]], reuse: list[int],
                max_new_tokens: int) -> list[list[int]]:

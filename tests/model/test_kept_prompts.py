@@ -86,7 +86,22 @@ def test_engine_matches_generate_greedy_when_prompts_change(tiny):
         assert [tok.decode(g, skip_special_tokens=False) for g in got] == want
         assert set(kept.kept) == set(keys)
         for k, g in zip(keys, got, strict=True):  # kept: the prompt and the answer it fed
-            assert kept.kept[k].ids[:len(prompts[k])] == prompts[k]
-            assert len(kept.kept[k].ids) in (len(prompts[k]) + len(g), len(prompts[k]) + 11)
+            held = kept.kept[k]
+            assert held.ids[:len(prompts[k])] == prompts[k]
+            assert len(held.ids) in (len(prompts[k]) + len(g), len(prompts[k]) + 11)
+            _same_cache_as_one_forward(model, held)
     with pytest.raises(ValueError, match="distinct"):
         kept.generate(["a", "a"], [a, a], 4)
+
+
+def _same_cache_as_one_forward(model, held) -> None:
+    """The kept keys and values are those of encoding the kept ids in one forward."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([held.ids]), use_cache=True)
+    layers = out.past_key_values.layers
+    assert len(layers) == len(held.layers)
+    for layer, (k, v) in zip(layers, held.layers, strict=True):
+        torch.testing.assert_close(k, layer.keys[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, layer.values[0], atol=1e-4, rtol=1e-4)

@@ -14,7 +14,9 @@ their audit directories under a temporary folder; the step rows of the two are c
 rehearsed text, same verdict, same row). Writes ``bench/results/<--name>.json``: the command, the
 machine, the load average at the start and end of the whole run and of each path, each path's
 wall and process CPU seconds, prompt tokens encoded and reused, the ratios per-step / kept, and
-the comparison. The paths run in ``--order`` (default kept first).
+the comparison; per path, the wall time split as `bench.probe_profile` splits it (forwards
+of prompt tokens, one-token decode forwards, the rest of generation, the rest of the probe) and
+the tokens each kind of forward took. The paths run in ``--order`` (default kept first).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import run_record, table, write_result
-from bench.probe_profile import export_dev
+from bench.probe_profile import Sections, export_dev
 
 
 def _cpu() -> float:
@@ -89,15 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     path = resolve_model(args.model, default_cache_dir())
     model, tok = load_model(path)
     context = context_length(path, model)
+    inner = model.forward  # each path's forwards are timed apart (bench.probe_profile.Sections)
     runs: dict[str, dict[str, Any]] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
     for name in args.order.split(","):
         out = work / name
+        sec = Sections()
+        model.forward = inner
+        sec.wrap_forward(model)
         l0, c0, t0 = os.getloadavg(), _cpu(), time.perf_counter()
         summary = probe_model(model, tok, [str(path_in)], out, AuditOptions(progress=False),
                               context, label=str(path), histories=HISTORY_CHOICES[args.history],
-                              prefix_cache=name == "kept")
-        runs[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu() - c0,
+                              prefix_cache=name == "kept", timer=sec)
+        wall = time.perf_counter() - t0
+        fwd = {k: sec.seconds.get(f"probe/{k}", 0.0) for k in ("prefill", "decode")}
+        runs[name] = {"wall_s": wall, "cpu_s": _cpu() - c0,
+                      "split_s": {**fwd, "generate_other": sec.seconds.get("probe/generate", 0.0)
+                                  - sum(fwd.values()),
+                                  "probe_rest": wall - sec.seconds.get("probe/generate", 0.0)},
+                      "forward_tokens": {k: sec.tokens.get(f"probe/{k}", 0)
+                                         for k in ("prefill", "decode")},
                       "load_average": {"start": list(l0), "end": list(os.getloadavg())},
                       "steps": summary["counts"]["steps"],
                       "divergence_rate": summary.get("divergence_rate")}

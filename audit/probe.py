@@ -68,7 +68,11 @@ from envace.core.worldmodel import Unanswered, WorldModel
 #: one request to a world model: (messages so far, tool schemas, tool name, arguments)
 Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str, Any]]
 ProbeSteps = Generator[Request, Any, TrajectoryAudit]
-#: answers a batch of requests in order: the text, or an `Unanswered` for a step with no answer
+#: answers a batch of requests in order: the text, or an `Unanswered` for a step with no answer.
+#: One whose ``keyed`` attribute is true is also given ``keys=``: each request's
+#: ``(history, trajectory id)``; a key missing from a round is a trajectory that has ended (a
+#: world model that keeps state per conversation, e.g. its KV cache, may drop it then), and a
+#: last round with no request at all ends them all
 BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
 CHUNK = 64  # trajectories probed together (one round asks each of them once)
 #: `envace probe --history`: the histories each value rehearses from
@@ -147,7 +151,8 @@ def probe_batched(
     its own environment. Per trajectory: its audit, or the exception that stopped it (e.g.
     `ReplayError`). `task_ids`: `answer_batch` is called with a second list, each request's
     task id (a memory of real responses must not answer from the task's own scenario:
-    `audit.worlds.memory`)."""
+    `audit.worlds.memory`). A ``keyed`` `answer_batch` is given each request's key too
+    (`BatchAnswer`)."""
     results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
     live: dict[int, tuple[ProbeSteps, Request]] = {}
 
@@ -164,15 +169,19 @@ def probe_batched(
     for i, traj in enumerate(trajs):
         wanted = None if steps is None else steps.get(traj.id, ())
         advance(i, probe_steps(traj, settings, None, wanted, history), first=True)
+    keyed = bool(getattr(answer_batch, "keyed", False))
     while live:
         order = sorted(live)
         requests = [live[i][1] for i in order]
-        answers = (answer_batch(requests, [trajs[i].task_id for i in order])  # type: ignore[call-arg]
-                   if task_ids else answer_batch(requests))
+        kw = {"keys": [(history, trajs[i].id) for i in order]} if keyed else {}
+        answers = (answer_batch(requests, [trajs[i].task_id for i in order], **kw)  # type: ignore[call-arg]
+                   if task_ids else answer_batch(requests, **kw))
         if len(answers) != len(order):
             raise ValueError(f"answer_batch gave {len(answers)} answers for {len(order)} requests")
         for i, reply in zip(order, answers, strict=True):
             advance(i, live[i][0], reply)
+    if keyed:  # a round with no request: every trajectory has ended
+        answer_batch([], [], keys=[]) if task_ids else answer_batch([], keys=[])  # type: ignore[call-arg]
     return [r if r is not None else RuntimeError("not probed") for r in results]
 
 

@@ -46,6 +46,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "world_model_test": "world_model_skill_test", "mcp_bridge": "mcp_bridge",
     "guard_overhead": "guard_overhead", "tau2_probes": "tau2_probes",
     "rollout_guard_overhead": "rollout_guard_overhead",
+    "probe_prefix": "probe_prefix", "probe_profile": "probe_profile",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -68,6 +68,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "history block splits divergence into difficulty and compounding)")
     add_cluster_by(p)
     p.add_argument("--quiet", action="store_true", help="no progress")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="a local model encodes every step's prompt from scratch (the per-step "
+                        "path; by default each trajectory's KV cache is kept across its calls: "
+                        "same greedy answers up to float summation order, docs/profiling.md)")
     p.add_argument("--call-timeout", type=limit_arg, default=30.0, metavar="S",
                    help="wall-clock limit of every real environment call (its process is "
                         "killed past it; docs/audit.md, limits; default %(default)g; 0: none)")
@@ -126,6 +130,9 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     reference = getattr(args, "reference", None)
     if reference and not Path(reference).is_file():
         return f"no such reference file: {reference}"
+    if getattr(args, "no_prefix_cache", False) and (getattr(args, "endpoint", None)
+                                                    or getattr(args, "ranker", None)):
+        return "--no-prefix-cache is about a local model's cache: not with --endpoint or --ranker"
     if getattr(args, "ranker", None):
         used = [f"--{f.replace('_', '-')}" for f in ("model", "endpoint", "memory", "hybrid",
                                                       "choose", "memory_k")

@@ -18,6 +18,7 @@ ground-truth call (same name, same arguments up to int/float spelling). """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -38,6 +39,9 @@ from envace.model.models import (
 from envace.model.windows import prompt_ids
 
 DEFAULT_CONTEXT = 2048
+#: trajectories probed together on the kept-cache path: their caches are held at once
+#: (SmolLM2-135M, fp32: about 46 KB per token, ~50 MB per BFCL dev trajectory)
+PREFIX_CHUNK = 32
 
 
 def context_length(model_dir: str | Path, model: Any = None) -> int:
@@ -92,18 +96,55 @@ def generate_greedy(
 # ---------------------------------------------------------------- rehearsal (the world model)
 
 
+def _section(timer: Any, name: str) -> Any:
+    return timer.section(name) if timer is not None else contextlib.nullcontext()
+
+
 def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
-                  batch_size: int = 8) -> Callable[[list[Any]], list[str]]:
+                  batch_size: int = 8, timer: Any = None) -> Callable[[list[Any]], list[str]]:
     """A local model as a batch world model (`audit.probe.BatchAnswer`): each request's prompt
     is cut as the SFT windows are (`prompt_ids`) and a round's prompts are generated greedily
-    together, in length-sorted batches of `batch_size`."""
+    together, in length-sorted batches of `batch_size`, each encoded from scratch (the per-step
+    path). `timer` (anything with a `section(name)` context): each round's generation is a
+    ``probe/generate`` section."""
     budget = max(64, context - max_new_tokens)
 
     def answer(requests: list[Any]) -> list[str]:
         prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
                    for messages, tools, _tool, _args in requests]
-        return generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+        with _section(timer, "probe/generate"):
+            return generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
 
+    return answer
+
+
+def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int = 256,
+                 batch_size: int = 8, timer: Any = None) -> Callable[..., list[str]]:
+    """`model_answers` over kept KV caches (`envace.model.kept_prompts`): a keyed
+    `audit.probe.BatchAnswer` that keeps each trajectory's cache between its calls, so a
+    step's prompt (cut as `model_answers` cuts it) encodes only what the trajectory's previous
+    prompt and answer did not already hold: the previous answer is dropped, the real (or, history
+    "own", the model's own) response and the next assistant message are appended. A prompt cut
+    to the context differs from the kept one early and is encoded again from there, as on the
+    per-step path. Same greedy answers as `model_answers` up to float summation order."""
+    import torch
+
+    from envace.model.kept_prompts import KeptPrompts
+
+    budget = max(64, context - max_new_tokens)
+    stop = tokenizer.convert_tokens_to_ids(IM_END)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+    kept = KeptPrompts(model, pad, stop, batch_size, decode_threads=torch.get_num_threads())
+
+    def answer(requests: list[Any], keys: list[Any]) -> list[str]:
+        prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
+                   for messages, tools, _tool, _args in requests]
+        with _section(timer, "probe/generate"):
+            gens = kept.generate(keys, prompts, max_new_tokens)
+        return [tokenizer.decode(g, skip_special_tokens=False) for g in gens]
+
+    answer.keyed = True  # type: ignore[attr-defined]
+    answer.kept = kept  # type: ignore[attr-defined]
     return answer
 
 
@@ -190,13 +231,22 @@ def probe_model(
     batch_size: int = 8,
     histories: Sequence[str] = ("real",),
     grounding: Any = None,
+    prefix_cache: bool = True,
+    timer: Any = None,
 ) -> dict[str, Any]:
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
     the trajectories' requests round by round; the summary. `grounding` (an
     `audit.worlds.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
-    hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
-    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
+    hybrid with a lookup; the label names it and the summary gains the `world_model` block.
+    `prefix_cache` (without grounding): each trajectory's KV cache is kept across its calls
+    (`kept_answers`, `PREFIX_CHUNK` trajectories at a time); False: every prompt is encoded
+    from scratch (`model_answers`, the per-step path). `timer`: see `model_answers`."""
+    if prefix_cache and (grounding is None or not grounding.active):
+        kept = kept_answers(model, tokenizer, context, max_new_tokens, batch_size, timer)
+        return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
+                         histories=histories, answer_batch=kept, chunk=PREFIX_CHUNK)
+    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size, timer)
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=base)
@@ -230,7 +280,8 @@ def run_model_probe(args: Any) -> int:
     try:
         summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
                               args.max_new_tokens, args.limit, label=str(path),
-                              histories=HISTORY_CHOICES[args.history], grounding=grounding)
+                              histories=HISTORY_CHOICES[args.history], grounding=grounding,
+                              prefix_cache=not getattr(args, "no_prefix_cache", False))
     except UsageError as exc:  # a refused --out: one line and 2, as documented
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE

@@ -38,7 +38,8 @@ from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
 from audit.shard import UNREADABLE_OWNER, shard_block, shard_of
 from audit.shard import check_inputs as check_shard_inputs
-from audit.stats.summary import build_summary, compact
+from audit.stats.aggregate import SummaryAggregator
+from audit.stats.summary import compact
 from audit.store.models import skipped_row, step_line
 from audit.store.output import AuditWriter
 from envace.core.errors import UsageError
@@ -346,7 +347,7 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
     skipped: list[dict] = []
     warnings: list[dict] = []
     counts = {"read": 0}
-    rows: list[dict] = []
+    agg = SummaryAggregator(opts)  # the statistics' running aggregates (flat memory)
     trajectories = 0
     t0 = time.perf_counter()
     bar = _progress(opts.progress)
@@ -369,18 +370,19 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
                 warnings.append({"file": path, "line": line,
                                  "trajectory_id": res.trajectory_id, "message": msg})
             w.write_lines(res.steps_text, res.traj_text)
-            rows.extend(res.rows)
+            agg.add(res.rows)
             bar.update(res.n_steps)
         done = True
     finally:
         bar.close()
         if pool is not None:
             pool.close(cancel=not done)
+        if not done:
+            agg.close()
     if opts.workers > 1:  # workers may answer out of order: back to one worker's (input) order
         skipped.sort(key=input_order(inputs))
-    return build_summary(rows, opts, trajectories=trajectories, read=counts["read"],
-                         skipped=skipped, warnings=warnings, inputs=inputs,
-                         seconds=time.perf_counter() - t0)
+    return agg.summary(trajectories=trajectories, read=counts["read"], skipped=skipped,
+                       warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
 
 
 class _NoBar:

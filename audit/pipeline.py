@@ -198,7 +198,8 @@ def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
           shard: tuple[int, int] | None = None) -> Iterator[tuple[str, int, Trajectory]]:
     """The records to audit, in input order (``shard`` (I, N): only shard I's, ``audit.shard``;
     what has no id, shard 0 reports)."""
-    first: dict[str, tuple[str, int]] = {}
+    first: dict[str, int] = {}  # id -> where it was first read: file index << 40 | line
+    files: list[str] = []
     mine = shard is None or shard[0] == UNREADABLE_OWNER
     for p in paths:
         if not Path(p).exists():
@@ -218,12 +219,14 @@ def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
                     skipped.append(skipped_row(item.path, item.line, item.error))
                     continue
                 if traj.id in first:
-                    f, ln = first[traj.id]
+                    f, ln = files[first[traj.id] >> 40], first[traj.id] & ((1 << 40) - 1)
                     skipped.append(skipped_row(
                         item.path, item.line, f"duplicate trajectory id {traj.id!r:.80} (first "
                                               f"at {f}:{ln}, which is audited); skipped"))
                     continue
-                first[traj.id] = (item.path, item.line)
+                if not files or files[-1] != item.path:
+                    files.append(item.path)
+                first[traj.id] = (len(files) - 1) << 40 | item.line
                 yield item.path, item.line, traj
         except OSError as exc:
             if mine:

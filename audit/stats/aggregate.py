@@ -312,7 +312,14 @@ class _Logistic:
     """Per step what ``compounding.logistic_divergence`` fits (about 15 bytes), per trajectory
     its id, first row and cluster; the design is rebuilt in its order at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: bool = True) -> None:
+        #: keep the design (only when the fit will run: both verdicts occur); otherwise only
+        #: what says which features would be left out and why
+        self.store = store
+        self.n = self.unknown = self.missing = 0
+        self.lo = [math.inf] * 4
+        self.hi = [-math.inf] * 4
+        self.first_y: int | None = None
         self.depth = array("q")
         self.prior = array("b")
         self.write = array("b")  # 1, 0, or -1: unknown
@@ -323,20 +330,53 @@ class _Logistic:
         self.cluster: list[str] = []
 
     def add(self, tid: str, group: list[dict[str, Any]]) -> None:
-        self.ids.append(tid)
-        self.starts.append(len(self.y))
-        self.cluster.append(_cluster(group[0]))
+        if self.store:
+            self.ids.append(tid)
+            self.starts.append(len(self.y))
+            self.cluster.append(_cluster(group[0]))
+        elif self.first_y is None or tid < self.first_tid:
+            self.first_tid, self.first_y = tid, int(bool(group[0]["diverged"]))
         prior = 0
         for s in group:
-            self.depth.append(_depth(s))
-            self.prior.append(prior)
             w = s.get("mutates_state")
-            self.write.append(int(w) if isinstance(w, bool | np.bool_) else -1)
+            w = int(w) if isinstance(w, bool | np.bool_) else -1
             v = s.get("novelty")
-            self.novelty.append(float(v) if cp._finite(v) else math.nan)
+            v = float(v) if cp._finite(v) else math.nan
             div = int(bool(s["diverged"]))
-            self.y.append(div)
+            self.n += 1
+            self.unknown += w < 0
+            self.missing += not math.isfinite(v)
+            for j, x in enumerate((_depth(s), prior, w, v)):
+                if x == x:  # not NaN
+                    self.lo[j], self.hi[j] = min(self.lo[j], x), max(self.hi[j], x)
+            if self.store:
+                self.depth.append(_depth(s))
+                self.prior.append(prior)
+                self.write.append(w)
+                self.novelty.append(v)
+                self.y.append(div)
             prior = max(prior, div)
+
+    def _one_class(self, out: dict[str, Any]) -> dict[str, Any]:
+        n, notes = self.n, []
+        keep, cols = ["depth", "prior_divergence"], [0, 1]
+        if not self.unknown:
+            keep.append("mutates_state")
+            cols.append(2)
+        else:
+            notes.append(f"mutates_state left out: unknown for {self.unknown} of {n} steps")
+        if not self.missing:
+            keep.append("novelty")
+            cols.append(3)
+        else:
+            notes.append(f"novelty left out: missing for {self.missing} of {n} steps")
+        constant = [i for i, j in enumerate(cols) if self.lo[j] == self.hi[j]]
+        notes += [f"{keep[i]} left out: constant" for i in constant]
+        out["features"] = [k for i, k in enumerate(keep) if i not in constant]
+        notes.append("cannot fit: " + ("every step diverged" if self.first_y else
+                                       "no step diverged"))
+        out["note"] = "; ".join(notes)
+        return clean(out)
 
     def result(self, n_boot: int, seed: int, c: float = 100.0) -> dict[str, Any]:
         from threadpoolctl import threadpool_limits
@@ -345,12 +385,14 @@ class _Logistic:
             return self._result(n_boot, seed, c)
 
     def _result(self, n_boot: int, seed: int, c: float) -> dict[str, Any]:
-        n = len(self.y)
+        n = self.n
         out: dict = {"n": n, "features": [], "coefficients": None, "intercept": None,
                      "odds_ratio_prior_divergence": None, "odds_ratio_ci": None, "note": None}
         if not n:
             out["note"] = "no scored steps"
             return out
+        if not self.store:  # one verdict only: the notes, without the design
+            return self._one_class(out)
         order = sorted(range(len(self.ids)), key=self.ids.__getitem__)
         ends = [*self.starts[1:], n]
         idx = np.concatenate([np.arange(self.starts[i], ends[i]) for i in order])
@@ -416,6 +458,8 @@ class SummaryAggregator:
         self._has_field = False
         self._fallback = False
         self._answered = Counter()  # source_rehearsed flag -> answered steps
+        #: the verdicts among scored steps, per candidate population (rehearsed / all answered)
+        self._verdicts: dict[str, set[bool]] = {REHEARSED: set(), DETERMINISM: set()}
 
     # ------------------------------------------------------------------ pass 1
     def add(self, rows: list[dict[str, Any]]) -> None:
@@ -433,6 +477,10 @@ class SummaryAggregator:
             if r.get("history") == "own" or r.get("ref_scores") or "depth" not in r:
                 self._fallback = True
             if not r.get("unanswered"):
+                if isinstance(r.get("diverged"), bool | np.bool_):
+                    self._verdicts[DETERMINISM].add(bool(r["diverged"]))
+                    if is_rehearsed(r):
+                        self._verdicts[REHEARSED].add(bool(r["diverged"]))
                 flag = r.get("source_rehearsed")
                 self._answered["marked" if flag is True else "real" if flag is False
                                else "unmarked" if flag is None else "other"] += 1
@@ -481,7 +529,8 @@ class SummaryAggregator:
         rehearsed = self._answered["marked"] + self._answered["unmarked"]
         kind = REHEARSED if rehearsed else DETERMINISM if self._answered["real"] else EMPTY
         table = _Table(scorers, spec)
-        survival, compounding, logistic = _Survival(), _Compounding(), _Logistic()
+        survival, compounding = _Survival(), _Compounding()
+        logistic = _Logistic(store=len(self._verdicts.get(kind, ())) == 2)
         sources = {label: _Group() for label, _ in _SOURCES}
         real_diverged: set[str] = set()
         c = Counter()

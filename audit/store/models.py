@@ -218,6 +218,7 @@ class AuditSummary(BaseModel):
     history: dict[str, Any] | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
+    shard: dict[str, Any] | None = None  #: a shard's index, count, inputs, settings (audit.shard)
 
     def dump(self) -> dict[str, Any]:
         """The summary as written: the fields it was given, in the spec's order."""

@@ -7,9 +7,11 @@ with fresh ids make the 10x and 100x inputs): the whole audit (read, replay unde
 call limits, score five ways, statistics with bootstraps, report and plots) with 1 worker at
 every size and 2 workers at 1x, against merely executing the same calls with bfcl-eval's own
 executor in the same run (the reference of issue 44: `bench.bfcl_replay.run_bfcl`, median of
-three runs, times the copies), as a ratio. Peak memory (max RSS of the audit process and of its
-children) per size, each audit in a fresh subprocess, shows whether memory stays flat as the
-input grows (issue 44: 100x within 1.2x of 10x). One more run at 1x with the call limits off
+three runs, times the copies), as a ratio. Peak memory of the audit's process (ru_maxrss;
+the environment's own process under the call limits is apart: a child that ended, e.g. killed
+past its limit, is recorded as `ended_children_peak_rss_mib`) per size, each audit in a fresh
+subprocess, shows whether memory stays flat as the input grows (issue 44: 100x within 1.2x of
+10x). One more run at 1x with the call limits off
 (`--call-timeout 0 --call-memory-mb 0`: the environment in the audit's own process, as bfcl-eval
 runs it) separates the limits' process round trips from the audit's own work.
 Writes bench/results/audit_throughput.json.
@@ -43,12 +45,15 @@ t = time.perf_counter()
 s = run_audit([sys.argv[1]], sys.argv[2], AuditOptions(workers=int(sys.argv[3]), progress=False,
                                                        **limits))
 dt = time.perf_counter() - t
-rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-          resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"seconds": dt, "steps": s["counts"]["steps"], "peak_rss_mib": rss / 1024,
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+ended = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+with open(os.path.join(sys.argv[2], "steps.jsonl"), encoding="utf-8") as fh:
+    timeouts = sum('"timeout": true' in line for line in fh)
+print(json.dumps({"seconds": dt, "steps": s["counts"]["steps"], "peak_rss_mib": own,
+                  "ended_children_peak_rss_mib": ended, "diverged": s["counts"]["diverged"],
+                  "skipped": s["counts"]["skipped"], "timed_out_calls": timeouts,
                   "load_1min": [load, os.getloadavg()[0]]}))
 """
-
 
 def audit(path: Path, out: Path, workers: int, limits: str = "on") -> dict:
     r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(out), str(workers), limits],
@@ -66,13 +71,18 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="envace-bench-"))
     tasks = list(load_tasks().values())
     trajs = list(export_real(tasks))
-    inputs = {}
-    for k in sorted(set(args.sizes) | {1}):
+    inputs = {1: tmp / "x1.jsonl"}
+    with TrajectoryWriter(inputs[1], mode="w") as w:
+        for t in trajs:
+            w.write(t)
+    lines = inputs[1].read_text(encoding="utf-8").splitlines(keepends=True)
+    for k in sorted(set(args.sizes) - {1}):  # copies with fresh ids (the id is written first)
         inputs[k] = tmp / f"x{k}.jsonl"
-        with TrajectoryWriter(inputs[k], mode="w") as w:
+        with open(inputs[k], "w", encoding="utf-8") as fh:
             for i in range(k):
-                for t in trajs:
-                    w.write(t if k == 1 else t.model_copy(update={"id": f"{t.id}-{i}"}))
+                for t, line in zip(trajs, lines, strict=True):
+                    old = f'"id": {json.dumps(t.id)}'
+                    fh.write(line.replace(old, f'"id": {json.dumps(f"{t.id}-{i}")}', 1))
     runs = [run_bfcl(tasks, f"auditbench{r}") for r in range(3)]
     t_exec, n = statistics.median(t for t, _ in runs), runs[0][1]
     res: dict = {"steps": n, "bfcl_execute_seconds": t_exec,

@@ -133,3 +133,13 @@ def test_shards_partition_ids_and_parse_strictly():
     for bad in ("4/4", "-1/4", "1", "a/b", "0/0"):
         with pytest.raises(ValueError):
             parse_shard(bad)
+
+
+def test_a_bad_shard_or_an_input_named_twice_is_a_usage_error(inputs, tmp_path):
+    bad = subprocess.run([*AUDIT, "replay", inputs[0], "--shard", "3/3", "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "0 <= I < N" in bad.stderr
+    twice = subprocess.run([*AUDIT, "replay", inputs[0], inputs[0], "--shard", "0/2", "--out",
+                            str(tmp_path / "o")], capture_output=True, text=True)
+    assert twice.returncode == 2 and "named twice" in twice.stderr
+    assert not (tmp_path / "o").exists()

@@ -6,6 +6,8 @@
     envace-audit compare DIR_A DIR_B [--out DIR] [--cluster-by trajectory|task|scenario|FIELD]
     envace-audit baseline INPUT.jsonl --reference train.jsonl --model lookup --out DIR
     envace-audit replay mcp.jsonl --mcp-config servers.yaml --out DIR   (mcp:<profile> envs)
+    envace-audit replay INPUT.jsonl --shard I/N --out SHARD_I   (one of N shards, 0 <= I < N)
+    envace-audit merge SHARD_0 ... SHARD_N-1 --out DIR          (the audit a single run gives)
 
 Exit codes: 0 audit written and every record audited; 3 audit written but some records were
 skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
@@ -177,8 +179,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     opts = _options(args, workers=args.workers, reference=args.reference,
-                    override=getattr(args, "model", None), **_limits(args))
+                    override=getattr(args, "model", None), shard=args.shard, **_limits(args))
     return _finish(run_audit(args.inputs, args.out, opts), args.out)
+
+
+def shard_arg(text: str) -> tuple[int, int]:
+    """argparse type of ``--shard I/N`` (a bad value is a usage error, exit 2)."""
+    from audit.shard import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_shard(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shard", type=shard_arg, default=None, metavar="I/N",
+                   help="audit only the I-th of N deterministic shards of the input (by "
+                        "trajectory id, 0 <= I < N); `envace-audit merge` joins them")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from audit.merge import merge_shards
+
+    return _finish(merge_shards(args.shards, args.out), args.out)
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
@@ -244,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scoring(r)
     add_cluster_by(r)
     _add_limits(r)
+    _add_shard(r)
     r.set_defaults(func=cmd_replay)
     b = sub.add_parser("baseline", help="audit a reference world model alone")
     b.add_argument("inputs", nargs="+")
@@ -255,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scoring(b)
     add_cluster_by(b)
     _add_limits(b)
+    _add_shard(b)
     b.set_defaults(func=cmd_replay)
     s = sub.add_parser("rescore", help="new scorers over a stored audit, no replay")
     s.add_argument("dir")
@@ -270,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out")
     add_cluster_by(c)
     c.set_defaults(func=cmd_compare)
+    m = sub.add_parser("merge", help="join the shards of one audit (replay --shard I/N)")
+    m.add_argument("shards", nargs="+", metavar="SHARD_DIR")
+    m.add_argument("--out", required=True)
+    m.set_defaults(func=cmd_merge)
     pr = sub.add_parser("probe", help="moved to `envace probe`", description=PROBE_MOVED)
     pr.add_argument("rest", nargs=argparse.REMAINDER, help="ignored")
     pr.set_defaults(func=cmd_probe)

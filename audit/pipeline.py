@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -36,7 +36,10 @@ from typing import Any
 
 from audit.replay import ReplayError, replay_trajectory
 from audit.scoring.settings import AuditOptions, Override
-from audit.stats.summary import build_summary, compact
+from audit.shard import UNREADABLE_OWNER, shard_block, shard_of
+from audit.shard import check_inputs as check_shard_inputs
+from audit.stats.aggregate import SummaryAggregator
+from audit.stats.summary import compact
 from audit.store.models import place, skipped_row, step_line
 from audit.store.output import AuditWriter
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
@@ -190,30 +193,58 @@ def _one_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int]
-          ) -> Iterator[tuple[str, int, Trajectory]]:
-    first: dict[str, tuple[str, int]] = {}
+def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
+          shard: tuple[int, int] | None = None) -> Iterator[tuple[str, int, Trajectory]]:
+    """The records to audit, in input order (``shard`` (I, N): only shard I's, ``audit.shard``;
+    what has no id, shard 0 reports)."""
+    first: dict[str, int] = {}  # id -> where it was first read: file index << 40 | line
+    files: list[str] = []
+    mine = shard is None or shard[0] == UNREADABLE_OWNER
     for p in paths:
         if not Path(p).exists():
-            skipped.append(skipped_row(str(p), None, "file not found"))
+            if mine:
+                skipped.append(skipped_row(str(p), None, "file not found"))
             continue
         try:
             for item in read_trajectories(p):
-                counts["read"] += 1
                 traj = item.trajectory
+                if traj is not None and shard is not None and \
+                        shard_of(traj.id, shard[1]) != shard[0]:
+                    continue  # another shard's record
+                if traj is None and not mine:
+                    continue
+                counts["read"] += 1
                 if traj is None:
                     skipped.append(skipped_row(item.path, item.line, item.error))
                     continue
                 if traj.id in first:
-                    f, ln = first[traj.id]
+                    f, ln = files[first[traj.id] >> 40], first[traj.id] & ((1 << 40) - 1)
                     skipped.append(skipped_row(
                         item.path, item.line, f"duplicate trajectory id {traj.id!r:.80} (first "
                                               f"at {f}:{ln}, which is audited); skipped"))
                     continue
-                first[traj.id] = (item.path, item.line)
+                if not files or files[-1] != item.path:
+                    files.append(item.path)
+                first[traj.id] = (len(files) - 1) << 40 | item.line
                 yield item.path, item.line, traj
         except OSError as exc:
-            skipped.append(skipped_row(p, None, f"cannot read: {exc.strerror or exc}"))
+            if mine:
+                skipped.append(skipped_row(p, None, f"cannot read: {exc.strerror or exc}"))
+
+
+def input_order(inputs: list[str]) -> Callable[[dict[str, Any]], tuple[int, float]]:
+    """The sort key of a skipped record or warning by its place in the input: (the input's
+    index, its line; a whole file's entry after that file's lines). One worker already lists
+    them in this order; more workers, or shards, are brought back to it."""
+    index = {}
+    for i, p in enumerate(inputs):
+        index.setdefault(str(p), i)
+
+    def key(row: dict[str, Any]) -> tuple[int, float]:
+        line = row.get("line")
+        return index.get(str(row.get("file")), len(index)), (math.inf if line is None else line)
+
+    return key
 
 
 class _Pool:
@@ -295,6 +326,8 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
     opts = opts or AuditOptions()
     if opts.override and not opts.reference:
         raise UsageError("auditing a reference needs --reference TRAIN.jsonl")
+    if opts.shard is not None:
+        check_shard_inputs(inputs)
     try:
         opts.verdict  # noqa: B018 (validates the scorer and the threshold)
     except ValueError as exc:
@@ -306,6 +339,8 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
             summary["reference_counts"] = {k: ref_report[k] for k in
                                            ("records_read", "trajectories", "calls")}
             summary["reference_skipped_records"] = ref_report["skipped_records"]
+        if opts.shard is not None:
+            summary["shard"] = shard_block(*opts.shard, inputs, opts)
         return w.finish(summary, plots=opts.plots)
 
 
@@ -314,11 +349,11 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
     skipped: list[dict] = []
     warnings: list[dict] = []
     counts = {"read": 0}
-    rows: list[dict] = []
+    agg = SummaryAggregator(opts)  # the statistics' running aggregates (flat memory)
     trajectories = 0
     t0 = time.perf_counter()
     bar = _progress(opts.progress)
-    jobs = _jobs(inputs, skipped, counts)
+    jobs = _jobs(inputs, skipped, counts, opts.shard)
     pool = None
     if opts.workers > 1:
         pool = _Pool(opts, triples)
@@ -337,16 +372,19 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
                 warnings.append({"file": path, "line": line,
                                  "trajectory_id": res.trajectory_id, "message": msg})
             w.write_lines(res.steps_text, res.traj_text)
-            rows.extend(res.rows)
+            agg.add(res.rows)
             bar.update(res.n_steps)
         done = True
     finally:
         bar.close()
         if pool is not None:
             pool.close(cancel=not done)
-    return build_summary(rows, opts, trajectories=trajectories, read=counts["read"],
-                         skipped=skipped, warnings=warnings, inputs=inputs,
-                         seconds=time.perf_counter() - t0)
+        if not done:
+            agg.close()
+    if opts.workers > 1:  # workers may answer out of order: back to one worker's (input) order
+        skipped.sort(key=input_order(inputs))
+    return agg.summary(trajectories=trajectories, read=counts["read"], skipped=skipped,
+                       warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
 
 
 class _NoBar:

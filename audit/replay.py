@@ -14,11 +14,13 @@ through it (in worker processes when asked) and writes the audit directory.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from audit.scoring.canonical import is_error_response
-from audit.scoring.scorers import ScoreContext, score_step
+from audit.scoring.fast import score_fast
+from audit.scoring.scorers import ScoreContext
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.population import assign_depths, is_rehearsed
 from audit.stats.steps import novelty
@@ -28,6 +30,45 @@ from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
+#: novelty's tokens (``audit.stats.compounding.novelty``: numbers and runs of letters)
+_TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
+
+
+class History:
+    """The visible history of one trajectory's calls, grown message by message, with the set
+    of its (lower-cased) tokens kept as it grows, so that a step's novelty costs its own
+    response, not the whole history again. A history past ``MAX_HISTORY_CHARS`` (novelty then
+    reads its tail only) is tokenised afresh, as before. Messages are joined by a newline,
+    which no token spans, so the tokens of the whole are the union of the messages'."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.chars = -1  # length of the joined text
+        self.tokens: set[str] = set()
+        self._text: str | None = ""
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+        self.chars += len(text) + 1
+        self._text = None
+        if self.chars <= MAX_HISTORY_CHARS:
+            self.tokens.update(_TOKEN.findall(text.lower()))
+
+    def text(self) -> str:
+        """The history as the scorers see it: its last ``MAX_HISTORY_CHARS`` characters."""
+        if self._text is None:
+            self._text = "\n".join(self.parts)[-MAX_HISTORY_CHARS:]
+        return self._text
+
+    def novelty(self, actual: str) -> float:
+        """:func:`audit.stats.compounding.novelty` of ``actual`` against this history."""
+        if self.chars > MAX_HISTORY_CHARS:
+            return novelty(actual, self.text())
+        tokens = _TOKEN.findall(actual.lower())
+        if not tokens:
+            return 0.0
+        seen = self.tokens
+        return sum(1 for t in tokens if t not in seen) / len(tokens)
 
 
 class ReplayError(Exception):
@@ -134,14 +175,14 @@ def replay_trajectory(
     steps = traj.tool_steps()
     check_sizes(steps)
     env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
-    history: list[str] = []
+    history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env)
     calls.prefetch(steps)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
-            history.append(_message_text(m))
+            history.add(_message_text(m))
         seen_upto = st.message_index + 1
         actual_text, actual_error = calls.execute(st)
         check_actual_size(st, actual_text)
@@ -153,9 +194,8 @@ def replay_trajectory(
             rehearsed = resp.content if resp is not None else None
             written_error = resp.error if resp is not None else None
             flag = resp.rehearsed if resp is not None else None
-        history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
-                          env, history_text, settings)
+                          env, history.text(), settings, history.novelty(actual_text))
         calls.mark(rec, st.step)
         records.append(rec)
     assign_depths(records)
@@ -187,9 +227,10 @@ def check_sizes(steps: list[Any]) -> None:
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,
                 source_rehearsed: bool | None, actual_text: str, actual_error: bool,
-                env: Environment, history_text: str, settings: AuditOptions
-                ) -> dict[str, Any]:
-    """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references."""
+                env: Environment, history_text: str, settings: AuditOptions,
+                novelty_value: float | None = None) -> dict[str, Any]:
+    """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references
+    (``novelty_value``: the response's novelty when the caller knows it already)."""
     kind = env.tool_kind(st.tool)
     rec: dict[str, Any] = {
         "trajectory_id": traj.id,
@@ -205,7 +246,8 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
         "source_rehearsed": source_rehearsed,
         "malformed": st.malformed,
         "unanswered": rehearsed is None,
-        "novelty": novelty(actual_text, history_text),
+        "novelty": (novelty(actual_text, history_text) if novelty_value is None
+                    else novelty_value),
     }
     if rehearsed is None:
         rec.update(scores={}, diverged=True, rehearsed_error=None)
@@ -215,7 +257,7 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
                        rehearsed_error=written_error, history_text=history_text)
     rec["rehearsed_error"] = (written_error if written_error is not None
                               else is_error_response(rehearsed))
-    rec["scores"] = score_step(rehearsed, actual_text, ctx, settings.scorers)
+    rec["scores"] = score_fast(rehearsed, actual_text, ctx, settings.scorers)
     rec["diverged"] = settings.verdict(rec["scores"])
     if settings.references:
         rec["references"] = {}
@@ -223,7 +265,7 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
             text = ref(st.tool, st.arguments or {})
             rec["references"][name] = {
                 "response": text,
-                "scores": score_step(text, actual_text, ctx, settings.scorers),
+                "scores": score_fast(text, actual_text, ctx, settings.scorers),
             }
     return rec
 

@@ -44,6 +44,8 @@ class AuditOptions:
     #: (``envace.core.envs.guard``: the environment runs in a child process that is killed)
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
+    #: audit only shard (I, N) of the input (``audit.shard``; None: all of it)
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)

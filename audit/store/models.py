@@ -470,6 +470,7 @@ class AuditSummary(Block):
     history: History | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
+    shard: dict[str, Any] | None = None  #: a shard's index, count, inputs, settings (audit.shard)
 
     @property
     def scored_steps(self) -> int | None:

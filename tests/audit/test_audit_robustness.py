@@ -240,7 +240,8 @@ def test_two_audits_at_once_leave_one_whole_audit(tmp_path, examples):
 
 def test_a_crash_midway_leaves_the_earlier_audit_alone(audited, tmp_path, examples):
     before = tree(audited)
-    with mock.patch("audit.pipeline.build_summary", side_effect=RuntimeError("boom")), \
+    with mock.patch("audit.pipeline.SummaryAggregator.summary",
+                    side_effect=RuntimeError("boom")), \
             pytest.raises(RuntimeError):
         run_audit([str(examples / "rehearsed.jsonl")], audited, AuditOptions(progress=False))
     assert tree(audited) == before

@@ -18,7 +18,7 @@ from audit.scoring.fast import score_fast
 from audit.scoring.scorers import ScoreContext, list_scorers, score_step
 from audit.scoring.settings import AuditOptions
 from audit.stats.aggregate import SummaryAggregator
-from audit.stats.compounding import novelty
+from audit.stats.steps import novelty
 from audit.stats.summary import build_summary, compact
 from audit.store.models import summary_data
 from envace.core.envs.bfcl.tasks import split_tasks

@@ -58,6 +58,8 @@ Request = tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str, dict[str
 ProbeSteps = Generator[Request, Any, TrajectoryAudit]
 #: answers a batch of requests in order: the text, or an `Unanswered` for a step with no answer
 BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
+#: adds fields to a chunk's records before they are written: (trajectories, audit or exception)
+Annotate = Callable[[list[Trajectory], list["TrajectoryAudit | Exception"]], None]
 CHUNK = 64  # trajectories probed together (one round asks each of them once)
 
 
@@ -264,6 +266,7 @@ def run_probe(
     answer_batch: BatchAnswer | None = None,
     chunk: int = CHUNK,
     task_ids: bool = False,
+    annotate: Annotate | None = None,
 ) -> dict[str, Any]:
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
@@ -278,7 +281,9 @@ def run_probe(
     unreplayable records are reported with file and line, never fatal. The directory is
     written like every audit's (``audit.store.output``: renamed into place when complete, never
     over an input or another tool's files). `task_ids`: `answer_batch` is also given each
-    request's task id (`probe_batched`).
+    request's task id (`probe_batched`). `annotate`: called with each chunk's trajectories and
+    their audits (or exceptions), before the rows are written, to add fields to the records
+    (the likelihood audit, `audit.likelihood_probe`).
     """
     if (rehearser is None) == (answer_batch is None):
         raise ValueError("give exactly one of rehearser and answer_batch")
@@ -291,7 +296,7 @@ def run_probe(
     inputs = [str(p) for p in paths]
     with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
         summary = _probe_into(w, inputs, rehearser, answer_batch, tuple(histories), chunk, opts,
-                              limit, label, steps, progress, extra, task_ids)
+                              limit, label, steps, progress, extra, task_ids, annotate)
         return w.finish(summary, plots=opts.plots)
 
 
@@ -359,7 +364,7 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
                 steps: Mapping[str, Iterable[int]] | None,
                 progress: Callable[[int], None] | None,
                 extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
-                task_ids: bool = False) -> dict[str, Any]:
+                task_ids: bool = False, annotate: Annotate | None = None) -> dict[str, Any]:
     settings = probe_settings(opts)
     env_cache: dict[str, Environment] = {}
     skipped: list[dict[str, Any]] = []
@@ -375,6 +380,9 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
                        if answer_batch is not None else
                        _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
                    for h in histories}
+        if annotate is not None:
+            for h in histories:
+                annotate(trajs, results[h])
         for item in items:
             read += 1
             if item.trajectory is None:

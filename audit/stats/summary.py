@@ -20,6 +20,7 @@ from audit.stats.clusters import CLUSTER, assign_clusters, resolve
 from audit.stats.compounding import clean, group_stats, stratum_label, summarize
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
+from audit.stats.likelihood import likelihood_block
 from audit.stats.population import DETERMINISM, population
 from audit.store.models import SUMMARY_VERSION, StepRow
 from audit.worlds.reference import skill, skill_with_ci
@@ -48,6 +49,8 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     for k, v in rec.items():  # a writer's own scalar fields: what --cluster-by FIELD reads
         if k not in _ROW_FIELDS and isinstance(v, (str, int, float, bool)):
             row[k] = v
+    if isinstance(rec.get("likelihood"), dict):
+        row["likelihood"] = rec["likelihood"]
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row
@@ -200,6 +203,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
     if own_rows:
         counts["own_history_steps"] = len(own_rows)
     by_source = _by_source(answered, spec)
+    likelihood = likelihood_block(rows, spec)
     return clean({
         "schema": SUMMARY_VERSION,
         "inputs": [str(p) for p in inputs],
@@ -221,5 +225,6 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         **{k: v for k, v in stats.items() if k != "counts"},
         "skill": _skill_block(pop.rows, scorers),
         **({"history": history_block} if history_block is not None else {}),
+        **({"likelihood": likelihood} if likelihood is not None else {}),
         "seconds": seconds,
     })

@@ -147,6 +147,29 @@ def score_windows(model: Any, windows: Sequence[Window], batch_size: int = 4,
     return out
 
 
+def plan_windows(tokenizer: Any, scorings: Sequence[Scoring], context: int, passes: Passes
+                 ) -> tuple[list[tuple[int, Window]], list[dict[int, Any]]]:
+    """Every window of a chunk's trajectories with its trajectory's index, and each
+    trajectory's unscorable steps (with why); counted in ``passes``."""
+    passes.context = context
+    todo: list[tuple[int, Window]] = []
+    results: list[dict[int, Any]] = []
+    for t, sc in enumerate(scorings):
+        wins, skipped = trajectory_windows(tokenizer, sc, context)
+        passes.trajectories += 1
+        if len(wins) == 1 and not skipped:
+            passes.one_pass += 1
+        elif sc.targets:
+            passes.windowed += 1
+        passes.windows += len(wins)
+        passes.tokens += sum(len(w.ids) for w in wins)
+        passes.scored_tokens += sum(e - s for w in wins for _, s, e in w.spans)
+        passes.unscored_steps += len(skipped)
+        results.append(dict(skipped))
+        todo.extend((t, w) for w in wins)
+    return todo, results
+
+
 @dataclass
 class ModelScorer:
     """A local model as the likelihood audit's ``score_batch`` (``audit.likelihood_probe``)."""
@@ -157,30 +180,8 @@ class ModelScorer:
     batch_size: int = 4
     passes: Passes = field(default_factory=Passes)
 
-    def windows(self, scorings: Sequence[Scoring]
-                ) -> tuple[list[tuple[int, Window]], list[dict[int, Any]]]:
-        """Every window of the chunk with its trajectory's index, and each trajectory's
-        unscorable steps (counted in ``passes``)."""
-        self.passes.context = self.context
-        todo: list[tuple[int, Window]] = []
-        results: list[dict[int, Any]] = []
-        for t, sc in enumerate(scorings):
-            wins, skipped = trajectory_windows(self.tokenizer, sc, self.context)
-            self.passes.trajectories += 1
-            if len(wins) == 1 and not skipped:
-                self.passes.one_pass += 1
-            elif sc.targets:
-                self.passes.windowed += 1
-            self.passes.windows += len(wins)
-            self.passes.tokens += sum(len(w.ids) for w in wins)
-            self.passes.scored_tokens += sum(e - s for w in wins for _, s, e in w.spans)
-            self.passes.unscored_steps += len(skipped)
-            results.append(dict(skipped))
-            todo.extend((t, w) for w in wins)
-        return todo, results
-
     def __call__(self, scorings: list[Scoring]) -> list[Scores]:
-        todo, results = self.windows(scorings)
+        todo, results = plan_windows(self.tokenizer, scorings, self.context, self.passes)
         stop = marker_id(self.tokenizer, IM_END)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop
         got = score_windows(self.model, [w for _, w in todo], self.batch_size, pad)

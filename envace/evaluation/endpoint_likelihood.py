@@ -165,3 +165,42 @@ def probe_endpoint_likelihood(
     scorer = EndpointScorer(client, tokenizer, context, concurrency)
     return run_likelihood_probe(inputs, out_dir, scorer, opts, limit, label=client.label,
                                 extra=lambda: {"likelihood_scorer": scorer.block()})
+
+
+def run_endpoint_likelihood_cli(args: Any) -> int:
+    """`envace probe --likelihood --endpoint URL --model NAME [--tokenizer PATH]`; the exit
+    code (2, one line, nothing written, when the server cannot return prompt log-probabilities)."""
+    import sys
+
+    from audit.probe import probe_options
+    from envace.core.errors import EXIT_USAGE, UsageError
+    from envace.evaluation.likelihood import likelihood_exit
+    from envace.evaluation.model_probe import context_length
+    from envace.model.models import default_cache_dir, resolve_model
+
+    prog = getattr(args, "prog", "envace probe")
+    spec = getattr(args, "tokenizer", None) or args.model
+    try:
+        path = resolve_model(spec, default_cache_dir())
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{prog}: --likelihood --endpoint needs the served model's tokenizer (the "
+              f"scored tokens are sent as ids): give --tokenizer PATH ({exc})", file=sys.stderr)
+        return EXIT_USAGE
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    context = getattr(args, "context", None) or context_length(path)
+    try:
+        client = EndpointClient(args.endpoint, args.model, timeout_s=args.timeout,
+                                retries=args.retries)
+        client.check()
+        summary = probe_endpoint_likelihood(client, tokenizer, list(args.inputs), args.out,
+                                            probe_options(args, progress=not args.quiet),
+                                            context, args.concurrency, args.limit)
+    except (ValueError, EndpointError) as exc:
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    return likelihood_exit(args, summary, f" on {client.label}")

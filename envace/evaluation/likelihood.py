@@ -24,6 +24,7 @@ at the scored positions (``envace.model.trained_logits.selected_logits``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,3 +212,65 @@ def probe_likelihood(
                                       "batch_size": batch_size, "passes": scorer.passes.block()}}
 
     return run_likelihood_probe(inputs, out_dir, scorer, opts, limit, label=label, extra=extra)
+
+
+def likelihood_line(summary: dict[str, Any], where: str) -> str:
+    """The closing line of `envace probe --likelihood`."""
+    lk = summary.get("likelihood") or {}
+    c = summary["counts"]
+
+    def shown(est: Any) -> str:
+        point = (est or {}).get("point")
+        if point is None:
+            return "n/a"
+        ci = est.get("ci")
+        return f"{point:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+    comp = lk.get("compressor")
+    ref = f", primed deflate {shown(comp['bits_per_byte'])}" if comp else ""
+    return (f"scored {lk.get('steps', 0)} of {c['steps']} calls of {c['trajectories']} "
+            f"trajectories{where} (skipped {c['skipped']}): "
+            f"{shown(lk.get('bits_per_byte'))} bits per byte{ref}")
+
+
+def likelihood_exit(args: Any, summary: dict[str, Any], where: str = "") -> int:
+    """Print the closing line (unless ``--quiet``); the exit code: 3 when a record was skipped
+    or a call could not be scored (each named), else 0."""
+    from envace.core.errors import EXIT_OK, EXIT_SKIPPED
+
+    lk = summary.get("likelihood") or {}
+    if not args.quiet:
+        print(likelihood_line(summary, where) + f"; wrote {args.out}")
+    if lk.get("not_scored"):
+        print(f"{getattr(args, 'prog', 'envace probe')}: calls not scored: {lk['not_scored']} "
+              "(likelihood_skipped in steps.jsonl)", file=sys.stderr)
+    return EXIT_SKIPPED if summary["counts"]["skipped"] or lk.get("not_scored") else EXIT_OK
+
+
+def run_likelihood_cli(args: Any) -> int:
+    """`envace probe --likelihood --model PATH`: the likelihood audit of a local model; the
+    exit code."""
+    from audit.probe import probe_options
+    from envace.core.errors import EXIT_USAGE, UsageError
+    from envace.evaluation.model_probe import context_length
+    from envace.model.models import auto_threads, default_cache_dir, load_model, resolve_model
+
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        path = resolve_model(args.model, default_cache_dir())
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    import torch
+
+    torch.set_num_threads(auto_threads())
+    model, tokenizer = load_model(path)
+    context = getattr(args, "context", None) or context_length(path, model)
+    try:
+        summary = probe_likelihood(model, tokenizer, list(args.inputs), args.out,
+                                   probe_options(args, progress=not args.quiet), context,
+                                   args.limit, label=str(path))
+    except UsageError as exc:
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    return likelihood_exit(args, summary)

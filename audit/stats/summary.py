@@ -51,6 +51,9 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
             row[k] = v
     if isinstance(rec.get("likelihood"), dict):
         row["likelihood"] = rec["likelihood"]
+    for k in ("likelihood_skipped", "confidence"):
+        if rec.get(k) is not None:
+            row[k] = rec[k]
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row

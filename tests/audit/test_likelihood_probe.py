@@ -63,3 +63,23 @@ def test_rows_summary_rescore_and_compare(dev, tmp_path, monkeypatch):
     assert lk["diff"] == pytest.approx(2.0)
     assert lk["ci"] is None and lk["method"] == "no_spread"  # the same 2 bits everywhere
     assert "bits per byte (likelihood)" in render_compare(c)
+
+
+def test_fidelity_page_shows_the_likelihood(dev, tmp_path, monkeypatch):
+    """The dashboard's Fidelity page on a likelihood audit (a real Streamlit AppTest): the
+    tab's figures are the summary's block."""
+    import audit.stats.summary
+    from tests.dashboard.test_dashboard import charts, metrics, open_page
+
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(t.to_json() + "\n" for t in export_real(split_tasks("train")[:4])))
+    s = run_likelihood_probe([str(dev)], tmp_path / "lk", fake_scorer(1.5),
+                             AuditOptions(progress=False, plots=False, reference=str(train)))
+    at = open_page(monkeypatch, tmp_path / "lk", "fidelity")
+    m = metrics(at)
+    lk = s["likelihood"]
+    assert m["Bits per byte, model"] == "1.500"
+    assert m["Bits per byte, primed deflate"] == f"{lk['compressor']['bits_per_byte']['point']:.3f}"
+    drawn = charts(at)["Bits per byte by call index"][0]
+    assert len(drawn) == len(lk["by_depth"])

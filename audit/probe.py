@@ -45,6 +45,7 @@ from audit.replay import (
     trajectory_row,
 )
 from audit.scoring.settings import AuditOptions
+from audit.stats.confidence import confidence_of
 from audit.stats.history import HISTORIES, history_line
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
@@ -244,11 +245,15 @@ def probe_steps(
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
             actual_error: bool, env: Environment, history_text: str,
             settings: AuditOptions) -> dict[str, Any]:
-    """One step record with the fields and scoring of `audit.replay` (marked as a probe)."""
+    """One step record with the fields and scoring of `audit.replay` (marked as a probe); an
+    answer that carries its own log-probability (`audit.stats.confidence.Rehearsal`) gives the
+    record its `confidence` (and `confidence_min`)."""
+    conf = confidence_of(rehearsed)
     rehearsed = None if rehearsed is None else str(rehearsed)
     rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
                       history_text, settings)
     rec["probe"] = "teacher_forced"
+    rec.update(conf)
     return rec
 
 

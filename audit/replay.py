@@ -21,6 +21,7 @@ from audit.scoring.canonical import is_error_response
 from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.compounding import novelty
+from audit.stats.confidence import mean_token_logprob
 from audit.stats.population import assign_depths, is_rehearsed
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import CallLimits, guarded_env
@@ -151,6 +152,10 @@ def replay_trajectory(
                           env, history_text, settings)
         if st.step in calls.timed_out:
             rec["timeout"] = True
+        if override is None and resp is not None and resp.rehearsed is not False:
+            conf = mean_token_logprob(resp.logprob, resp.num_tokens)  # audit.stats.confidence
+            if conf is not None and rehearsed is not None:
+                rec["confidence"] = conf
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))

@@ -18,6 +18,7 @@ from typing import Any
 
 from audit.stats.clusters import CLUSTER, assign_clusters, resolve
 from audit.stats.compounding import clean, group_stats, stratum_label, summarize
+from audit.stats.confidence import confidence_block
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
 from audit.stats.likelihood import likelihood_block
@@ -51,7 +52,7 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
             row[k] = v
     if isinstance(rec.get("likelihood"), dict):
         row["likelihood"] = rec["likelihood"]
-    for k in ("likelihood_skipped", "confidence"):
+    for k in ("likelihood_skipped", "confidence", "confidence_min"):
         if rec.get(k) is not None:
             row[k] = rec[k]
     if rec.get("references"):
@@ -207,6 +208,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         counts["own_history_steps"] = len(own_rows)
     by_source = _by_source(answered, spec)
     likelihood = likelihood_block(rows, spec)
+    confidence = confidence_block(pop.rows, spec)
     return clean({
         "schema": SUMMARY_VERSION,
         "inputs": [str(p) for p in inputs],
@@ -229,5 +231,6 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "skill": _skill_block(pop.rows, scorers),
         **({"history": history_block} if history_block is not None else {}),
         **({"likelihood": likelihood} if likelihood is not None else {}),
+        **({"confidence": confidence} if confidence is not None else {}),
         "seconds": seconds,
     })

@@ -94,6 +94,7 @@ class StepRow(BaseModel):
     likelihood_skipped: str | None = None  #: why the likelihood audit could not score the step
     #: the model's confidence in its own answer (mean token log-probability, ``confidence``)
     confidence: FiniteFloat | None = None
+    confidence_min: FiniteFloat | None = None  #: its lowest token log-probability (the probe)
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:

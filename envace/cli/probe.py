@@ -115,6 +115,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                          "context, one per call where it does not); step rows gain "
                          "`likelihood`, the summary a bits-per-byte block; with --reference "
                          "TRAIN.jsonl also the primed-compressor yardstick")
+    lk.add_argument("--confidence", action="store_true",
+                    help="a local generating probe: score each answer after its prompt too, so "
+                         "each step row gets `confidence` (its mean token log-probability) and "
+                         "the summary a `confidence` block (AUROC, reliability, risk-coverage)")
     lk.add_argument("--context", type=int, default=None, metavar="N",
                     help="with --likelihood: the context in tokens (default: the model's "
                          "fine-tuning seq_len, else 2048)")
@@ -178,8 +182,13 @@ def _check_usage(args: argparse.Namespace) -> str | None:
             return "--likelihood --endpoint uses /v1/completions: not with --api chat"
         if (getattr(args, "context", None) or 1) < 1:
             return "--context must be >= 1"
+        if getattr(args, "confidence", False):
+            return "--confidence goes with a generating probe, not --likelihood"
     elif getattr(args, "context", None) or getattr(args, "tokenizer", None):
         return "--context and --tokenizer go with --likelihood"
+    if getattr(args, "confidence", False) and (getattr(args, "endpoint", None)
+                                               or getattr(args, "ranker", None)):
+        return "--confidence needs a local model (it scores the answers with it)"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:

@@ -109,16 +109,17 @@ def trajectory_windows(tokenizer: Any, scoring: Scoring, context: int
 
 
 def score_windows(model: Any, windows: Sequence[Window], batch_size: int = 4,
-                  pad: int = 0) -> list[list[tuple[int, float, int]]]:
-    """For each window, each span's ``(step, nats, tokens)``: minus the summed fp32
-    log-probability of ``ids[start:end]`` after ``ids[:start]``. Length-sorted batches."""
+                  pad: int = 0) -> list[list[tuple[int, float, int, float]]]:
+    """For each window, each span's ``(step, nats, tokens, lowest)``: minus the summed fp32
+    log-probability of ``ids[start:end]`` after ``ids[:start]``, and its lowest token
+    log-probability. Length-sorted batches."""
     import torch
 
     from envace.model.trained_logits import selected_logits
 
     device = next(model.parameters()).device
     order = sorted(range(len(windows)), key=lambda i: len(windows[i].ids))
-    out: list[list[tuple[int, float, int]]] = [[] for _ in windows]
+    out: list[list[tuple[int, float, int, float]]] = [[] for _ in windows]
     model.eval()
     for a in range(0, len(order), batch_size):
         idx = [i for i in order[a:a + batch_size] if windows[i].spans]
@@ -143,7 +144,7 @@ def score_windows(model: Any, windows: Sequence[Window], batch_size: int = 4,
             vals, k = per_row[row], 0
             for s, start, end in sorted(windows[i].spans, key=lambda sp: sp[1]):
                 n = end - start
-                out[i].append((s, -float(vals[k:k + n].sum()), n))
+                out[i].append((s, -float(vals[k:k + n].sum()), n, float(vals[k:k + n].min())))
                 k += n
     return out
 
@@ -187,7 +188,7 @@ class ModelScorer:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop
         got = score_windows(self.model, [w for _, w in todo], self.batch_size, pad)
         for (t, _), spans in zip(todo, got, strict=True):
-            for step, nats, tokens in spans:
+            for step, nats, tokens, _lowest in spans:
                 results[t][step] = (nats, tokens)
         return results
 
@@ -212,6 +213,40 @@ def probe_likelihood(
                                       "batch_size": batch_size, "passes": scorer.passes.block()}}
 
     return run_likelihood_probe(inputs, out_dir, scorer, opts, limit, label=label, extra=extra)
+
+
+def with_confidence(model: Any, tokenizer: Any, context: int, max_new_tokens: int,
+                    answer: Any, batch_size: int = 4) -> Any:
+    """A batch world model (`audit.probe.BatchAnswer`) whose text answers come back as
+    `audit.stats.confidence.Rehearsal`: each scored, teacher-forced, after the prompt it was
+    generated from (cut as `model_answers` cuts it) with its end marker: the log-probability
+    the model wrote it with, so the probe's rows get ``confidence`` (one extra forward per
+    call; greedy decoding's token log-probabilities are these up to fp32 rounding)."""
+    from audit.stats.confidence import Rehearsal
+    from envace.model.chat import encode_text
+
+    budget = max(64, context - max_new_tokens)
+    stop = marker_id(tokenizer, IM_END)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+
+    def scored(requests: list[Any]) -> list[Any]:
+        texts = answer(requests)
+        windows, where = [], []
+        for k, ((messages, tools, _tool, _args), text) in enumerate(
+                zip(requests, texts, strict=True)):
+            if not isinstance(text, str):
+                continue
+            prompt = prompt_ids(tokenizer, messages, tools, "tool", budget)
+            cont = encode_text(tokenizer, text) + [stop]
+            windows.append(Window(prompt + cont, [(k, len(prompt), len(prompt) + len(cont))]))
+            where.append(k)
+        out = list(texts)
+        for k, spans in zip(where, score_windows(model, windows, batch_size, pad), strict=True):
+            _s, nats, tokens, lowest = spans[0]
+            out[k] = Rehearsal.of(str(texts[k]), -nats, tokens, lowest)
+        return out
+
+    return scored
 
 
 def likelihood_line(summary: dict[str, Any], where: str) -> str:

@@ -189,13 +189,20 @@ def probe_model(
     batch_size: int = 8,
     histories: Sequence[str] = ("real",),
     grounding: Any = None,
+    confidence: bool = False,
 ) -> dict[str, Any]:
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
     the trajectories' requests round by round; the summary. `grounding` (an
     `audit.worlds.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
-    hybrid with a lookup; the label names it and the summary gains the `world_model` block."""
+    hybrid with a lookup; the label names it and the summary gains the `world_model` block.
+    `confidence`: each answer is also scored after its prompt (one more forward per call), so
+    the rows gain `confidence` and the summary its `confidence` block (`audit.stats.confidence`)."""
     base = model_answers(model, tokenizer, context, max_new_tokens, batch_size)
+    if confidence:  # each answer scored after its prompt: rows gain `confidence`
+        from envace.evaluation.likelihood import with_confidence
+
+        base = with_confidence(model, tokenizer, context, max_new_tokens, base, batch_size)
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=base)
@@ -229,7 +236,8 @@ def run_model_probe(args: Any) -> int:
     try:
         summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
                               args.max_new_tokens, args.limit, label=str(path),
-                              histories=HISTORY_CHOICES[args.history], grounding=grounding)
+                              histories=HISTORY_CHOICES[args.history], grounding=grounding,
+                              confidence=bool(getattr(args, "confidence", False)))
     except UsageError as exc:  # a refused --out: one line and 2, as documented
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE

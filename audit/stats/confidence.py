@@ -163,7 +163,7 @@ def reliability(confidence: Sequence[float], diverged: Sequence[bool], bins: int
                 ) -> list[dict[str, Any]]:
     """Steps in equal-width bins of exp(confidence) (the geometric-mean token probability):
     each bin's mean of it and its share of right (not diverged) responses."""
-    p = np.exp(np.asarray(confidence, dtype=float))
+    p = np.clip(np.exp(np.asarray(confidence, dtype=float)), 0.0, 1.0)
     y = np.asarray(diverged, dtype=bool)
     edges = np.linspace(0.0, 1.0, bins + 1)
     out = []

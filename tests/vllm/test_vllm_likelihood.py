@@ -29,6 +29,13 @@ NAME = "tiny"
 ABS, REL = 0.02, 1e-3
 
 
+LOG: list[Path] = []
+
+
+def _log_tail() -> str:
+    return LOG[0].read_text()[-3000:] if LOG and LOG[0].exists() else "(no server log)"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
     import os
@@ -44,6 +51,7 @@ def server(tmp_path_factory) -> Iterator[str]:
            "--enforce-eager", "--max-num-seqs", "4"]
     url = f"http://127.0.0.1:{port}/v1"
     log_path = tmp_path_factory.mktemp("vllm-lk") / "server.log"
+    LOG[:] = [log_path]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -90,7 +98,7 @@ def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
     served = subprocess.run(base + ["--endpoint", server, "--model", NAME, "--tokenizer",
                                     str(TINY), "--out", str(tmp_path / "served")],
                             capture_output=True, text=True, cwd=ROOT)
-    assert served.returncode == 0, served.stderr[-3000:]
+    assert served.returncode == 0, (served.stderr[-3000:], _log_tail())
     local = subprocess.run(base + ["--model", str(TINY), "--out", str(tmp_path / "local")],
                            capture_output=True, text=True, cwd=ROOT)
     assert local.returncode == 0, local.stderr[-3000:]

@@ -74,7 +74,7 @@ def trajectory_windows(tokenizer: Any, scoring: Scoring, context: int
                        ) -> tuple[list[Window], dict[int, str]]:
     """The windows that score ``scoring``'s responses, and the steps that cannot be scored."""
     msgs = _for_encoding(scoring.messages, scoring.targets)
-    blocks, _ = message_blocks(tokenizer, msgs, scoring.tools)
+    blocks, _ = message_blocks(tokenizer, msgs, scoring.tools, measuring=True)
     off = 0 if msgs and msgs[0].get("role") == "system" else 1
     block_of = {step: i + off for step, i in scoring.targets.items()}
     # within its block, a response's scored ids are those the format marks as rehearsed

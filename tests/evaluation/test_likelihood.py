@@ -111,3 +111,38 @@ def test_audit_directory_reads_back_and_sums(tiny, trajectories, tmp_path, monke
     assert s["likelihood_scorer"]["passes"]["one_pass"] == len(trajectories)
     saved = json.loads((tmp_path / "lk" / "summary.json").read_text())
     assert saved["likelihood"]["bits_per_byte"]["point"] == lk["bits_per_byte"]["point"]
+
+
+def test_confidence_is_the_log_probability_the_answer_was_generated_with(tiny, trajectories):
+    """`with_confidence` scores each greedy answer after its prompt: its log-probability equals
+    the sum of the generation's own token log-probabilities (transformers' scores), end marker
+    included, to fp32 tolerance."""
+    import torch
+
+    from audit.stats.confidence import Rehearsal
+    from envace.evaluation.likelihood import with_confidence
+    from envace.evaluation.model_probe import model_answers
+
+    model, tok = tiny
+    traj = trajectories[0]
+    st = traj.tool_steps()[1]
+    messages = [m.dump() for m in traj.messages[: st.message_index + 1]]
+    request = (messages, traj.tools, st.tool, dict(st.arguments or {}))
+    answer = with_confidence(model, tok, 2048, 24, model_answers(model, tok, 2048, 24))
+    got = answer([request])[0]
+    assert isinstance(got, Rehearsal) and got.num_tokens >= 2
+    prompt = prompt_ids(tok, messages, traj.tools, "tool", 2048 - 24)
+    stop = tok.convert_tokens_to_ids(IM_END)
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24,
+                             do_sample=False, eos_token_id=stop, pad_token_id=stop,
+                             output_scores=True, return_dict_in_generate=True)
+    new = out.sequences[0, len(prompt):].tolist()
+    lps = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, new,
+                                                                          strict=True)]
+    if stop in new:  # the answer and its end marker, as generated
+        assert got.num_tokens == new.index(stop) + 1
+        assert got.logprob == pytest.approx(sum(lps[:new.index(stop) + 1]), abs=1e-3)
+    else:  # cut at the token limit: the scored end marker was never generated
+        assert got.logprob < sum(lps) + 1e-3
+    assert got.min_logprob <= got.logprob / got.num_tokens

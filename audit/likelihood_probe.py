@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from audit.probe import CHUNK, Request, TrajectoryAudit, run_probe
+from audit.probe import CHUNK, TrajectoryAudit, run_probe
 from audit.scoring.settings import AuditOptions
 from audit.stats.likelihood import KEY, NOT_SCORED, likelihood_entry
 from envace.core.schema import Trajectory
@@ -68,8 +68,9 @@ def scoring_of(traj: Trajectory, records: Sequence[dict[str, Any]]) -> Scoring:
     return Scoring(messages, traj.tools, targets)
 
 
-def _nothing(requests: list[Request]) -> list[str | Unanswered]:
-    return [Unanswered(REASON) for _ in requests]
+def _nothing(*_request: Any) -> str:
+    """The world model of a likelihood audit: it writes nothing."""
+    raise Unanswered(REASON)
 
 
 def annotator(score_batch: ScoreBatch, reference: Any = None,
@@ -132,5 +133,7 @@ def run_likelihood_probe(
         out.update((extra() if callable(extra) else extra) or {})
         return out
 
-    return run_probe(paths, out_dir, None, opts, limit, label=label, extra=more,
-                     answer_batch=_nothing, chunk=chunk, annotate=annotator(score_batch, reference))
+    # one trajectory at a time through one environment per family (`rehearser`, not rounds of
+    # `answer_batch`, which keep a live environment, a forked child, per trajectory of a chunk)
+    return run_probe(paths, out_dir, _nothing, opts, limit, label=label, extra=more,
+                     chunk=chunk, annotate=annotator(score_batch, reference))

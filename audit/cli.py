@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from audit.shard import parse_shard
 from audit.stats.clusters import check_unit
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
@@ -185,8 +186,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def shard_arg(text: str) -> tuple[int, int]:
     """argparse type of ``--shard I/N`` (a bad value is a usage error, exit 2)."""
-    from audit.shard import parse_shard
-
     try:
         return parse_shard(text)
     except ValueError as exc:
@@ -200,6 +199,7 @@ def _add_shard(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    # lazy: loads numpy and pydantic (the summary): kept out of --help
     from audit.merge import merge_shards
 
     return _finish(merge_shards(args.shards, args.out), args.out)

@@ -14,7 +14,10 @@ rate, each scorer's mean) gets a cluster-bootstrap interval and a p-value
 - ``independent`` otherwise: each audit's clusters are resampled on their own (bootstrap
   p-value, never below 1 / (B + 1)).
 
-``design`` in the output says which. When both audits scored the same calls (same task, step,
+``design`` in the output says which. Two likelihood audits (``envace probe --likelihood``) are
+compared on the calls both scored: ``likelihood`` holds each side's bits per byte and B − A on
+the paired calls with a cluster-bootstrap interval (``audit.stats.likelihood.compare_likelihood``).
+When both audits scored the same calls (same task, step,
 tool and arguments) the matched calls are also compared directly (``paired``: how many diverged
 in one audit only, and the difference on those calls, resampling A's trajectories).
 
@@ -41,6 +44,7 @@ from audit.stats.intervals import (
     cluster_sums,
     ratio_difference,
 )
+from audit.stats.likelihood import compare_likelihood
 from audit.stats.population import population
 from audit.stats.steps import clean
 from audit.store.models import place
@@ -150,11 +154,15 @@ def compare_audits(dir_a: str | Path, dir_b: str | Path, alpha: float = 0.05,
             | {"own_minus_real": (h.get("overall") or {}).get("diff", {}).get("diff"),
                "compounding_share_deep": h["deep"]["compounding_share"]["point"]}
             for side, h in (("a", sa.get("history") or ha), ("b", sb.get("history") or hb))}
+    lk = compare_likelihood(all_a, all_b, spec)
+    if lk is not None:  # two likelihood audits: bits per byte on the same calls, paired
+        out["likelihood"] = lk
     index_b = {_key(s): s for s in b}
     pairs = [(s, index_b[_key(s)]) for s in a if _key(s) in index_b]
     if pairs:
         out["paired"] = _matched_calls(pairs, spec)
-    for block in [out["divergence_rate"], out.get("paired", {}), *out["scores"].values()]:
+    for block in [out["divergence_rate"], out.get("paired", {}), out.get("likelihood", {}),
+                  *out["scores"].values()]:
         if block.get("p_value") is not None:
             block["significant"] = block["p_value"] < alpha
     return clean(out)
@@ -255,6 +263,13 @@ def render_compare(c: dict[str, Any]) -> str:
                       f"({'significant' if p.get('significant') else 'n.s.'}; the plain exact "
                       f"McNemar test, calls as independent: p = "
                       f"{fp({'p_value': p.get('mcnemar_exact_p')})})."]
+    if c.get("likelihood"):
+        lk = c["likelihood"]
+        lines.append(f"| bits per byte (likelihood) | {f(lk.get('a'))} | {f(lk.get('b'))} | "
+                     f"{f(lk.get('diff'))} | {ci(lk)} | {fp(lk)} | |")
+        lines += ["", f"Bits per byte: B − A on the {lk['pairs']} calls both likelihood audits "
+                      "scored, paired (clusters resampled together)."
+                  + (f" {lk['note']}." if lk.get("note") else "")]
     if c.get("skipped_records"):
         lines += ["", f"Not used ({len(c['skipped_records'])}):", ""]
         lines += [f"- {place(r)}: {r['reason']}" for r in c["skipped_records"][:20]]

@@ -46,6 +46,7 @@ from audit.replay import (
     trajectory_row,
 )
 from audit.scoring.settings import AuditOptions
+from audit.stats.confidence import confidence_of
 from audit.stats.history import HISTORIES, history_line
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
@@ -74,6 +75,8 @@ ProbeSteps = Generator[Request, Any, TrajectoryAudit]
 #: world model that keeps state per conversation, e.g. its KV cache, may drop it then), and a
 #: last round with no request at all ends them all
 BatchAnswer = Callable[[list[Request]], list["str | Unanswered"]]
+#: adds fields to a chunk's records before they are written: (trajectories, audit or exception)
+Annotate = Callable[[list[Trajectory], list["TrajectoryAudit | Exception"]], None]
 CHUNK = 64  # trajectories probed together (one round asks each of them once)
 #: `envace probe --history`: the histories each value rehearses from
 HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
@@ -255,11 +258,15 @@ def probe_steps(
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
             actual_error: bool, env: Environment, history_text: str,
             settings: AuditOptions) -> dict[str, Any]:
-    """One step record with the fields and scoring of `audit.replay` (marked as a probe)."""
+    """One step record with the fields and scoring of `audit.replay` (marked as a probe); an
+    answer that carries its own log-probability (`audit.stats.confidence.Rehearsal`) gives the
+    record its `confidence` (and `confidence_min`)."""
+    conf = confidence_of(rehearsed)
     rehearsed = None if rehearsed is None else str(rehearsed)
     rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
                       history_text, settings)
     rec["probe"] = "teacher_forced"
+    rec.update(conf)
     return rec
 
 
@@ -287,6 +294,7 @@ def run_probe(
     answer_batch: BatchAnswer | None = None,
     chunk: int = CHUNK,
     task_ids: bool = False,
+    annotate: Annotate | None = None,
 ) -> dict[str, Any]:
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
@@ -301,7 +309,9 @@ def run_probe(
     unreplayable records are reported with file and line, never fatal. The directory is
     written like every audit's (``audit.store.output``: renamed into place when complete, never
     over an input or another tool's files). `task_ids`: `answer_batch` is also given each
-    request's task id (`probe_batched`).
+    request's task id (`probe_batched`). `annotate`: called with each chunk's trajectories and
+    their audits (or exceptions), before the rows are written, to add fields to the records
+    (the likelihood audit, `audit.likelihood_probe`).
     """
     if (rehearser is None) == (answer_batch is None):
         raise ValueError("give exactly one of rehearser and answer_batch")
@@ -314,7 +324,7 @@ def run_probe(
     inputs = [str(p) for p in paths]
     with AuditWriter(out_dir, [*inputs, opts.reference]) as w:
         summary = _probe_into(w, inputs, rehearser, answer_batch, tuple(histories), chunk, opts,
-                              limit, label, steps, progress, extra, task_ids)
+                              limit, label, steps, progress, extra, task_ids, annotate)
         return w.finish(summary, plots=opts.plots)
 
 
@@ -382,7 +392,7 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
                 steps: Mapping[str, Iterable[int]] | None,
                 progress: Callable[[int], None] | None,
                 extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
-                task_ids: bool = False) -> dict[str, Any]:
+                task_ids: bool = False, annotate: Annotate | None = None) -> dict[str, Any]:
     settings = probe_settings(opts)
     env_cache: dict[str, Environment] = {}
     skipped: list[dict[str, Any]] = []
@@ -398,6 +408,9 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
                        if answer_batch is not None else
                        _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
                    for h in histories}
+        if annotate is not None:
+            for h in histories:
+                annotate(trajs, results[h])
         for item in items:
             read += 1
             if item.trajectory is None:

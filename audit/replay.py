@@ -22,6 +22,7 @@ from audit.scoring.canonical import is_error_response
 from audit.scoring.fast import score_fast
 from audit.scoring.scorers import ScoreContext
 from audit.scoring.settings import AuditOptions, Override
+from audit.stats.confidence import mean_token_logprob
 from audit.stats.population import assign_depths, is_rehearsed
 from audit.stats.steps import novelty
 from envace.core.envs.base import Environment
@@ -197,6 +198,10 @@ def replay_trajectory(
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
                           env, history.text(), settings, history.novelty(actual_text))
         calls.mark(rec, st.step)
+        if override is None and resp is not None and resp.rehearsed is not False:
+            conf = mean_token_logprob(resp.logprob, resp.num_tokens)  # audit.stats.confidence
+            if conf is not None and rehearsed is not None:
+                rec["confidence"] = conf
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))

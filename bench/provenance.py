@@ -47,6 +47,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "guard_overhead": "guard_overhead", "tau2_probes": "tau2_probes",
     "rollout_guard_overhead": "rollout_guard_overhead",
     "probe_prefix": "probe_prefix", "probe_profile": "probe_profile",
+    "likelihood_speed": "likelihood_speed",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -37,7 +37,7 @@ import numpy as np
 
 from audit.stats import compounding as cp
 from audit.stats import survival as sv
-from audit.stats.clusters import resolve
+from audit.stats.clusters import cluster_of, resolve
 from audit.stats.compounding import QUESTIONS
 from audit.stats.depth_tables import stratum_label
 from audit.stats.intervals import (
@@ -49,7 +49,7 @@ from audit.stats.intervals import (
 )
 from audit.stats.population import DETERMINISM, EMPTY, REHEARSED, Population, is_rehearsed
 from audit.stats.steps import clean, is_finite, score_of
-from audit.stats.summary import LOGISTIC_BOOT, N_BOOT, SEED, build_summary
+from audit.stats.summary import LOGISTIC_BOOT, N_BOOT, SEED, _determinism_warning, build_summary
 from audit.stats.trend import METHOD as TREND_METHOD
 from audit.stats.trend import depth_trend
 from audit.store.models import SUMMARY_VERSION
@@ -539,8 +539,6 @@ class SummaryAggregator:
         c = Counter()
         errors = Counter()
         pop_clusters: set[str] = set()
-        from audit.stats.clusters import cluster_of
-
         for rows in self._rows():
             for r in rows:
                 r["cluster"] = cluster_of(r, unit, chosen.cluster_of)
@@ -654,8 +652,6 @@ class SummaryAggregator:
         }
         by_source = self._by_source(sources, real_diverged, spec)
         tp, fn, fp = errors["tp"], errors["fn"], errors["fp"]
-        from audit.stats.summary import _determinism_warning
-
         return clean({
             "schema": SUMMARY_VERSION,
             "inputs": [str(p) for p in kw["inputs"]],

@@ -45,6 +45,7 @@ NOT_UNITS = frozenset({
     "diverged", "scores", "rehearsed", "actual", "actual_error", "rehearsed_error", "unanswered",
     "unanswered_reason", "malformed", "timeout", "crashed", "novelty", "depth", "step", "arguments",
     "references", "mutates_state", "source_rehearsed", "probe", "history", "tool", "messages",
+    "likelihood", "likelihood_skipped", "confidence", "confidence_min",
 })
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from audit.stats.clusters import CLUSTER, assign_clusters, resolve
 from audit.stats.compounding import compounding_block, logistic_divergence
+from audit.stats.confidence import confidence_block
 from audit.stats.depth_tables import (
     NOVELTY_BINS,
     StepTable,
@@ -29,6 +30,7 @@ from audit.stats.depth_tables import (
 )
 from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
+from audit.stats.likelihood import likelihood_block
 from audit.stats.population import DETERMINISM, population
 from audit.stats.steps import Step, by_trajectory, clean, scored_steps, scorer_names
 from audit.stats.survival import first_divergence_survival
@@ -59,6 +61,11 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     for k, v in rec.items():  # a writer's own scalar fields: what --cluster-by FIELD reads
         if k not in _ROW_FIELDS and isinstance(v, (str, int, float, bool)):
             row[k] = v
+    if isinstance(rec.get("likelihood"), dict):
+        row["likelihood"] = rec["likelihood"]
+    for k in ("likelihood_skipped", "confidence", "confidence_min"):
+        if rec.get(k) is not None:
+            row[k] = rec[k]
     if rec.get("references"):
         row["ref_scores"] = {n: r["scores"] for n, r in rec["references"].items()}
     return row
@@ -263,6 +270,8 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
     if own_rows:
         counts["own_history_steps"] = len(own_rows)
     by_source = _by_source(answered, spec)
+    likelihood = likelihood_block(rows, spec)
+    confidence = confidence_block(pop.rows, spec)
     return clean({
         "schema": SUMMARY_VERSION,
         "inputs": [str(p) for p in inputs],
@@ -284,5 +293,7 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         **{k: v for k, v in stats.items() if k != "counts"},
         "skill": _skill_block(pop.rows, scorers),
         **({"history": history_block} if history_block is not None else {}),
+        **({"likelihood": likelihood} if likelihood is not None else {}),
+        **({"confidence": confidence} if confidence is not None else {}),
         "seconds": seconds,
     })

@@ -50,6 +50,18 @@ class ReferenceResponse(BaseModel):
     scores: Scores
 
 
+class Likelihood(BaseModel):
+    """How probable the real response is under the audited model (``envace probe
+    --likelihood``, ``audit.stats.likelihood``)."""
+
+    model_config = _STRICT
+    nats: FiniteFloat = Field(ge=0)  #: minus the log-probability of its tokens and end marker
+    tokens: int = Field(ge=0)
+    bytes: int = Field(ge=0)  #: UTF-8 bytes of the response text
+    bits_per_byte: FiniteFloat | None = None  #: nats / ln 2 / bytes; null for an empty text
+    compressor_bits: FiniteFloat | None = None  #: the primed compressor's code length
+
+
 class StepRow(BaseModel):
     """One line of ``steps.jsonl``: a tool call, both responses, scores and the verdict."""
 
@@ -83,6 +95,12 @@ class StepRow(BaseModel):
     #: the real call's process died during it (a signal, an exit, the memory limit; ``actual``
     #: names which); written only when true
     crashed: bool | None = None
+    #: the likelihood audit's figures for the real response (``--likelihood``)
+    likelihood: Likelihood | None = None
+    likelihood_skipped: str | None = None  #: why the likelihood audit could not score the step
+    #: the model's confidence in its own answer (mean token log-probability, ``confidence``)
+    confidence: FiniteFloat | None = None
+    confidence_min: FiniteFloat | None = None  #: its lowest token log-probability (the probe)
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:
@@ -468,6 +486,9 @@ class AuditSummary(Block):
     probe: str | None = None
     histories: list[str] | None = None
     history: History | None = None
+    likelihood: dict[str, Any] | None = None
+    likelihood_scorer: dict[str, Any] | None = None
+    confidence: dict[str, Any] | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
     shard: dict[str, Any] | None = None  #: a shard's index, count, inputs, settings (audit.shard)

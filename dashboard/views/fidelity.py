@@ -31,6 +31,7 @@ from audit.store.models import (
     Stratum,
 )
 from dashboard import charts, data, ui
+from dashboard.likelihood import likelihood
 from dashboard.runs import Run
 from dashboard.safe import code, md
 
@@ -263,7 +264,9 @@ def page(run: Run) -> None:
         return
     headline(s, run, audit.label)
     tabs = ["By depth", "First divergence", "Compounding", "Real vs own history", "By tool",
-            "Read vs write", "Novelty", "Skill", "Counts"]
+            "Read vs write", "Novelty", "Skill", "Likelihood", "Counts"]
+    if s.get("likelihood"):  # a likelihood audit: its figures first
+        tabs.insert(0, tabs.pop(tabs.index("Likelihood")))
     trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
     if not trend.empty:
         tabs.insert(0, "Over training")
@@ -276,7 +279,7 @@ def page(run: Run) -> None:
             st.dataframe(trend, hide_index=True)
     parts = [("By depth", by_depth), ("First divergence", first_divergence),
              ("Compounding", compounding), ("Real vs own history", history), ("Skill", skill),
-             ("Counts", counts)]
+             ("Likelihood", likelihood), ("Counts", counts)]
     for name, fn in parts:
         with t[name], ui.guard(name.lower()):
             fn(s)

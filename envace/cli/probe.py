@@ -5,6 +5,8 @@
     envace probe --model PATH dev.jsonl --out DIR --memory train.jsonl [--memory-k 3]
     envace probe --model PATH dev.jsonl --out DIR --hybrid train.jsonl --reference train.jsonl
     envace probe --model PATH dev.jsonl --out DIR --choose train.jsonl --hybrid train.jsonl
+    envace probe --likelihood --model PATH dev.jsonl --out DIR [--reference train.jsonl]
+    envace probe --likelihood --endpoint URL --model NAME --tokenizer PATH dev.jsonl --out DIR
 
 `run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved): this
 module holds the parser and the argument checks; the runs live with the probe, one place per
@@ -36,7 +38,9 @@ from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K
 from envace.core.envs.guard import limit_arg
 from envace.core.errors import EXIT_USAGE
+from envace.evaluation.endpoint_likelihood import run_endpoint_likelihood_cli
 from envace.evaluation.endpoint_probe import run_endpoint_probe
+from envace.evaluation.likelihood import run_likelihood_cli
 from envace.evaluation.model_probe import run_model_probe
 
 #: options of a generating or served model, refused with --ranker when changed
@@ -108,6 +112,23 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "on this train-split file, picks among its real responses and their "
                         "copy-edits by features of the call and the conversation so far "
                         f"(k={RANKER_K})")
+    lk = p.add_argument_group("likelihood audit (docs/audit.md, \"How probable is reality\")")
+    lk.add_argument("--likelihood", action="store_true",
+                    help="instead of generating: score every real tool response under the model "
+                         "given the real history (one forward per trajectory that fits the "
+                         "context, one per call where it does not); step rows gain "
+                         "`likelihood`, the summary a bits-per-byte block; with --reference "
+                         "TRAIN.jsonl also the primed-compressor yardstick")
+    lk.add_argument("--confidence", action="store_true",
+                    help="a local generating probe: score each answer after its prompt too, so "
+                         "each step row gets `confidence` (its mean token log-probability) and "
+                         "the summary a `confidence` block (AUROC, reliability, risk-coverage)")
+    lk.add_argument("--context", type=int, default=None, metavar="N",
+                    help="with --likelihood: the context in tokens (default: the model's "
+                         "fine-tuning seq_len, else 2048)")
+    lk.add_argument("--tokenizer", metavar="PATH",
+                    help="with --likelihood --endpoint: a local folder with the served model's "
+                         "tokenizer (default: --model, when it is a local folder)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default=SERVED_DEFAULTS["api"], choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -157,6 +178,24 @@ def _check_usage(args: argparse.Namespace) -> str | None:
         return "--choose-among needs --choose"
     if getattr(args, "choose_edits", False) and not getattr(args, "choose", None):
         return "--choose-edits needs --choose"
+    if getattr(args, "likelihood", False):
+        used = [f"--{f.replace('_', '-')}" for f in ("ranker", "memory", "hybrid", "choose")
+                if getattr(args, f, None)]
+        if used or getattr(args, "history", "real") != "real":
+            used += ["--history"] if getattr(args, "history", "real") != "real" else []
+            return (f"--likelihood scores the real responses given the real history: not with "
+                    f"{', '.join(used)}")
+        if getattr(args, "endpoint", None) and getattr(args, "api", "completions") != "completions":
+            return "--likelihood --endpoint uses /v1/completions: not with --api chat"
+        if (getattr(args, "context", None) or 1) < 1:
+            return "--context must be >= 1"
+        if getattr(args, "confidence", False):
+            return "--confidence goes with a generating probe, not --likelihood"
+    elif getattr(args, "context", None) or getattr(args, "tokenizer", None):
+        return "--context and --tokenizer go with --likelihood"
+    if getattr(args, "confidence", False) and (getattr(args, "endpoint", None)
+                                               or getattr(args, "ranker", None)):
+        return "--confidence needs a local model (it scores the answers with it)"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:
@@ -181,6 +220,10 @@ def run_probe_cli(args: argparse.Namespace) -> int:
     if why:
         print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "likelihood", False):
+        if getattr(args, "endpoint", None):
+            return run_endpoint_likelihood_cli(args)
+        return run_likelihood_cli(args)
     if getattr(args, "endpoint", None):
         return run_endpoint_probe(args)
     if getattr(args, "ranker", None):

@@ -28,6 +28,7 @@ from typing import Any
 from audit.probe import HISTORY_CHOICES, finish, load_grounding, probe_options, run_probe
 from audit.worlds.memory import note_chars
 from envace.core.errors import EXIT_USAGE, UsageError
+from envace.evaluation.likelihood import with_confidence
 from envace.model.chat import IM_END, encode_text, parse_assistant
 from envace.model.models import (
     auto_threads,
@@ -129,6 +130,7 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
     per-step path. Same greedy answers as `model_answers` up to float summation order."""
     import torch
 
+    # lazy: loads torch: kept out of --help
     from envace.model.kept_prompts import KeptPrompts
 
     budget = max(64, context - max_new_tokens)
@@ -233,6 +235,7 @@ def probe_model(
     grounding: Any = None,
     prefix_cache: bool = True,
     timer: Any = None,
+    confidence: bool = False,
 ) -> dict[str, Any]:
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
@@ -241,12 +244,20 @@ def probe_model(
     hybrid with a lookup; the label names it and the summary gains the `world_model` block.
     `prefix_cache` (without grounding): each trajectory's KV cache is kept across its calls
     (`kept_answers`, `PREFIX_CHUNK` trajectories at a time); False: every prompt is encoded
-    from scratch (`model_answers`, the per-step path). `timer`: see `model_answers`."""
-    if prefix_cache and (grounding is None or not grounding.active):
+    from scratch (`model_answers`, the per-step path). `timer`: see `model_answers`.
+    `confidence`: each answer is also scored after its prompt (one more forward per call, on
+    the per-step path), so the rows gain `confidence` and the summary its `confidence` block
+    (`audit.stats.confidence`)."""
+    if confidence:  # each answer scored after its prompt: rows gain `confidence`
+        base = with_confidence(model, tokenizer, context, max_new_tokens,
+                               model_answers(model, tokenizer, context, max_new_tokens,
+                                             batch_size, timer), batch_size)
+    elif prefix_cache and (grounding is None or not grounding.active):
         kept = kept_answers(model, tokenizer, context, max_new_tokens, batch_size, timer)
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=kept, chunk=PREFIX_CHUNK)
-    base = model_answers(model, tokenizer, context, max_new_tokens, batch_size, timer)
+    else:
+        base = model_answers(model, tokenizer, context, max_new_tokens, batch_size, timer)
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=base)
@@ -281,7 +292,8 @@ def run_model_probe(args: Any) -> int:
         summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
                               args.max_new_tokens, args.limit, label=str(path),
                               histories=HISTORY_CHOICES[args.history], grounding=grounding,
-                              prefix_cache=not getattr(args, "no_prefix_cache", False))
+                              prefix_cache=not getattr(args, "no_prefix_cache", False),
+                              confidence=bool(getattr(args, "confidence", False)))
     except UsageError as exc:  # a refused --out: one line and 2, as documented
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE

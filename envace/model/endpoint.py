@@ -249,6 +249,19 @@ class EndpointClient:
                     return Answer(None, exc.reason, attempt)
                 self._sleep(self.delay(attempt))
 
+    def post(self, path: str, body: Mapping[str, Any]) -> tuple[Any, str | None, int]:
+        """One JSON POST with the retries of `ask` (the likelihood audit's prompt log-probability
+        requests): ``(decoded answer, None, attempts)`` or ``(None, last failure, attempts)``."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self._http(path, body), None, attempt
+            except _Failure as exc:
+                if not exc.retry or attempt > self.retries or self._closing:
+                    return None, exc.reason, attempt
+                self._sleep(self.delay(attempt))
+
     def answer_all(self, requests: Sequence[Mapping[str, Any]], concurrency: int = 4,
                    progress: Callable[[int], None] | None = None) -> list[Answer]:
         """Every request's answer, in order; at most `concurrency` requests in flight."""

@@ -22,14 +22,18 @@ def message_blocks(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     generation_prompt: str | None = None,
+    measuring: bool = False,
 ) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
     """`(blocks, kinds)`: the encoding cut into turns, each `(ids, roles)`, and each turn's role.
 
     Block 0 is the system turn (a leading system message is folded into it); then one block per
     message; with `generation_prompt`, a last block holding the open header. Turns are cut at
     `<|im_start|>`, which text can never produce (`encode_text` keeps marker strings as text).
+    ``measuring``: the whole encoding is only measured and cut, never run as one sequence
+    (`encode_text`: no false "indexing errors" warning).
     """
-    ids, roles = encode_with_roles(tokenizer, messages, tools, generation_prompt=generation_prompt)
+    ids, roles = encode_with_roles(tokenizer, messages, tools, measuring=measuring,
+                                   generation_prompt=generation_prompt)
     start = marker_id(tokenizer, IM_START)
     cuts = [i for i, t in enumerate(ids) if t == start] + [len(ids)]
     blocks = [(ids[a:b], roles[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]

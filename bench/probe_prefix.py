@@ -33,6 +33,7 @@ from typing import Any
 
 from bench.machine import run_record, table, write_result
 from bench.probe_profile import Sections, export_dev
+from envace.core.layout import AUDIT
 
 
 def _cpu() -> float:
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                       "load_average": {"start": list(l0), "end": list(os.getloadavg())},
                       "steps": summary["counts"]["steps"],
                       "divergence_rate": summary.get("divergence_rate")}
-        rows[name] = [json.loads(line) for line in (out / "steps.jsonl").open()]
+        rows[name] = [json.loads(line) for line in (out / AUDIT.steps).open()]
         print(f"{name}: {runs[name]['wall_s']:.1f} s wall, {runs[name]['cpu_s']:.1f} s CPU, "
               f"{runs[name]['steps']} rows, load {l0[0]:.1f}", flush=True)
     k, s = runs["kept"], runs["per_step"]

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from audit.store.models import AuditSummary
 from dashboard import charts, ui
 
 
@@ -27,9 +28,9 @@ def frame(table: dict[str, dict[str, Any]], label: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def likelihood(s: dict[str, Any]) -> None:
+def likelihood(s: AuditSummary) -> None:
     """The tab: headline metrics, by depth (chart and table), by tool, read/write, novelty."""
-    lk = s.get("likelihood")
+    lk = s.likelihood
     if not lk:
         st.info("No likelihood in this audit. `envace probe --likelihood --model PATH dev.jsonl "
                 "--out DIR [--reference train.jsonl]` scores every real response under the model "

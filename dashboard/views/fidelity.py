@@ -265,7 +265,7 @@ def page(run: Run) -> None:
     headline(s, run, audit.label)
     tabs = ["By depth", "First divergence", "Compounding", "Real vs own history", "By tool",
             "Read vs write", "Novelty", "Skill", "Likelihood", "Counts"]
-    if s.get("likelihood"):  # a likelihood audit: its figures first
+    if s.likelihood:  # a likelihood audit: its figures first
         tabs.insert(0, tabs.pop(tabs.index("Likelihood")))
     trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
     if not trend.empty:

@@ -84,13 +84,13 @@ def test_an_unknown_block_is_kept(stored, tmp_path):
     """Another writer's block is kept as written (last at the top level, where a field of its
     own is in the spec's order; in its place inside a typed block)."""
     data = json.loads(stored["replay"].read_bytes())
-    data["likelihood"] = {"nats": 1.5, "rows": [{"depth": 0, "n": 2}]}
+    data["another_writer"] = {"nats": 1.5, "rows": [{"depth": 0, "n": 2}]}
     data["by_depth"][0] = {"new_first": [1, 2], **data["by_depth"][0], "new_last": None}
     data["compounding"]["depth_trend"]["later"] = "x"
     raw = (json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode()
     assert _rewritten(raw, tmp_path) == raw
     s, problems = read_summary_data(data)
-    assert problems == [] and s is not None and s.model_extra["likelihood"]["nats"] == 1.5
+    assert problems == [] and s is not None and s.model_extra["another_writer"]["nats"] == 1.5
 
 
 @settings(max_examples=30, deadline=None)

@@ -192,7 +192,7 @@ def probe_steps(
         return _real_tool_message(m, *real[step])
 
     records: list[dict[str, Any]] = []
-    calls = RealCalls(env)
+    calls = RealCalls(env, settings.state_change)
     for index, m in enumerate(traj.messages):
         answered = answer_of.get(id(m))
         if answered is not None and answered.step in real:
@@ -221,6 +221,8 @@ def probe_steps(
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
                                        history_text, settings))
                 records[-1]["history"] = history
+                if calls.track_state:
+                    records[-1]["state_change"] = calls.state_change(st.step)
                 if why is not None:
                     records[-1]["unanswered_reason"] = why
     assign_depths(records)

@@ -24,6 +24,7 @@ from audit.stats.compounding import novelty
 from audit.stats.population import assign_depths, is_rehearsed
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import CallLimits, guarded_env
+from envace.core.envs.statediff import StateTracker
 from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
@@ -79,12 +80,16 @@ class RealCalls:
     reset state: a malformed call answers an error without running; a call of a tool the task
     does not offer runs and is named in the trajectory's warnings."""
 
-    def __init__(self, env: Environment) -> None:
+    def __init__(self, env: Environment, track_state: bool = True) -> None:
         self.env = env
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
         self.timed_out: set[int] = set()  # steps whose call ran past its limit
         self._ahead: dict[int, Any] = {}
+        #: ``track_state``: how each call changed the real state (``statediff``), by step
+        self.track_state = track_state
+        self.state_changes: dict[int, dict[str, Any] | None] = {}
+        self._tracker = StateTracker(env) if track_state else None
 
     def prefetch(self, steps: list[Any]) -> None:
         """Run every well-formed call of ``steps`` now, in order, in one batch where the
@@ -92,20 +97,36 @@ class RealCalls:
         if not hasattr(self.env, "execute_many"):
             return
         todo = [st for st in steps if st.malformed is None]
-        for st, res in zip(todo, self.env.execute_many([(st.tool, st.arguments)
-                                                         for st in todo]), strict=True):
+        batch = [(st.tool, st.arguments) for st in todo]
+        results = (self.env.execute_many(batch, track_state=True) if self.track_state
+                   else self.env.execute_many(batch))
+        for st, res in zip(todo, results, strict=True):
             self._ahead[st.step] = res
 
     def execute(self, st: Any) -> tuple[str, bool]:
         """(text, is an error) of the real response to tool step ``st``."""
-        if st.malformed is not None:
+        if st.malformed is not None:  # not run: the state is unchanged
+            if self.track_state:
+                self.state_changes[st.step] = {"leaves": 0, "paths": []}
             return f"Error during execution: malformed call: {st.malformed}", True
         if self.offered is not None and st.tool not in self.offered:
             self.unknown.append(st.tool)
-        res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
+        res = self._ahead.pop(st.step, None)
+        if res is None and self.track_state and hasattr(self.env, "execute_many"):
+            # diffed in the environment's process: no state crosses the pipe
+            (res,) = list(self.env.execute_many([(st.tool, st.arguments)], track_state=True))
+        elif res is None:
+            res = (self._tracker.execute(st.tool, st.arguments) if self._tracker is not None
+                   else self.env.execute(st.tool, st.arguments))
         if getattr(res, "timeout", False):
             self.timed_out.add(st.step)
+        if self.track_state:
+            self.state_changes[st.step] = getattr(res, "state_change", None)
         return res.content, res.error
+
+    def state_change(self, step: int) -> dict[str, Any] | None:
+        """How call ``step`` changed the real state (None: not tracked or unreadable)."""
+        return self.state_changes.get(step)
 
     def warnings(self) -> list[str]:
         if not self.unknown:
@@ -127,7 +148,7 @@ def replay_trajectory(
     history: list[str] = []
     seen_upto = 0
     records: list[dict[str, Any]] = []
-    calls = RealCalls(env)
+    calls = RealCalls(env, settings.state_change)
     calls.prefetch(steps)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
@@ -151,6 +172,8 @@ def replay_trajectory(
                           env, history_text, settings)
         if st.step in calls.timed_out:
             rec["timeout"] = True
+        if calls.track_state:
+            rec["state_change"] = calls.state_change(st.step)
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))

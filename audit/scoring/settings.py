@@ -44,6 +44,9 @@ class AuditOptions:
     #: (``envace.core.envs.guard``: the environment runs in a child process that is killed)
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
+    #: record how every call changed the real state (``state_change`` of a step row,
+    #: ``envace.core.envs.statediff``: one ``state()`` per call)
+    state_change: bool = True
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)

@@ -46,6 +46,15 @@ class ReferenceResponse(BaseModel):
     scores: Scores
 
 
+class StateChangeRecord(BaseModel):
+    """How a call changed the real state (``envace.core.envs.statediff``): the number of state
+    leaves it changed and the first paths of them."""
+
+    model_config = _STRICT
+    leaves: int = Field(ge=0)
+    paths: list[str] = Field(default_factory=list)
+
+
 class StepRow(BaseModel):
     """One line of ``steps.jsonl``: a tool call, both responses, scores and the verdict."""
 
@@ -77,6 +86,9 @@ class StepRow(BaseModel):
     #: the real call ran past the call limit (or its process died) and was ended; written
     #: only when true
     timeout: bool | None = None
+    #: how the real call changed the environment's state (null: not recorded, or the state
+    #: could not be read); additive, issue 43
+    state_change: StateChangeRecord | None = None
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:
@@ -94,7 +106,7 @@ class StepRow(BaseModel):
 #: Fields the statistics and the dashboard read (no texts): compact rows, steps_frame.
 STAT_FIELDS = ("trajectory_id", "task_id", "step", "tool", "diverged", "scores", "mutates_state",
                "novelty", "unanswered", "source_rehearsed", "actual_error", "rehearsed_error",
-               "depth", "malformed", "history")
+               "depth", "malformed", "history", "state_change")
 
 #: A step row without its texts (validated like StepRow, field for field).
 StepStats: type[BaseModel] = create_model(  # type: ignore[call-overload]
@@ -210,6 +222,7 @@ class AuditSummary(BaseModel):
     logistic: dict[str, Any] | None = None
     interval: dict[str, Any] | None = None
     skill: dict[str, Any] | None = None
+    by_state_change: dict[str, Any] | None = None  #: fidelity by state leaves changed (issue 43)
     seconds: Number | None = None
     reference_counts: dict[str, int] | None = None
     reference_skipped_records: list[Skipped] | None = None

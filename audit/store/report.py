@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from audit.stats.state_change import report_lines
 from envace.core.layout import AUDIT
 from envace.core.text import markdown_safe as md
 from envace.core.text import terminal_safe
@@ -269,6 +270,7 @@ def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     for k, v in sorted((s.get("by_tool") or {}).items(), key=lambda kv: -kv[1]["n"]):
         lines.append(f"| {md(k)} | {v['n']} | {_fmt(v['divergence_rate'], True)} |")
     lines += history_lines(s.get("history") or {})
+    lines += report_lines(s.get("by_state_change"), (s.get("verdict") or {}).get("scorer"))
     if s.get("skipped_records"):
         lines += ["", "## Skipped records", ""]
         for r in s["skipped_records"][:50]:

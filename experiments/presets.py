@@ -349,7 +349,7 @@ def main() -> None:
     t_start = time.perf_counter()
     import torch
 
-    from envace.training.sft import auto_threads
+    from envace.model.models import auto_threads
 
     threads = auto_threads(args.threads)
     torch.set_num_threads(threads)

@@ -291,3 +291,17 @@ def decompose(pairs: Sequence[Pair], spec: IntervalSpec = IntervalSpec(),
         "by_mutates_state": by_kind,
         "by_novelty": by_novelty,
     }
+
+
+def history_line(summary: dict[str, Any]) -> str | None:
+    """One line of the real-vs-own decomposition of a probe's summary, or None when the probe
+    did not run both histories."""
+    block = summary.get("history") or {}
+    o, deep = block.get("overall"), block.get("deep") or {}
+    if not o:
+        return None
+    share = (deep.get("compounding_share") or {}).get("point")
+    return (f"history: divergence real {o['real']['point']:.1%}, own {o['own']['point']:.1%} "
+            f"(own - real {o['diff']['diff']:+.1%}); induced {o['induced']['count']}, recovered "
+            f"{o['recovered']['count']}; compounding share at depth >= {deep.get('min_depth')}: "
+            + ("n/a" if share is None else f"{share:.0%}"))

@@ -142,6 +142,13 @@ def split_violations(tasks: Sequence[tuple[str, str]]) -> list[str]:
     return bad
 
 
+def train_tasks_in(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """How many readable trajectories of `paths` are train-split tasks of their environment."""
+    tasks = [(str(i.trajectory.env.get("name")), i.trajectory.task_id)
+             for p in paths for i in read_trajectories(p) if i.trajectory is not None]
+    return len(tasks) - len(split_violations(tasks))
+
+
 def _entries(traj: Any) -> list[Entry]:
     """The answered, well-formed, real calls of one trajectory."""
     return [Entry(st.tool, dict(st.arguments), st.response.content or "", traj.task_id)

@@ -6,9 +6,11 @@
     envace probe --model PATH dev.jsonl --out DIR --hybrid train.jsonl --reference train.jsonl
     envace probe --model PATH dev.jsonl --out DIR --choose train.jsonl --hybrid train.jsonl
 
-`run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved); with
-`--endpoint` it audits a served model through `envace.evaluation.endpoint_probe` (no torch);
-locally through `envace.evaluation.model_probe` (batched rounds, greedy).
+`run_probe_cli` is what `envace probe` calls (`envace-audit probe` only says it moved): this
+module holds the parser and the argument checks; the runs live with the probe, one place per
+layer: with `--endpoint` a served model through `envace.evaluation.endpoint_probe` (no torch),
+with `--ranker` the learned ranker through `audit.probe` (no torch), else a local model through
+`envace.evaluation.model_probe` (batched rounds, greedy).
 
 `--memory` shows the world model, before each tool turn, a note of the k most similar training
 calls and their real responses; `--hybrid` answers with the lookup's exact answer where there is
@@ -26,25 +28,24 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from audit.cli import add_cluster_by
+from audit.probe import HISTORY_CHOICES, run_ranker_probe
+from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
+from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K
 from envace.core.envs.guard import limit_arg
-from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE
-from envace.core.layout import AUDIT
-from envace.evaluation.model_probe import context_length, probe_model
+from envace.core.errors import EXIT_USAGE
+from envace.evaluation.endpoint_probe import run_endpoint_probe
+from envace.evaluation.model_probe import run_model_probe
 
-MEMORY_K = 3
 #: options of a generating or served model, refused with --ranker when changed
 SERVED_DEFAULTS = {"max_new_tokens": 256, "api": "completions", "concurrency": 4,
                    "timeout": 60.0, "retries": 3}
-HISTORY_CHOICES = {"real": ("real",), "own": ("own",), "both": ("real", "own")}
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     """`envace probe`: the teacher-forced audit of a local or a served model."""
-    from audit.scoring.scorers import DEFAULT_SCORERS
-
     p = sub.add_parser(name, help="teacher-forced one-step audit of a model (local or served)",
                        description=__doc__.split("\n")[0])
     p.add_argument("inputs", nargs="+", help="real trajectories (envace data export-real)")
@@ -65,8 +66,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "real responses of earlier calls), own (self-conditioned: the model's "
                         "own earlier answers), both (each call twice, paired: the summary's "
                         "history block splits divergence into difficulty and compounding)")
-    from audit.cli import add_cluster_by
-
     add_cluster_by(p)
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.add_argument("--call-timeout", type=limit_arg, default=30.0, metavar="S",
@@ -81,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "--split train) and what the real environment returned; never calls of "
                         "the task's own scenario; a file with any non-train task is refused")
     g.add_argument("--memory-k", type=int, default=None, metavar="K",
-                   help=f"entries per note with --memory (default {MEMORY_K})")
+                   help=f"entries per note with --memory (default {DEFAULT_K})")
     g.add_argument("--hybrid", metavar="TRAIN.jsonl",
                    help="the hybrid world model: the lookup's exact answer where this "
                         "train-split file made the identical call (the audit's lookup "
@@ -119,8 +118,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def _check_usage(args: argparse.Namespace) -> str | None:
     """Why the arguments cannot work (one line), or None."""
-    from audit.scoring.scorers import list_scorers
-
     missing = [p for p in args.inputs if not Path(p).is_file()]
     if missing:
         return f"no such file: {', '.join(missing)}"
@@ -169,151 +166,9 @@ def _check_usage(args: argparse.Namespace) -> str | None:
     return None
 
 
-def load_grounding(args: argparse.Namespace, max_chars: int | None = None) -> Any:
-    """The `audit.worlds.memory.MemoryOptions` of `--memory`, `--memory-k`, `--choose` and
-    `--hybrid` (inactive when no file is given); `envace.core.errors.UsageError` when a file is
-    refused."""
-    from audit.worlds.memory import NOTE_CHARS, MemoryOptions, ResponseMemory
-
-    memory, hybrid = getattr(args, "memory", None), getattr(args, "hybrid", None)
-    choose = getattr(args, "choose", None)
-    k = getattr(args, "memory_k", None) or MEMORY_K
-    return MemoryOptions(memory=ResponseMemory.from_file(memory) if memory else None, k=k,
-                         hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
-                         choose=ResponseMemory.from_file(choose) if choose else None,
-                         choose_own=getattr(args, "choose_among", "all") != "memory",
-                         choose_edits=bool(getattr(args, "choose_edits", False)),
-                         max_chars=NOTE_CHARS if max_chars is None else max_chars)
-
-
-def run_endpoint_probe(args: argparse.Namespace) -> int:
-    """`envace probe --endpoint URL --model NAME`: the audit of a served model; exit code."""
-    from envace.core.errors import UsageError
-    from envace.evaluation.endpoint_probe import _progress, probe_endpoint
-    from envace.model.endpoint import EndpointClient, EndpointError
-
-    prog = getattr(args, "prog", "envace probe")
-    try:
-        grounding = load_grounding(args)
-    except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        client = EndpointClient(args.endpoint, args.model, api=args.api,
-                                max_tokens=args.max_new_tokens, timeout_s=args.timeout,
-                                retries=args.retries)
-        client.check()
-    except (ValueError, EndpointError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    opts = _audit_options(args, progress=False)
-    try:
-        summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
-                                 args.limit, progress=None if args.quiet else _progress,
-                                 histories=HISTORY_CHOICES[getattr(args, "history", "real")],
-                                 grounding=grounding)
-    except UsageError as exc:  # a refused --out: one line and 2, as documented
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
-        return EXIT_USAGE
-    c, block = summary["counts"], summary["endpoint"]
-    if not args.quiet:
-        rate = summary.get("divergence_rate")
-        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
-        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories on "
-              f"{client.label} (unanswered {block['unanswered']}, skipped {c['skipped']}): "
-              f"divergence {shown}; wrote {args.out}")
-        _print_history(summary)
-    if block["unanswered"]:
-        print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
-              f"({block['unanswered_reasons']}); see unanswered_reason in {AUDIT.steps}",
-              file=sys.stderr)
-    return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK
-
-
-def run_ranker_probe(args: argparse.Namespace) -> int:
-    """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch)."""
-    from audit.probe import run_probe
-    from audit.worlds.memory import ResponseMemory
-    from audit.worlds.ranker import fit_ranker
-    from envace.core.errors import UsageError
-
-    prog = getattr(args, "prog", "envace probe")
-    try:
-        memory = ResponseMemory.from_file(args.ranker)
-        ranker = fit_ranker(memory, args.ranker)
-    except (UsageError, ValueError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    fitted = _train_tasks_in(list(args.inputs))
-    if fitted:
-        print(f"{prog}: warning: {fitted} input trajectories are train-split tasks the ranker "
-              "was fitted on: their figures are in-sample (probe dev or test tasks)",
-              file=sys.stderr)
-    opts = _audit_options(args, progress=not args.quiet)
-    tally: dict[str, int] = {}
-    try:
-        summary = run_probe(list(args.inputs), args.out, None, opts, args.limit,
-                            label=f"ranker(k={ranker.k})", answer_batch=ranker.batch(tally),
-                            histories=HISTORY_CHOICES[args.history], task_ids=True,
-                            extra=lambda: {"world_model": {"ranker": {
-                                **ranker.block(tally), "train_split_inputs": fitted}}})
-    except UsageError as exc:
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
-        return EXIT_USAGE
-    return _finish(args, summary, " with the ranker")
-
-
-def _audit_options(args: argparse.Namespace, progress: bool) -> Any:
-    """The `audit.pipeline.AuditOptions` of the scoring flags."""
-    from audit.scoring.settings import AuditOptions
-
-    return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=progress,
-                        reference=getattr(args, "reference", None),
-                        cluster_by=getattr(args, "cluster_by", None),
-                        call_timeout_s=getattr(args, "call_timeout", 30.0) or None,
-                        call_memory_mb=int(getattr(args, "call_memory_mb", 4096)) or None)
-
-
-def _finish(args: argparse.Namespace, summary: dict[str, Any], what: str = "") -> int:
-    """The closing line of a local probe (unless --quiet) and its exit code."""
-    c = summary["counts"]
-    if not args.quiet:
-        rate = summary.get("divergence_rate")
-        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
-        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
-              f"(skipped {c['skipped']}){what}: divergence {shown}; wrote {args.out}")
-        _print_history(summary)
-    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
-
-
-def _train_tasks_in(paths: list[str]) -> int:
-    """How many readable trajectories of `paths` are train-split tasks of their environment."""
-    from audit.worlds.memory import split_violations
-    from envace.core.schema import read_trajectories
-
-    tasks = [(str(i.trajectory.env.get("name")), i.trajectory.task_id)
-             for p in paths for i in read_trajectories(p) if i.trajectory is not None]
-    return len(tasks) - len(split_violations(tasks))
-
-
-def _print_history(summary: dict[str, Any]) -> None:
-    """One line of the real-vs-own decomposition, when the probe ran both histories."""
-    block = summary.get("history") or {}
-    o, deep = block.get("overall"), block.get("deep") or {}
-    if not o:
-        return
-    share = (deep.get("compounding_share") or {}).get("point")
-    print(f"history: divergence real {o['real']['point']:.1%}, own {o['own']['point']:.1%} "
-          f"(own - real {o['diff']['diff']:+.1%}); induced {o['induced']['count']}, recovered "
-          f"{o['recovered']['count']}; compounding share at depth >= {deep.get('min_depth')}: "
-          + ("n/a" if share is None else f"{share:.0%}"))
-
-
 def run_probe_cli(args: argparse.Namespace) -> int:
-    """`envace probe` / `envace-audit probe`: probe, write the audit directory; exit code."""
-    from envace.model.models import default_cache_dir, load_model, resolve_model
-
+    """`envace probe` / `envace-audit probe`: check the arguments, run the probe of a served
+    model, the ranker or a local model; the exit code."""
     prog = getattr(args, "prog", "envace-audit probe")
     why = _check_usage(args)
     if why:
@@ -323,32 +178,4 @@ def run_probe_cli(args: argparse.Namespace) -> int:
         return run_endpoint_probe(args)
     if getattr(args, "ranker", None):
         return run_ranker_probe(args)
-    from dataclasses import replace
-
-    from audit.worlds.memory import note_chars
-    from envace.core.errors import UsageError
-
-    try:
-        grounding = load_grounding(args)
-        path = resolve_model(args.model, default_cache_dir())
-    except (ValueError, FileNotFoundError, UsageError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    import torch
-
-    from envace.training.sft import auto_threads
-
-    torch.set_num_threads(auto_threads())
-    model, tokenizer = load_model(path)
-    opts = _audit_options(args, progress=not args.quiet)
-    context = context_length(path, model)
-    # the note takes at most one character per token of the prompt budget (audit.worlds.memory)
-    grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
-    try:
-        summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
-                              args.max_new_tokens, args.limit, label=str(path),
-                              histories=HISTORY_CHOICES[args.history], grounding=grounding)
-    except UsageError as exc:  # a refused --out: one line and 2, as documented
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
-        return EXIT_USAGE
-    return _finish(args, summary)
+    return run_model_probe(args)

@@ -21,10 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.probe import run_probe
+from audit.probe import HISTORY_CHOICES, load_grounding, print_history, probe_options, run_probe
 from audit.worlds.memory import MemoryOptions
+from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
+from envace.core.layout import AUDIT
 from envace.core.worldmodel import Unanswered
-from envace.model.endpoint import Answer, EndpointClient, request_for
+from envace.model.endpoint import Answer, EndpointClient, EndpointError, request_for
 
 
 class _Asker:
@@ -99,3 +101,44 @@ def _progress(done: int, total: int) -> None:
     if done == total or done % max(1, total // 20) == 0:
         print(f"\rasked {done}/{total}", end="\n" if done == total else "", file=sys.stderr,
               flush=True)
+
+
+def run_endpoint_probe(args: Any) -> int:
+    """`envace probe --endpoint URL --model NAME` (`args`: its namespace, `envace.cli.probe`):
+    the audit of a served model; the exit code."""
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        grounding = load_grounding(args)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client = EndpointClient(args.endpoint, args.model, api=args.api,
+                                max_tokens=args.max_new_tokens, timeout_s=args.timeout,
+                                retries=args.retries)
+        client.check()
+    except (ValueError, EndpointError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    opts = probe_options(args, progress=False)
+    try:
+        summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
+                                 args.limit, progress=None if args.quiet else _progress,
+                                 histories=HISTORY_CHOICES[getattr(args, "history", "real")],
+                                 grounding=grounding)
+    except UsageError as exc:  # a refused --out: one line and 2, as documented
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    c, block = summary["counts"], summary["endpoint"]
+    if not args.quiet:
+        rate = summary.get("divergence_rate")
+        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
+        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories on "
+              f"{client.label} (unanswered {block['unanswered']}, skipped {c['skipped']}): "
+              f"divergence {shown}; wrote {args.out}")
+        print_history(summary)
+    if block["unanswered"]:
+        print(f"{prog}: {block['unanswered']} of {block['requests']} requests failed "
+              f"({block['unanswered_reasons']}); see unanswered_reason in {AUDIT.steps}",
+              file=sys.stderr)
+    return EXIT_SKIPPED if c["skipped"] or block["unanswered"] else EXIT_OK

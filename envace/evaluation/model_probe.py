@@ -18,13 +18,23 @@ ground-truth call (same name, same arguments up to int/float spelling). """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from audit.probe import run_probe
+from audit.probe import HISTORY_CHOICES, finish, load_grounding, probe_options, run_probe
+from audit.worlds.memory import note_chars
+from envace.core.errors import EXIT_USAGE, UsageError
 from envace.model.chat import IM_END, encode_text, parse_assistant
-from envace.model.models import read_sft_meta
+from envace.model.models import (
+    auto_threads,
+    default_cache_dir,
+    load_model,
+    read_sft_meta,
+    resolve_model,
+)
 from envace.model.windows import prompt_ids
 
 DEFAULT_CONTEXT = 2048
@@ -190,14 +200,40 @@ def probe_model(
         return run_probe(inputs, out_dir, None, opts, limit, label=label, steps=steps,
                          histories=histories, answer_batch=base)
     if getattr(grounding, "choose", None) is not None and grounding.scorer is None:
-        from dataclasses import replace
-
         grounding = replace(grounding, scorer=response_scorer(model, tokenizer, context,
                                                               max_new_tokens, batch_size))
     answer, block = grounding.wrap(base)
     return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(str(label)),
                      steps=steps, histories=histories, answer_batch=answer, task_ids=True,
                      extra=block)
+
+
+def run_model_probe(args: Any) -> int:
+    """`envace probe --model PATH` (`args`: its namespace, `envace.cli.probe`): the audit of a
+    local model, greedy and batched; the exit code."""
+    prog = getattr(args, "prog", "envace probe")
+    try:
+        grounding = load_grounding(args)
+        path = resolve_model(args.model, default_cache_dir())
+    except (ValueError, FileNotFoundError, UsageError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    import torch  # lazy: this module is imported by `envace probe --help`, which needs no torch
+
+    torch.set_num_threads(auto_threads())
+    model, tokenizer = load_model(path)
+    opts = probe_options(args, progress=not args.quiet)
+    context = context_length(path, model)
+    # the note takes at most one character per token of the prompt budget (audit.worlds.memory)
+    grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
+    try:
+        summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
+                              args.max_new_tokens, args.limit, label=str(path),
+                              histories=HISTORY_CHOICES[args.history], grounding=grounding)
+    except UsageError as exc:  # a refused --out: one line and 2, as documented
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    return finish(args, summary)
 
 
 # ---------------------------------------------------------------- acting

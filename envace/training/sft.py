@@ -54,6 +54,7 @@ from envace.model.models import (
     MARKER,
     SFT_META,
     atomic_dir,
+    auto_threads,
     default_cache_dir,
     fingerprint,
     load_model,
@@ -140,24 +141,6 @@ def preset_kind(preset: str) -> str:
     if meta.get("preset_kind") in PRESET_DEFAULTS:
         return str(meta["preset_kind"])
     return "tiny" if read_marker(Path(preset)).get("preset") == "tiny" else "smollm2"
-
-
-def auto_threads(requested: int = 0) -> int:
-    """CPU threads for torch: `requested`, or (0) the cores not kept busy by other processes.
-
-    On a shared machine, torch's default of one thread per core is several times slower than
-    one thread when other processes hold the cores (measured here: 2 threads 200-250 tokens/s,
-    1 thread 1,200 tokens/s while the 1-minute load average was 4-7 on 2 cores). Auto reads
-    the 1-minute load average once, before this process adds to it.
-    """
-    cores = os.cpu_count() or 1
-    if requested > 0:
-        return requested
-    try:
-        busy = os.getloadavg()[0]
-    except OSError:
-        busy = 0.0
-    return max(1, min(cores, cores - int(busy + 0.5)))
 
 
 # ---------------------------------------------------------------- data

@@ -1,4 +1,5 @@
-"""Tests for the teacher-forced probe (audit.probe) and its model side (envace.cli.probe)."""
+"""Tests for the teacher-forced probe (audit.probe) and its model side
+(envace.evaluation.model_probe, run by `envace probe`)."""
 
 from __future__ import annotations
 

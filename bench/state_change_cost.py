@@ -8,7 +8,8 @@ Per environment (BFCL, AgentDojo, τ²-bench) the dev split's real trajectories 
 (environment data loaded once before timing). The state is read once per call and diffed in the
 environment's process (``envace.core.envs.statediff``). Writes
 ``bench/results/state_change_cost.json``: seconds per run, their medians and the ratio on/off,
-with the size of each environment's ``state()``.
+with the size of each environment's ``state()``. The ratio of the fastest runs (``min``) is
+the figure: the machine is shared, and other load only ever adds time.
 """
 
 from __future__ import annotations
@@ -70,14 +71,19 @@ def main(argv: list[str] | None = None) -> None:
                 times[label].append(time.perf_counter() - t0)
                 steps = s["counts"]["steps"]
         med = {k: statistics.median(v) for k, v in times.items()}
+        best = {k: min(v) for k, v in times.items()}  # the least disturbed by other load
         res["envs"][env] = {"trajectories": n, "steps": steps, "seconds": times,
-                            "median_seconds": med, "ratio_on_over_off": med["on"] / med["off"],
+                            "median_seconds": med, "min_seconds": best,
+                            "ratio_on_over_off_min": best["on"] / best["off"],
+                            "ratio_on_over_off_median": med["on"] / med["off"],
                             "state_bytes": _state_bytes(env),
-                            "ms_per_call_added": 1000 * (med["on"] - med["off"]) / max(steps, 1)}
-        rows.append([env, steps, med["off"], med["on"], med["on"] / med["off"],
-                     res["envs"][env]["ms_per_call_added"], res["envs"][env]["state_bytes"]])
-    print(table(rows, ["env", "steps", "off s", "on s", "on/off", "ms/call added",
-                       "state bytes"]))
+                            "ms_per_call_added_min": 1000 * (best["on"] - best["off"])
+                            / max(steps, 1)}
+        rows.append([env, steps, best["off"], best["on"], best["on"] / best["off"],
+                     med["on"] / med["off"], res["envs"][env]["ms_per_call_added_min"],
+                     res["envs"][env]["state_bytes"]])
+    print(table(rows, ["env", "steps", "off s (min)", "on s (min)", "on/off (min)",
+                       "on/off (median)", "ms/call added", "state bytes"]))
     print("->", write_result("state_change_cost", {**res, **run_record(
         "bench.state_change_cost", argv, load_start)}))
 

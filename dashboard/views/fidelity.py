@@ -2,7 +2,8 @@
 
 Divergence rate and scores by depth with confidence bands; the first-divergence survival curve
 and hazard; the compounding ratio; real vs own history (a probe with ``--history both``); per
-tool; read versus write tools; novelty; skill against
+tool; read versus write tools; state change (leaves of the real state a call changed: the
+cliff); novelty; skill against
 reference world models; and, for a training run, fidelity across its audited steps. Every figure
 counts rehearsed steps only (depth 0 = a trajectory's first rehearsed step) and its interval
 resamples whole trajectories, as the audit computes them; a summary of an older format is
@@ -226,6 +227,42 @@ def skill(s: dict[str, Any]) -> None:
         st.dataframe(pd.DataFrame(each), hide_index=True)
 
 
+def state_change(s: dict[str, Any]) -> None:
+    """Divergence and skill by how many leaves of the real state the call changed (the
+    state-change cliff), and the claims of write calls."""
+    block = s.get("by_state_change") or {}
+    if not block:
+        st.info("This audit has no state-change record (written before it existed, or with "
+                "state tracking off): replay it again to see fidelity by state change.")
+        return
+    c = block.get("cliff") or {}
+    if c.get("present") is None:
+        st.write("State-change cliff: not assessable (a stratum has no call).")
+    else:
+        st.write(("**A state-change cliff**: " if c["present"] else "No state-change cliff: ")
+                 + f"divergence {ui.pct(c.get('low_rate'))} on calls that changed no state "
+                 f"leaf, {ui.pct(c.get('high_rate'))} on calls that changed two or more "
+                 f"(difference {ui.pct(c.get('diff'))} {ui.ci(c.get('ci'))}).")
+    df = strata(block.get("strata") or {}, "leaves changed")
+    verdict = (s.get("verdict") or {}).get("scorer")
+    for i, (_, v) in enumerate((block.get("strata") or {}).items()):
+        sk = (v.get("skill") or {})
+        one = sk.get(verdict) if verdict in sk else next(iter(sk.values()), None)
+        if one:
+            df.loc[i, "skill"] = one.get("point")
+            df.loc[i, "skill lo"], df.loc[i, "skill hi"] = one.get("lo"), one.get("hi")
+        df.loc[i, "writes"] = v.get("writes")
+    if not df.empty:
+        st.altair_chart(charts.strata_bars(df, "leaves changed", "Divergence by state leaves "
+                                           "the real call changed"), width="stretch")
+        st.dataframe(df, hide_index=True)
+    claims = block.get("claims") or {}
+    if claims:
+        st.write("Responses that claim success where the real call failed, and the reverse:")
+        st.dataframe(pd.DataFrame([{"calls of": k, **v} for k, v in claims.items()]),
+                     hide_index=True)
+
+
 def counts(s: dict[str, Any]) -> None:
     st.json({k: s.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
                                    "inputs", "audited_model", "reconciles")}, expanded=False)
@@ -249,7 +286,7 @@ def page(run: Run) -> None:
         return
     headline(s, run, audit.label)
     tabs = ["By depth", "First divergence", "Compounding", "Real vs own history", "By tool",
-            "Read vs write", "Novelty", "Skill", "Counts"]
+            "Read vs write", "State change", "Novelty", "Skill", "Counts"]
     trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
     if not trend.empty:
         tabs.insert(0, "Over training")
@@ -262,7 +299,7 @@ def page(run: Run) -> None:
             st.dataframe(trend, hide_index=True)
     parts = [("By depth", by_depth), ("First divergence", first_divergence),
              ("Compounding", compounding), ("Real vs own history", history), ("Skill", skill),
-             ("Counts", counts)]
+             ("State change", state_change), ("Counts", counts)]
     for name, fn in parts:
         with t[name], ui.guard(name.lower()):
             fn(s)

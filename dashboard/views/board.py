@@ -125,5 +125,8 @@ def page(root: Path) -> None:
 
 ctx = ui.context()
 st.title("Board")
+if ctx.problem:  # a refused URL or typed path, a root that is not a directory: as every page
+    st.error(ctx.problem)
+    st.stop()
 with ui.guard("the board"):
     page(ctx.root)

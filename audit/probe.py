@@ -38,6 +38,7 @@ from audit.replay import (
     RealCalls,
     ReplayError,
     TrajectoryAudit,
+    _changed,
     _message_text,
     _reset,
     check_sizes,
@@ -231,7 +232,8 @@ def probe_steps(
             if asked:
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
-                                       history_text, settings))
+                                       history_text, settings,
+                                       _changed(calls.state_change(st.step))))
                 records[-1]["history"] = history
                 if calls.track_state:
                     records[-1]["state_change"] = calls.state_change(st.step)
@@ -243,11 +245,11 @@ def probe_steps(
 
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
             actual_error: bool, env: Environment, history_text: str,
-            settings: AuditOptions) -> dict[str, Any]:
+            settings: AuditOptions, state_changed: bool | None = None) -> dict[str, Any]:
     """One step record with the fields and scoring of `audit.replay` (marked as a probe)."""
     rehearsed = None if rehearsed is None else str(rehearsed)
     rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
-                      history_text, settings)
+                      history_text, settings, state_changed)
     rec["probe"] = "teacher_forced"
     return rec
 

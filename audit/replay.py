@@ -169,7 +169,7 @@ def replay_trajectory(
             flag = resp.rehearsed if resp is not None else None
         history_text = "\n".join(history)[-MAX_HISTORY_CHARS:]
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
-                          env, history_text, settings)
+                          env, history_text, settings, _changed(calls.state_change(st.step)))
         if st.step in calls.timed_out:
             rec["timeout"] = True
         if calls.track_state:
@@ -177,6 +177,11 @@ def replay_trajectory(
         records.append(rec)
     assign_depths(records)
     return TrajectoryAudit(records, calls.warnings(), trajectory_row(traj, records))
+
+
+def _changed(change: dict[str, Any] | None) -> bool | None:
+    """Whether a recorded state change changed anything (None: unknown)."""
+    return None if change is None else change["leaves"] > 0
 
 
 def check_sizes(steps: list[Any]) -> None:
@@ -196,9 +201,11 @@ def check_sizes(steps: list[Any]) -> None:
 
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,
                 source_rehearsed: bool | None, actual_text: str, actual_error: bool,
-                env: Environment, history_text: str, settings: AuditOptions
-                ) -> dict[str, Any]:
-    """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references."""
+                env: Environment, history_text: str, settings: AuditOptions,
+                state_changed: bool | None = None) -> dict[str, Any]:
+    """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references.
+    ``state_changed``: whether the real call changed the state (``statediff``; the
+    ``state_change`` scorer's observation), None when unknown."""
     kind = env.tool_kind(st.tool)
     rec: dict[str, Any] = {
         "trajectory_id": traj.id,
@@ -221,7 +228,8 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
         return rec
     ctx = ScoreContext(tool=st.tool, arguments=st.arguments or {}, step=st.step,
                        mutates_state=rec["mutates_state"], actual_error=actual_error,
-                       rehearsed_error=written_error, history_text=history_text)
+                       rehearsed_error=written_error, history_text=history_text,
+                       actual_state_changed=state_changed)
     rec["rehearsed_error"] = (written_error if written_error is not None
                               else is_error_response(rehearsed))
     rec["scores"] = score_step(rehearsed, actual_text, ctx, settings.scorers)

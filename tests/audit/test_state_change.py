@@ -93,7 +93,8 @@ def test_replay_records_the_state_change_of_every_call(tmp_path):
     with TrajectoryWriter(path, mode="w") as w:
         for t in export_real(tasks):
             w.write(t)
-    s = run_audit([str(path)], tmp_path / "out", AuditOptions(progress=False, plots=False))
+    s = run_audit([str(path)], tmp_path / "out", AuditOptions(
+        scorers=["exact", "state_change"], progress=False, plots=False))
     rows = [json.loads(x) for x in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
     assert rows and all(isinstance(r["state_change"]["leaves"], int) for r in rows)
     for r in rows:
@@ -101,6 +102,10 @@ def test_replay_records_the_state_change_of_every_call(tmp_path):
         assert len(r["state_change"]["paths"]) == min(r["state_change"]["leaves"], 20)
     assert any(r["state_change"]["leaves"] > 0 for r in rows if r["mutates_state"])
     assert all(r["state_change"]["leaves"] == 0 for r in rows if r["mutates_state"] is False)
+    for r in rows:  # the state_change scorer observes the real change (claims = not an error)
+        if r["mutates_state"]:
+            agree = (not r["actual_error"]) == (r["state_change"]["leaves"] > 0)
+            assert r["scores"]["state_change"] == float(agree), r
     block = s["by_state_change"]
     assert sum(v["n"] for v in block["strata"].values()) == s["counts"]["scored_steps"]
     assert "State-change cliff" in (tmp_path / "out" / "report.md").read_text()

@@ -109,7 +109,9 @@ def test_replay_records_the_state_change_of_every_call(tmp_path):
     block = s["by_state_change"]
     assert sum(v["n"] for v in block["strata"].values()) == s["counts"]["scored_steps"]
     assert "State-change cliff" in (tmp_path / "out" / "report.md").read_text()
-    off = run_audit([str(path)], tmp_path / "off",
-                    AuditOptions(progress=False, plots=False, state_change=False))
-    assert "by_state_change" not in off
+    from audit.cli import main
+
+    assert main(["--quiet", "replay", str(path), "--out", str(tmp_path / "off"),
+                 "--no-state-change"]) == 0
+    assert "by_state_change" not in json.loads((tmp_path / "off" / "summary.json").read_text())
     assert "state_change" not in (tmp_path / "off" / "steps.jsonl").read_text()

@@ -198,8 +198,12 @@ class _Models:
 
     def get(self, name: str) -> tuple[Any, Any, Path]:
         if name not in self.loaded:
-            from envace.model.models import default_cache_dir, load_model, resolve_model
-            from envace.training.sft import auto_threads
+            from envace.model.models import (
+                auto_threads,
+                default_cache_dir,
+                load_model,
+                resolve_model,
+            )
 
             path = resolve_model(name, default_cache_dir())
             import torch

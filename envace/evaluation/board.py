@@ -183,10 +183,15 @@ def _flags(spec: ModelSpec, train: Path) -> str:
 
 
 def likelihood_available() -> bool:
-    """Whether this build can score a model by likelihood (``envace probe --likelihood``)."""
-    from envace.evaluation import model_probe
+    """Whether this build can score a model by likelihood (``envace probe --likelihood``,
+    ``envace.evaluation.likelihood.probe_likelihood``)."""
+    import importlib.util
 
-    return callable(getattr(model_probe, "probe_likelihood", None))
+    if importlib.util.find_spec("envace.evaluation.likelihood") is None:
+        return False
+    from envace.evaluation import likelihood
+
+    return callable(getattr(likelihood, "probe_likelihood", None))
 
 
 class _Models:
@@ -223,6 +228,13 @@ def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: 
 
     model, tok, path = models.get(str(spec.model))
     context = context_length(path, model)
+    if spec.score == "likelihood":  # bits per byte of the real responses: nothing generated
+        from envace.evaluation.likelihood import probe_likelihood  # type: ignore[import-not-found]
+
+        summary = probe_likelihood(model, tok, [str(dev)], out, opts, context, limit,
+                                   label=str(path))
+        return summary, (f"envace probe --model {spec.model} {dev} --likelihood --reference "
+                         f"{train}")
     grounding = replace(_grounding(spec, train),
                         max_chars=note_chars(max(64, context - spec.max_new_tokens)))
     summary = probe_model(model, tok, [str(dev)], out, opts, context, spec.max_new_tokens,
@@ -250,6 +262,11 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
 
 def check_models(models: dict[str, ModelSpec]) -> None:
     """Refuse, before anything runs, what this build cannot do (``score: likelihood``)."""
+    served = [n for n, s in models.items() if s.score == "likelihood" and s.endpoint]
+    if served:
+        raise UsageError(f"model(s) {', '.join(served)}: score: likelihood is wired for local "
+                         "models on the board; score a served one with `envace probe "
+                         "--endpoint ... --likelihood`")
     wanting = [n for n, s in models.items() if s.score == "likelihood"]
     if wanting and not likelihood_available():
         raise UsageError(f"model(s) {', '.join(wanting)}: score: likelihood needs `envace "

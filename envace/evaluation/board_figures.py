@@ -40,8 +40,11 @@ def _stratum(block: dict[str, Any], skill: dict[str, Any] | None) -> Stratum:
 def _bits_per_byte(s: dict[str, Any]) -> Interval | None:
     block = s.get("likelihood") or {}
     v = block.get("bits_per_byte")
-    if isinstance(v, dict):
-        return Interval(point=v.get("point", v.get("mean")), lo=v.get("lo"), hi=v.get("hi"))
+    if isinstance(v, dict):  # {point, ci} (envace probe --likelihood), or {point, lo, hi}
+        ci = v.get("ci")
+        lo, hi = (ci if isinstance(ci, list | tuple) and len(ci) == 2
+                  else (v.get("lo"), v.get("hi")))
+        return Interval(point=v.get("point", v.get("mean")), lo=lo, hi=hi)
     if isinstance(v, int | float):
         ci = block.get("bits_per_byte_ci")
         return _iv(v, ci)

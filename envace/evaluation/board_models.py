@@ -6,12 +6,13 @@
       ranker: {ranker: true}                           # the learned ranker, fitted on train
       tiny:   {model: data/models/tiny-sft, memory_k: 3}
       hybrid: {model: data/models/tiny-sft, hybrid: true}
-      served: {endpoint: "http://127.0.0.1:8000/v1#smollm2", score: likelihood}
+      served: {endpoint: "http://127.0.0.1:8000/v1#smollm2"}
+      tiny-lk: {model: data/models/tiny-sft, score: likelihood}
 
 Every reference, the ranker, ``memory_k`` and ``hybrid`` read the **train** split of the
 environment the cell is scored on (never the split scored). ``score: likelihood`` asks for bits
-per byte of the real response under the model (``envace probe --likelihood``); a build without
-it refuses the model with a clear error, before anything runs. A malformed file is one
+per byte of the real response under a local model (``envace probe --likelihood``); a build
+without it refuses the model with a clear error, before anything runs. A malformed file is one
 :class:`envace.core.errors.UsageError` naming the model and the field.
 """
 

@@ -148,10 +148,31 @@ def test_the_models_file_is_checked_before_anything_runs(tmp_path):
                      ({"model": {}}, "models:")):
         with pytest.raises(UsageError, match=why):
             parse_models(bad)
-    models = parse_models({"models": {"s": {"model": TINY, "score": "likelihood"}}})
+    served = parse_models({"models": {"s": {"endpoint": "http://h:1/v1#m",
+                                            "score": "likelihood"}}})
     with pytest.raises(UsageError, match="likelihood"):
-        run_board(models, ["bfcl"], tmp_path / "b", BoardOptions(quiet=True))
+        run_board(served, ["bfcl"], tmp_path / "b", BoardOptions(quiet=True))
     assert not (tmp_path / "b").exists()  # refused before anything was written
+
+
+def test_likelihood_is_refused_clearly_without_the_likelihood_audit(tmp_path, monkeypatch):
+    import envace.evaluation.board as board_mod
+
+    monkeypatch.setattr(board_mod, "likelihood_available", lambda: False)
+    models = parse_models({"models": {"s": {"model": TINY, "score": "likelihood"}}})
+    with pytest.raises(UsageError, match="envace probe --likelihood"):
+        run_board(models, ["bfcl"], tmp_path / "b", BoardOptions(quiet=True))
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_likelihood_cell_has_bits_per_byte(tmp_path):
+    pytest.importorskip("envace.evaluation.likelihood")  # the likelihood audit (issue 42)
+    seed_inputs(tmp_path, "bfcl", 1, 4)
+    models = parse_models({"models": {"s": {"model": TINY, "score": "likelihood"}}})
+    board = run_board(models, ["bfcl"], tmp_path, BoardOptions(quiet=True))
+    cell = board.cell("s", "bfcl")
+    assert cell.status == "done", cell.error
+    assert cell.bits_per_byte is not None and cell.bits_per_byte.point > 0
 
 
 def test_the_board_file_round_trips_and_refuses_what_it_cannot_read(tmp_path):

@@ -94,13 +94,17 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--call-memory-mb", type=limit_arg, default=DEFAULT_MEMORY_MB, metavar="MB",
                    help="memory a call may add to the environment's process (RLIMIT_AS; "
                         "default %(default)d; 0: no limit)")
+    p.add_argument("--no-state-change", dest="state_change", action="store_false",
+                   help="do not record how each call changed the real state (one state() per "
+                        "call: costs most where the state is big, tau2's 3 MB databases)")
 
 
 def _limits(args: argparse.Namespace) -> dict[str, object]:
     if not hasattr(args, "call_timeout"):
         return {}
     return {"call_timeout_s": args.call_timeout or None,
-            "call_memory_mb": int(args.call_memory_mb) or None}
+            "call_memory_mb": int(args.call_memory_mb) or None,
+            "state_change": getattr(args, "state_change", True)}
 
 
 def _options(args: argparse.Namespace, **extra: object):

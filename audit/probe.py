@@ -38,6 +38,7 @@ from audit.replay import (
     RealCalls,
     ReplayError,
     TrajectoryAudit,
+    _changed,
     _message_text,
     _reset,
     check_actual_size,
@@ -218,7 +219,7 @@ def probe_steps(
         return _real_tool_message(m, *real[step])
 
     records: list[dict[str, Any]] = []
-    calls = RealCalls(env)
+    calls = RealCalls(env, settings.state_change)
     for index, m in enumerate(traj.messages):
         answered = answer_of.get(id(m))
         if answered is not None and answered.step in real:
@@ -246,9 +247,12 @@ def probe_steps(
             if asked:
                 history_text = "\n".join(texts)[-MAX_HISTORY_CHARS:]
                 records.append(_record(traj, st, rehearsed, actual_text, actual_error, env,
-                                       history_text, settings))
+                                       history_text, settings,
+                                       _changed(calls.state_change(st.step))))
                 records[-1]["history"] = history
                 calls.mark(records[-1], st.step)
+                if calls.track_state:
+                    records[-1]["state_change"] = calls.state_change(st.step)
                 if why is not None:
                     records[-1]["unanswered_reason"] = why
     assign_depths(records)
@@ -257,14 +261,14 @@ def probe_steps(
 
 def _record(traj: Trajectory, st: Any, rehearsed: str | None, actual_text: str,
             actual_error: bool, env: Environment, history_text: str,
-            settings: AuditOptions) -> dict[str, Any]:
+            settings: AuditOptions, state_changed: bool | None = None) -> dict[str, Any]:
     """One step record with the fields and scoring of `audit.replay` (marked as a probe); an
     answer that carries its own log-probability (`audit.stats.confidence.Rehearsal`) gives the
     record its `confidence` (and `confidence_min`)."""
     conf = confidence_of(rehearsed)
     rehearsed = None if rehearsed is None else str(rehearsed)
     rec = step_record(traj, st, rehearsed, None, True, actual_text, actual_error, env,
-                      history_text, settings)
+                      history_text, settings, state_changed=state_changed)
     rec["probe"] = "teacher_forced"
     rec.update(conf)
     return rec

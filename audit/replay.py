@@ -27,6 +27,7 @@ from audit.stats.population import assign_depths, is_rehearsed
 from audit.stats.steps import novelty
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import CallLimits, guarded_env
+from envace.core.envs.statediff import StateTracker
 from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
@@ -121,13 +122,17 @@ class RealCalls:
     reset state: a malformed call answers an error without running; a call of a tool the task
     does not offer runs and is named in the trajectory's warnings."""
 
-    def __init__(self, env: Environment) -> None:
+    def __init__(self, env: Environment, track_state: bool = True) -> None:
         self.env = env
         self.offered = env.tool_names() if hasattr(env, "tool_names") else None
         self.unknown: list[str] = []
         self.timed_out: set[int] = set()  # steps whose call ran past its limit
         self.crashed: set[int] = set()  # steps whose call's process died
         self._ahead: dict[int, Any] = {}
+        #: ``track_state``: how each call changed the real state (``statediff``), by step
+        self.track_state = track_state
+        self.state_changes: dict[int, dict[str, Any] | None] = {}
+        self._tracker = StateTracker(env) if track_state else None
 
     def prefetch(self, steps: list[Any]) -> None:
         """Run every well-formed call of ``steps`` now, in order, in one batch where the
@@ -135,21 +140,33 @@ class RealCalls:
         if not hasattr(self.env, "execute_many"):
             return
         todo = [st for st in steps if st.malformed is None]
-        for st, res in zip(todo, self.env.execute_many([(st.tool, st.arguments)
-                                                         for st in todo]), strict=True):
+        batch = [(st.tool, st.arguments) for st in todo]
+        results = (self.env.execute_many(batch, track_state=True) if self.track_state
+                   else self.env.execute_many(batch))
+        for st, res in zip(todo, results, strict=True):
             self._ahead[st.step] = res
 
     def execute(self, st: Any) -> tuple[str, bool]:
         """(text, is an error) of the real response to tool step ``st``."""
-        if st.malformed is not None:
+        if st.malformed is not None:  # not run: the state is unchanged
+            if self.track_state:
+                self.state_changes[st.step] = {"leaves": 0, "paths": []}
             return f"Error during execution: malformed call: {st.malformed}", True
         if self.offered is not None and st.tool not in self.offered:
             self.unknown.append(st.tool)
-        res = self._ahead.pop(st.step, None) or self.env.execute(st.tool, st.arguments)
+        res = self._ahead.pop(st.step, None)
+        if res is None and self.track_state and hasattr(self.env, "execute_many"):
+            # diffed in the environment's process: no state crosses the pipe
+            (res,) = list(self.env.execute_many([(st.tool, st.arguments)], track_state=True))
+        elif res is None:
+            res = (self._tracker.execute(st.tool, st.arguments) if self._tracker is not None
+                   else self.env.execute(st.tool, st.arguments))
         if getattr(res, "timeout", False):
             self.timed_out.add(st.step)
         if getattr(res, "crashed", False):
             self.crashed.add(st.step)
+        if self.track_state:
+            self.state_changes[st.step] = getattr(res, "state_change", None)
         return res.content, res.error
 
     def mark(self, rec: dict[str, Any], step: int) -> None:
@@ -158,6 +175,10 @@ class RealCalls:
             rec["timeout"] = True
         if step in self.crashed:
             rec["crashed"] = True
+
+    def state_change(self, step: int) -> dict[str, Any] | None:
+        """How call ``step`` changed the real state (None: not tracked or unreadable)."""
+        return self.state_changes.get(step)
 
     def warnings(self) -> list[str]:
         if not self.unknown:
@@ -179,7 +200,7 @@ def replay_trajectory(
     history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
-    calls = RealCalls(env)
+    calls = RealCalls(env, settings.state_change)
     calls.prefetch(steps)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
@@ -196,8 +217,11 @@ def replay_trajectory(
             written_error = resp.error if resp is not None else None
             flag = resp.rehearsed if resp is not None else None
         rec = step_record(traj, st, rehearsed, written_error, flag, actual_text, actual_error,
-                          env, history.text(), settings, history.novelty(actual_text))
+                          env, history.text(), settings, history.novelty(actual_text),
+                          _changed(calls.state_change(st.step)))
         calls.mark(rec, st.step)
+        if calls.track_state:
+            rec["state_change"] = calls.state_change(st.step)
         if override is None and resp is not None and resp.rehearsed is not False:
             conf = mean_token_logprob(resp.logprob, resp.num_tokens)  # audit.stats.confidence
             if conf is not None and rehearsed is not None:
@@ -213,6 +237,9 @@ def check_actual_size(st: Any, actual_text: str) -> None:
         raise ReplayError(f"call {st.step} ({str(st.tool)[:80]!r}): the real response of "
                           f"{utf8_len(actual_text)} bytes is past the {MAX_CALL_BYTES}-byte "
                           "limit of a response (docs/audit.md, size limits)")
+def _changed(change: dict[str, Any] | None) -> bool | None:
+    """Whether a recorded state change changed anything (None: unknown)."""
+    return None if change is None else change["leaves"] > 0
 
 
 def check_sizes(steps: list[Any]) -> None:
@@ -233,9 +260,12 @@ def check_sizes(steps: list[Any]) -> None:
 def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error: bool | None,
                 source_rehearsed: bool | None, actual_text: str, actual_error: bool,
                 env: Environment, history_text: str, settings: AuditOptions,
-                novelty_value: float | None = None) -> dict[str, Any]:
+                novelty_value: float | None = None,
+                state_changed: bool | None = None) -> dict[str, Any]:
     """One ``steps.jsonl`` row: the call, both responses, scores, verdict, references
-    (``novelty_value``: the response's novelty when the caller knows it already)."""
+    (``novelty_value``: the response's novelty when the caller knows it already;
+    ``state_changed``: whether the real call changed the state, ``statediff``, the
+    ``state_change`` scorer's observation, None when unknown)."""
     kind = env.tool_kind(st.tool)
     rec: dict[str, Any] = {
         "trajectory_id": traj.id,
@@ -259,7 +289,8 @@ def step_record(traj: Trajectory, st: Any, rehearsed: str | None, written_error:
         return rec
     ctx = ScoreContext(tool=st.tool, arguments=st.arguments or {}, step=st.step,
                        mutates_state=rec["mutates_state"], actual_error=actual_error,
-                       rehearsed_error=written_error, history_text=history_text)
+                       rehearsed_error=written_error, history_text=history_text,
+                       actual_state_changed=state_changed)
     rec["rehearsed_error"] = (written_error if written_error is not None
                               else is_error_response(rehearsed))
     rec["scores"] = score_fast(rehearsed, actual_text, ctx, settings.scorers)

@@ -48,6 +48,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "rollout_guard_overhead": "rollout_guard_overhead",
     "probe_prefix": "probe_prefix", "probe_profile": "probe_profile",
     "likelihood_speed": "likelihood_speed",
+    "state_change_cost": "state_change_cost",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

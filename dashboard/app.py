@@ -6,9 +6,9 @@
 
 The root is ``$ENVACE_DASHBOARD_ROOT`` if set (tests, and ``envace-dashboard``, set it), else the
 first argument after ``--``, else ``runs/``.
-Pages: Runs, Training, Fidelity, Trajectories, Compare, Test-time rehearsal; the run is picked in
-the sidebar (or named in the URL: ``/fidelity?run=demo``). Reads files only: never imports torch
-or the trainer.
+Pages: Runs, Training, Fidelity, Trajectories, Compare, Test-time rehearsal, Board (boards of
+``envace board`` under the root); the run is picked in the sidebar (or named in the URL:
+``/fidelity?run=demo``). Reads files only: never imports torch or the trainer.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ PAGES = [
     ("views/trajectories.py", "Trajectories", ":material/forum:"),
     ("views/compare.py", "Compare", ":material/compare_arrows:"),
     ("views/rehearsal.py", "Test-time rehearsal", ":material/psychology:"),
+    ("views/board.py", "Board", ":material/leaderboard:"),
 ]
 
 

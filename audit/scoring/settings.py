@@ -46,6 +46,9 @@ class AuditOptions:
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
     #: audit only shard (I, N) of the input (``audit.shard``; None: all of it)
     shard: tuple[int, int] | None = None
+    #: record how every call changed the real state (``state_change`` of a step row,
+    #: ``envace.core.envs.statediff``: one ``state()`` per call)
+    state_change: bool = True
 
     def __post_init__(self) -> None:
         self.scorers = list(self.scorers)

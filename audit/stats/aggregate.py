@@ -39,6 +39,8 @@ from audit.stats import compounding as cp
 from audit.stats import survival as sv
 from audit.stats.clusters import cluster_of, resolve
 from audit.stats.compounding import QUESTIONS
+from audit.stats.confidence import KEY as CONFIDENCE
+from audit.stats.confidence import confidence_block
 from audit.stats.depth_tables import stratum_label
 from audit.stats.intervals import (
     BOOTSTRAP,
@@ -47,7 +49,10 @@ from audit.stats.intervals import (
     mc_error,
     ratio_intervals,
 )
+from audit.stats.likelihood import NOT_SCORED, likelihood_block
 from audit.stats.population import DETERMINISM, EMPTY, REHEARSED, Population, is_rehearsed
+from audit.stats.state_change import FIELD as STATE_LEAVES
+from audit.stats.state_change import by_state_change
 from audit.stats.steps import clean, is_finite, score_of
 from audit.stats.summary import LOGISTIC_BOOT, N_BOOT, SEED, _determinism_warning, build_summary
 from audit.stats.trend import METHOD as TREND_METHOD
@@ -58,6 +63,16 @@ from envace.core.envs.units import BUILTIN_UNITS
 __all__ = ["SummaryAggregator"]
 
 _SOURCES = (("rehearsed", True), ("real", False), ("unmarked", None))
+#: what the per-call blocks (``by_state_change``, ``confidence``, ``likelihood``) read of a row:
+#: an audit with such a field keeps one slim row per call for them (they are not running
+#: aggregates: memory grows by about 1 kB a call, docs/audit.md)
+_SLIM = ("trajectory_id", "cluster", "depth", "step", "diverged", "scores", "mutates_state",
+         "actual_error", "rehearsed_error", "unanswered", STATE_LEAVES, CONFIDENCE,
+         "confidence_min", "likelihood", NOT_SCORED)
+
+
+def _slim(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: r[k] for k in _SLIM if k in r}
 
 
 def _depth(s: dict[str, Any]) -> int:
@@ -460,6 +475,8 @@ class SummaryAggregator:
         self._env_names: set[str] = set()
         self._has_field = False
         self._fallback = False
+        #: which per-call blocks the audit has (pass 2 keeps a slim row per call for them)
+        self._per_call: set[str] = set()
         self._answered = Counter()  # source_rehearsed flag -> answered steps
         #: the verdicts among scored steps, per candidate population (rehearsed / all answered)
         self._verdicts: dict[str, set[bool]] = {REHEARSED: set(), DETERMINISM: set()}
@@ -479,6 +496,8 @@ class SummaryAggregator:
                 self._has_field = True
             if r.get("history") == "own" or r.get("ref_scores") or "depth" not in r:
                 self._fallback = True
+            self._per_call.update(k for k in (STATE_LEAVES, CONFIDENCE, "likelihood",
+                                              NOT_SCORED) if k in r)
             if not r.get("unanswered"):
                 if isinstance(r.get("diverged"), bool | np.bool_):
                     self._verdicts[DETERMINISM].add(bool(r["diverged"]))
@@ -539,6 +558,7 @@ class SummaryAggregator:
         c = Counter()
         errors = Counter()
         pop_clusters: set[str] = set()
+        kept: dict[str, list[dict[str, Any]]] = {"state": [], "confidence": [], "likelihood": []}
         for rows in self._rows():
             for r in rows:
                 r["cluster"] = cluster_of(r, unit, chosen.cluster_of)
@@ -569,8 +589,14 @@ class SummaryAggregator:
                     r["depth"] = d
             else:
                 pop = []
+            if self._per_call & {"likelihood", NOT_SCORED}:
+                kept["likelihood"] += [_slim(r) for r in rows]
             if not pop:
                 continue
+            if STATE_LEAVES in self._per_call:
+                kept["state"] += [_slim(r) for r in pop]
+            if CONFIDENCE in self._per_call:
+                kept["confidence"] += [_slim(r) for r in pop]
             c["pop"] += len(pop)
             c["pop_trajectories"] += 1
             for r in pop:
@@ -591,8 +617,16 @@ class SummaryAggregator:
             compounding.add(group)
             logistic.add(str(group[0].get("trajectory_id")), group)
         table.close()
-        return self._assemble(kw, chosen, spec, scorers, kind, table, survival, compounding,
-                              logistic, sources, real_diverged, c, errors, pop_clusters)
+        out = self._assemble(kw, chosen, spec, scorers, kind, table, survival, compounding,
+                             logistic, sources, real_diverged, c, errors, pop_clusters)
+        # build_summary's per-call blocks, in its order, between "skill" and "seconds"
+        seconds = out.pop("seconds")
+        blocks = {"by_state_change": by_state_change(kept["state"], scorers, spec, {}),
+                  "likelihood": likelihood_block(kept["likelihood"], spec),
+                  "confidence": confidence_block(kept["confidence"], spec)}
+        out.update({k: v for k, v in blocks.items() if v is not None})
+        out["seconds"] = seconds
+        return clean(out)
 
     def _assemble(self, kw: dict[str, Any], chosen: Any, spec: IntervalSpec,
                   scorers: list[str], kind: str, table: _Table, survival: _Survival,

@@ -32,6 +32,7 @@ from audit.stats.history import split_histories
 from audit.stats.intervals import IntervalSpec
 from audit.stats.likelihood import likelihood_block
 from audit.stats.population import DETERMINISM, population
+from audit.stats.state_change import by_state_change
 from audit.stats.steps import Step, by_trajectory, clean, scored_steps, scorer_names
 from audit.stats.survival import first_divergence_survival
 from audit.store.models import SUMMARY_VERSION, StepRow
@@ -43,7 +44,7 @@ SEED = 0
 
 
 __all__ = ["SUMMARY_VERSION", "build_summary", "compact"]
-_ROW_FIELDS = frozenset(StepRow.model_fields) | {"ref_scores", "cluster"}
+_ROW_FIELDS = frozenset(StepRow.model_fields) | {"ref_scores", "cluster", "state_leaves"}
 
 
 def compact(rec: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +59,9 @@ def compact(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("history") is not None:
         row["history"] = rec["history"]
     row["malformed"] = rec.get("malformed") is not None
+    change = rec.get("state_change")
+    if isinstance(change, dict) and isinstance(change.get("leaves"), int):
+        row["state_leaves"] = change["leaves"]
     for k, v in rec.items():  # a writer's own scalar fields: what --cluster-by FIELD reads
         if k not in _ROW_FIELDS and isinstance(v, (str, int, float, bool)):
             row[k] = v
@@ -272,6 +276,9 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
     by_source = _by_source(answered, spec)
     likelihood = likelihood_block(rows, spec)
     confidence = confidence_block(pop.rows, spec)
+    skill_block = _skill_block(pop.rows, scorers)
+    best = {s: b["best_reference"] for s, b in (skill_block.get("by_scorer") or {}).items()}
+    state_block = by_state_change(pop.rows, scorers, spec, best)
     return clean({
         "schema": SUMMARY_VERSION,
         "inputs": [str(p) for p in inputs],
@@ -291,7 +298,8 @@ def build_summary(rows: list[dict], opts: Any, *, trajectories: int, read: int,
         "by_source": by_source,
         "error_prediction": _error_prediction(pop.rows),
         **{k: v for k, v in stats.items() if k != "counts"},
-        "skill": _skill_block(pop.rows, scorers),
+        "skill": skill_block,
+        **({"by_state_change": state_block} if state_block is not None else {}),
         **({"history": history_block} if history_block is not None else {}),
         **({"likelihood": likelihood} if likelihood is not None else {}),
         **({"confidence": confidence} if confidence is not None else {}),

@@ -60,6 +60,13 @@ class Likelihood(BaseModel):
     bytes: int = Field(ge=0)  #: UTF-8 bytes of the response text
     bits_per_byte: FiniteFloat | None = None  #: nats / ln 2 / bytes; null for an empty text
     compressor_bits: FiniteFloat | None = None  #: the primed compressor's code length
+class StateChangeRecord(BaseModel):
+    """How a call changed the real state (``envace.core.envs.statediff``): the number of state
+    leaves it changed and the first paths of them."""
+
+    model_config = _STRICT
+    leaves: int = Field(ge=0)
+    paths: list[str] = Field(default_factory=list)
 
 
 class StepRow(BaseModel):
@@ -101,6 +108,9 @@ class StepRow(BaseModel):
     #: the model's confidence in its own answer (mean token log-probability, ``confidence``)
     confidence: FiniteFloat | None = None
     confidence_min: FiniteFloat | None = None  #: its lowest token log-probability (the probe)
+    #: how the real call changed the environment's state (null: not recorded, or the state
+    #: could not be read); additive, issue 43
+    state_change: StateChangeRecord | None = None
 
     @model_validator(mode="after")
     def _depth_within_step(self) -> StepRow:
@@ -118,7 +128,7 @@ class StepRow(BaseModel):
 #: Fields the statistics and the dashboard read (no texts): compact rows, steps_frame.
 STAT_FIELDS = ("trajectory_id", "task_id", "step", "tool", "diverged", "scores", "mutates_state",
                "novelty", "unanswered", "source_rehearsed", "actual_error", "rehearsed_error",
-               "depth", "malformed", "history")
+               "depth", "malformed", "history", "state_change")
 
 #: A step row without its texts (validated like StepRow, field for field).
 StepStats: type[BaseModel] = create_model(  # type: ignore[call-overload]
@@ -480,6 +490,7 @@ class AuditSummary(Block):
     logistic: Logistic | None = None
     interval: IntervalInfo | None = None
     skill: Skill | None = None
+    by_state_change: dict[str, Any] | None = None  #: fidelity by state leaves changed (issue 43)
     seconds: Number | None = None
     reference_counts: dict[str, int] | None = None
     reference_skipped_records: list[Skipped] | None = None

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from audit.stats.state_change import report_lines
 from audit.store.models import place
 from envace.core.layout import AUDIT
 from envace.core.text import markdown_safe as md
@@ -339,7 +340,9 @@ def _note_lines(s: dict[str, Any]) -> list[str]:
 def render_markdown(s: dict[str, Any], plots: list[str]) -> str:
     """``report.md`` of a summary (as written) and its plot files."""
     lines = [*_headline(s), *_compounding_lines(s), *_score_lines(s), *_table_lines(s),
-             *history_lines(s.get("history") or {}), *_note_lines(s)]
+             *history_lines(s.get("history") or {}),
+             *report_lines(s.get("by_state_change"), (s.get("verdict") or {}).get("scorer")),
+             *_note_lines(s)]
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,8 @@
 
 Divergence rate and scores by depth with confidence bands; the first-divergence survival curve
 and hazard; the compounding ratio; real vs own history (a probe with ``--history both``); per
-tool; read versus write tools; novelty; skill against
+tool; read versus write tools; state change (leaves of the real state a call changed: the
+cliff); novelty; skill against
 reference world models; and, for a training run, fidelity across its audited steps. Every figure
 counts rehearsed steps only (depth 0 = a trajectory's first rehearsed step) and its interval
 resamples whole trajectories, as the audit computes them; a summary of an older format is
@@ -239,6 +240,43 @@ def skill(s: AuditSummary) -> None:
         st.dataframe(pd.DataFrame(each), hide_index=True)
 
 
+def state_change(s: AuditSummary) -> None:
+    """Divergence and skill by how many leaves of the real state the call changed (the
+    state-change cliff), and the claims of write calls."""
+    block = s.by_state_change or {}
+    if not block:
+        st.info("This audit has no state-change record (written before it existed, or with "
+                "state tracking off): replay it again to see fidelity by state change.")
+        return
+    c = block.get("cliff") or {}
+    if c.get("present") is None:
+        st.write("State-change cliff: not assessable (a stratum has no call).")
+    else:
+        st.write(("**A state-change cliff**: " if c["present"] else "No state-change cliff: ")
+                 + f"divergence {ui.pct(c.get('low_rate'))} on calls that changed no state "
+                 f"leaf, {ui.pct(c.get('high_rate'))} on calls that changed two or more "
+                 f"(difference {ui.pct(c.get('diff'))} {ui.ci(c.get('ci'))}).")
+    raw = block.get("strata") or {}
+    df = strata({k: Stratum.model_validate(v) for k, v in raw.items()}, "leaves changed")
+    verdict = s.verdict.scorer if s.verdict is not None else None
+    for i, (_, v) in enumerate(raw.items()):
+        sk = (v.get("skill") or {})
+        one = sk.get(verdict) if verdict in sk else next(iter(sk.values()), None)
+        if one:
+            df.loc[i, "skill"] = one.get("point")
+            df.loc[i, "skill lo"], df.loc[i, "skill hi"] = one.get("lo"), one.get("hi")
+        df.loc[i, "writes"] = v.get("writes")
+    if not df.empty:
+        st.altair_chart(charts.strata_bars(df, "leaves changed", "Divergence by state leaves "
+                                           "the real call changed"), width="stretch")
+        st.dataframe(df, hide_index=True)
+    claims = block.get("claims") or {}
+    if claims:
+        st.write("Responses that claim success where the real call failed, and the reverse:")
+        st.dataframe(pd.DataFrame([{"calls of": k, **v} for k, v in claims.items()]),
+                     hide_index=True)
+
+
 def counts(s: AuditSummary) -> None:
     shown = s.dump()
     st.json({k: shown.get(k) for k in ("counts", "by_source", "error_prediction", "verdict",
@@ -264,7 +302,7 @@ def page(run: Run) -> None:
         return
     headline(s, run, audit.label)
     tabs = ["By depth", "First divergence", "Compounding", "Real vs own history", "By tool",
-            "Read vs write", "Novelty", "Skill", "Likelihood", "Counts"]
+            "Read vs write", "State change", "Novelty", "Skill", "Likelihood", "Counts"]
     if s.likelihood:  # a likelihood audit: its figures first
         tabs.insert(0, tabs.pop(tabs.index("Likelihood")))
     trend = data.audit_trend(run.audits) if len(run.audits) > 1 else pd.DataFrame()
@@ -279,7 +317,7 @@ def page(run: Run) -> None:
             st.dataframe(trend, hide_index=True)
     parts = [("By depth", by_depth), ("First divergence", first_divergence),
              ("Compounding", compounding), ("Real vs own history", history), ("Skill", skill),
-             ("Likelihood", likelihood), ("Counts", counts)]
+             ("State change", state_change), ("Likelihood", likelihood), ("Counts", counts)]
     for name, fn in parts:
         with t[name], ui.guard(name.lower()):
             fn(s)

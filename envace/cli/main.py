@@ -9,6 +9,7 @@
     envace sft --preset tiny                               cold start (trl SFTTrainer)
     envace rollout --model PATH --split dev --mode rehearse --out FILE.jsonl
     envace probe --endpoint URL --model NAME dev.jsonl --out DIR   audit a served world model
+    envace board --models models.yaml --envs bfcl agentdojo tau2 --out boards/dev   the board
     envace train [--config configs/tiny.yaml] [key=value ...] [--resume runs/NAME]
 
 `--mcp-config FILE` and `--mcp-tasks FILE` (MCP server profiles and their task file, docs/mcp.md)
@@ -245,6 +246,7 @@ _EXTRA: dict[str, str] = {
     "train": "envace.training.command",
     "eval": "envace.cli.evaluate",
     "probe": "envace.cli.probe",
+    "board": "envace.cli.board",
 }
 
 

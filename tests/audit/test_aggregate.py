@@ -1,6 +1,6 @@
 """The audit's summary from running aggregates (audit.stats.aggregate, flat memory) is
 `build_summary` over the list of all rows (the code it replaces in the pipeline), figure for
-figure and in the same key order: on rehearsed, real and unmarked responses, partial scores,
+figure and in the same key order (the per-call blocks, state change and confidence, too): on rehearsed, real and unmarked responses, partial scores,
 unanswered and malformed calls, under every resampling unit; and the replay's fast paths
 (History's token set, score_fast) give what the functions they replace give."""
 
@@ -34,6 +34,8 @@ def mixed(tmp_path_factory) -> str:
         for s in steps:
             msg = s.response
             msg.rehearsed = False if s.step % 4 == 0 else (None if k % 5 == 0 else True)
+            if msg.rehearsed is not False and k % 2 == 0:  # written with its log-probability
+                msg.logprob, msg.num_tokens = -0.7 * (s.step + 1) - 0.1 * k, 3
             if msg.rehearsed is not False and (s.step + k) % 3 == 0:
                 msg.content = (msg.content or "") + " x" if k % 2 else json.dumps({"r": k})
         if k % 7 == 0 and steps:  # the last call unanswered
@@ -66,6 +68,7 @@ def test_the_aggregated_summary_is_build_summarys(mixed, tmp_path, unit):
     assert s["by_source"]["real"]["steps"] and s["by_source"]["unmarked"]["steps"]
     assert s["logistic"]["coefficients"] is not None  # the fit ran on both classes
     assert s["compounding"]["ci"] is not None
+    assert s["by_state_change"]["strata"] and s["confidence"] is not None  # per-call blocks
     assert json.dumps(summary_data(s)) == _old(tmp_path / "a", opts)
 
 

@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 from tests.fixtures_dashboard import shared_root
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
-PAGES = ["runs", "training", "fidelity", "trajectories", "compare", "rehearsal"]
+PAGES = ["runs", "training", "fidelity", "trajectories", "compare", "rehearsal", "board"]
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,7 @@ from envace.core.envs.base import (
     make_env,
 )
 from envace.core.envs.family import MCP_PREFIX
+from envace.core.envs.statediff import StateTracker
 
 #: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
 #: take milliseconds; 30 s leaves room for a slow plugin and still ends a stall quickly.
@@ -64,6 +65,8 @@ DEFAULT_MEMORY_MB = 4096
 #: Seconds the child may take to build the environment (imports, loading task data).
 STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
+#: protocol methods that change no state (a tracked batch after them still knows the state)
+_READS_NOTHING = frozenset({"tools", "tool_kind", "tool_names", "state", "state_hash"})
 
 
 def limit_arg(text: str) -> float:
@@ -174,6 +177,7 @@ def _child(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | None,
         return
     attrs = {a: callable(getattr(env, a, None)) for a in dir(env) if not a.startswith("_")}
     conn.send(("ready", attrs))
+    tracker = StateTracker(env)  # a batch with track_state: each result says how state changed
     while True:
         try:
             msg = conn.recv()
@@ -183,9 +187,14 @@ def _child(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | None,
         if op == "quit":
             return
         if op == "batch":
+            track = len(msg) > 2 and msg[2]
+            if not track:
+                tracker.forget()
             for tool, arguments in msg[1]:
-                _answer(conn, env.execute, (tool, arguments), {})
+                _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
             continue
+        if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
+            tracker.forget()  # the state may have changed outside a tracked batch
         if op == "begin":  # a reset, answered with what is asked right after one
             _answer(conn, _begin, (env, msg[1], msg[2]), {})
             continue
@@ -429,16 +438,20 @@ class GuardedEnv:
         (result,) = list(self.execute_many([(tool, arguments)]))  # read to its end
         return result
 
-    def execute_many(self, calls: Sequence[tuple[str, Any]]) -> Iterator[ToolResult]:
-        """The results of ``calls`` run in order, each under the limit (one message out)."""
+    def execute_many(self, calls: Sequence[tuple[str, Any]], track_state: bool = False
+                     ) -> Iterator[ToolResult]:
+        """The results of ``calls`` run in order, each under the limit (one message out);
+        ``track_state``: each a ``statediff.TrackedResult`` saying how the call changed the
+        state (diffed in the environment's process: no state crosses the pipe)."""
         calls = list(calls)
         try:
-            yield from self._stream(calls)
+            yield from self._stream(calls, track_state)
         except GeneratorExit:  # left unread: its answers must not reach a later request
             self._kill()
             raise
 
-    def _stream(self, calls: list[tuple[str, Any]]) -> Iterator[ToolResult]:
+    def _stream(self, calls: list[tuple[str, Any]], track: bool = False
+                ) -> Iterator[ToolResult]:
         i = 0
         while i < len(calls):
             if self._lost is not None:
@@ -446,9 +459,9 @@ class GuardedEnv:
                                  timeout=not self._lost_crashed, crashed=self._lost_crashed)
                 i += 1
                 continue
-            if not self._send(("batch", calls[i:])):
+            if not self._send(("batch", calls[i:], track)):
                 self._restart_quietly()
-                if not self._send(("batch", calls[i:])):
+                if not self._send(("batch", calls[i:], track)):
                     self._lost = self._lost or "the environment process cannot be reached"
                     self._lost_crashed = True
                     continue

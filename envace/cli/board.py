@@ -1,0 +1,73 @@
+"""`envace board`: score every world model of a models file on every environment.
+
+    envace board --models models.yaml --envs bfcl agentdojo tau2 [mcp:NAME ...] --split dev \
+        --out boards/dev [--limit N]
+
+Each cell (model x environment) is an ordinary audit directory under `OUT/cells/`; the board is
+`OUT/board.json` (docs/spec/board.md), `OUT/board.md` and a chart per environment. Run it again
+to resume: a finished cell is never recomputed, a changed model, option or input recomputes
+exactly its cells (`envace.evaluation.board`). Exit 0 when every cell is done, 3 when a cell
+failed (the board holds the others), 2 for a usage error (nothing run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from envace.core.envs.family import family
+from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
+from envace.evaluation.board import BoardOptions, run_board
+from envace.evaluation.board_models import read_models
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="score world models on environments: the board",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("--models", required=True, help="YAML file: models: {name: options}")
+    p.add_argument("--envs", nargs="+", required=True,
+                   help="environments: bfcl agentdojo tau2 mcp:<profile> ...")
+    p.add_argument("--split", default="dev", help="the split scored (default dev; never train)")
+    p.add_argument("--out", required=True, help="the board's directory (resumed when it exists)")
+    p.add_argument("--limit", type=int, default=0,
+                   help="at most this many trajectories per environment (0: all)")
+    p.add_argument("--plots", action="store_true", help="each cell's audit plots too")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (board.log has them)")
+    p.set_defaults(func=run_board_cli, prog=f"envace {name}")
+
+
+def run_board_cli(args: argparse.Namespace) -> int:
+    prog = getattr(args, "prog", "envace board")
+    if args.limit < 0:
+        print(f"{prog}: --limit must be >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    if args.split == "train":
+        print(f"{prog}: the references and the ranker read the train split: score another "
+              "split (dev)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        models = read_models(args.models)
+        for env in args.envs:
+            family(env)  # an unknown environment: refused before anything runs
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyError as exc:
+        print(f"{prog}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_USAGE
+    command = shlex.join(["envace", "board", "--models", args.models, "--envs", *args.envs,
+                          "--split", args.split, "--out", args.out]
+                         + (["--limit", str(args.limit)] if args.limit else []))
+    try:
+        board = run_board(models, list(args.envs), args.out,
+                          BoardOptions(split=args.split, limit=args.limit, plots=args.plots,
+                                       quiet=args.quiet), command=command)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    failed = [c for c in board.cells if c.status != "done"]
+    if not args.quiet:
+        print(f"board: {len(board.cells) - len(failed)} of {len(board.cells)} cells done; "
+              f"wrote {args.out}/board.json and board.md")
+    return EXIT_SKIPPED if failed else EXIT_OK

@@ -1,8 +1,9 @@
 """The audit's summary from running aggregates (audit.stats.aggregate, flat memory) is
 `build_summary` over the list of all rows (the code it replaces in the pipeline), figure for
-figure and in the same key order (the per-call blocks, state change and confidence, too): on rehearsed, real and unmarked responses, partial scores,
-unanswered and malformed calls, under every resampling unit; and the replay's fast paths
-(History's token set, score_fast) give what the functions they replace give."""
+figure and in the same key order (the per-call blocks, state change and confidence, too): on
+rehearsed, real and unmarked responses, partial scores, unanswered and malformed calls, under
+every resampling unit; and the replay's fast paths (History's token set, score_fast) give what
+the functions they replace give."""
 
 from __future__ import annotations
 

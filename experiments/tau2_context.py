@@ -84,17 +84,17 @@ def measure(tok: Any, trajs: list[Any], budgets: dict[str, int], positions: int
             for label, budget in budgets.items():
                 ids = prompt_ids(tok, msgs, traj.tools, "tool", budget)
                 sys_kept = min(len(blocks[0][0]), (budget - len(blocks[-1][0])) // 2)
-                # what follows the kept system part: the latest messages that fit (a carried
-                # user message counts as kept history here)
+                # what follows the kept system part: the latest history messages that fit (the
+                # user turn, carried or not, is not history)
                 rest = len(ids) - sys_kept - len(blocks[-1][0])
                 kept, used = 0, 0
-                for b in reversed(blocks[1:-1]):
+                for b in reversed(blocks[2:-1]):
                     if used + len(b[0]) > rest:
                         break
                     used += len(b[0])
                     kept += 1
                 row["cut"][label] = {"system_kept": sys_kept, "messages_kept": kept,
-                                     "whole": len(ids) == total}
+                                     "whole": len(ids) == total, "fits": total <= budget}
             rows.append(row)
     sys_turn = rows[0]["system_turn"]
     out: dict[str, Any] = {
@@ -124,6 +124,9 @@ def measure(tok: Any, trajs: list[Any], budgets: dict[str, int], positions: int
             "tool_listing_kept": kept > len(policy_ids),
             "headings_kept": [h for o, h in heads if o < kept_chars],
             "headings_cut": [h for o, h in heads if o >= kept_chars],
+            # prompt_ids keeps at most half the budget of the system turn, so a prompt that
+            # would fit whole is cut all the same where its system turn is longer than that
+            "calls_prompt_would_fit": sum(c["fits"] for c in cuts),
             "calls_whole_prompt": sum(c["whole"] for c in cuts),
             "history_messages_median": statistics.median(r["history_messages"] for r in hist),
             "history_messages_kept_median": statistics.median(
@@ -135,6 +138,9 @@ def measure(tok: Any, trajs: list[Any], budgets: dict[str, int], positions: int
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
+    ap.add_argument("--call-timeout", default="120",
+                    help="--call-timeout of every export and probe (default 120 s, not the "
+                    "CLI's 30: at a load of 50 on 2 cores tau2's first reset took longer)")
     args = ap.parse_args(argv)
     from bench.machine import run_record, write_result
     from envace.core.schema import read_trajectories
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in args.domains:
         with tempfile.TemporaryDirectory() as tmp:
             cmd = ["envace", "data", "export-real", "--env", "tau2", "--domain", d,
-                   "--split", "dev", "--out", "dev.jsonl"]
+                   "--split", "dev", "--out", "dev.jsonl", "--call-timeout", args.call_timeout]
             print("$", " ".join(cmd), flush=True)
             subprocess.run([str(BIN / cmd[0]), *cmd[1:]], cwd=tmp, check=True)
             commands.append(" ".join(cmd))

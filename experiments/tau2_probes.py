@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
     ap.add_argument("--name", default="tau2_probes", help="bench/results/<name>.json")
     ap.add_argument("--keep", default=None, help="keep the exports and probe outputs here")
+    ap.add_argument("--call-timeout", default="120",
+                    help="--call-timeout of every export and probe (default 120 s, not the "
+                    "CLI's 30: at a load of 50 on 2 cores tau2's first reset took longer)")
     args = ap.parse_args(argv)
     models = [model_args(m) for m in args.models]
     from bench.machine import run_record, write_result
@@ -85,13 +88,15 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for split in ("train", "dev"):
                 cmd = ["envace", "data", "export-real", "--env", "tau2", "--domain", d,
-                       "--split", split, "--out", f"{split}.jsonl"]
+                       "--split", split, "--out", f"{split}.jsonl",
+                       "--call-timeout", args.call_timeout]
                 run(cmd, tmp)
                 commands.append(" ".join(cmd))
             out[d] = {}
             for label, opts in models:
                 cmd = ["envace", "probe", *opts, "dev.jsonl", "--reference", "train.jsonl",
-                       "--out", f"probe_{label}", "--quiet"]
+                       "--out", f"probe_{label}", "--quiet",
+                       "--call-timeout", args.call_timeout]
                 load = os.getloadavg()[0]
                 secs = run(cmd, tmp)
                 commands.append(" ".join(cmd))

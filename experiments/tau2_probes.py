@@ -47,6 +47,19 @@ def model_args(spec: str) -> tuple[str, list[str]]:
     return label, ["--model", str(Path(path).resolve())]
 
 
+def trained(opts: list[str]) -> dict[str, Any] | None:
+    """How a fine-tuned model folder was made (its ``envace_sft.json``, abridged); None else."""
+    from envace.model.models import read_sft_meta
+
+    if opts[0] != "--model" or not Path(opts[1]).is_dir():
+        return None
+    meta = read_sft_meta(opts[1])
+    keys = ("preset", "command", "steps", "epochs_done", "stopped_by", "tokens_seen",
+            "train_seconds", "wall_seconds", "initial_loss", "final_loss",
+            "load_average_at_start", "load_average_at_end")
+    return {k: meta.get(k) for k in keys} | {"data": meta.get("data")} if meta else None
+
+
 def run(cmd: list[str], cwd: str) -> float:
     print("$", " ".join(cmd), flush=True)
     t = time.time()
@@ -102,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                 commands.append(" ".join(cmd))
                 summary = json.loads((Path(tmp) / f"probe_{label}" / AUDIT.summary).read_text())
                 out[d][label] = {**figures(summary), "seconds": secs,
-                                 "load_1min": [load, os.getloadavg()[0]]}
+                                 "load_1min": [load, os.getloadavg()[0]],
+                                 "fine_tune": trained(opts)}
                 print(d, label, json.dumps(out[d][label]), flush=True)
             if args.keep:
                 shutil.copytree(tmp, Path(args.keep) / d, dirs_exist_ok=True)

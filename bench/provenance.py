@@ -49,6 +49,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "probe_prefix": "probe_prefix", "probe_profile": "probe_profile",
     "likelihood_speed": "likelihood_speed",
     "state_change_cost": "state_change_cost",
+    "tau2_context": "tau2_context",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -5,6 +5,7 @@
     envace sft --preset runs/sft-tiny --roles act --max-steps 100 --lr 3e-4
     envace sft --config configs/sft_tiny.yaml seed=1
     envace sft --preset data/models/tiny-sft --roles rehearse --memory-k 3
+    envace sft --preset smollm2 --env tau2 --roles rehearse --max-minutes 20
 
 Flags set the common fields; `key=value` words set any field of `SFTSettings`
 (`envace sft --help-config` lists them). Torch is imported only when the command runs.
@@ -22,7 +23,7 @@ _FLAGS = {
     "preset": "preset", "out": "out", "roles": "roles", "max_minutes": "max_minutes",
     "max_steps": "max_steps", "lr": "lr", "seq_len": "seq_len", "batch_size": "batch_size",
     "epochs": "epochs", "seed": "seed", "data": "data", "force": "force", "threads": "threads",
-    "memory_k": "memory_k",
+    "memory_k": "memory_k", "env": "env",
 }
 
 
@@ -45,6 +46,8 @@ def add_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
                    "calls (other scenarios only), as `envace probe --memory` shows (0 = off)")
     p.add_argument("--threads", type=int, help="torch CPU threads (0 = auto from the load)")
     p.add_argument("--data", help="a trajectory JSONL to train on instead of the train split")
+    p.add_argument("--env", help="whose committed train split is the data: bfcl (default), "
+                   "agentdojo, tau2 (its three domains)")
     p.add_argument("--force", action="store_true", default=None, help="retrain even if up to date")
     p.add_argument("--config", help="YAML file of SFTSettings fields")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -5,7 +5,8 @@
     envace sft --preset PATH --roles act --max-steps 200 --out runs/sft-act
 
 The data are the train split's real trajectories (`envace.core.export`: ground-truth calls executed,
-one call per assistant message). Every token is trained as its role says (`envace.model.chat`): with
+one call per assistant message) of BFCL, or of another family with `env` (`--env tau2`: τ²'s three
+domains). Every token is trained as its role says (`envace.model.chat`): with
 `roles="both"` (default) the assistant turns (ACT) and the tool responses (REHEARSE: the policy
 learns to write what the environment answers); with `roles="act"` the tool responses stay context;
 with `roles="rehearse"` only the tool responses are trained (a world-model fine-tune, e.g. from an
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from audit.worlds.memory import ResponseMemory, with_notes_before_responses
-from envace.core.envs.bfcl.tasks import split_tasks
+from envace.core.envs.family import family, family_names
 from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, read_trajectories
@@ -103,6 +104,8 @@ class SFTSettings:
         "memory_k most similar calls of the training data (never the trajectory's own "
         "scenario), as `envace probe --memory` and `memory_k` show it; 0 = off")
     data: str | None = opt(None, "train on this trajectory JSONL instead of the train split")
+    env: str = opt("bfcl", "the environment family whose committed train split is the data "
+                   "(bfcl, agentdojo, tau2: its three domains); ignored with data")
     cache_dir: str | None = opt(None, "preset cache; default $ENVACE_CACHE or <repo>/.cache/envace")
     logging_steps: int = opt(10, "log the loss every this many steps")
     threads: int = opt(0, "torch CPU threads; 0 = auto: the cores other processes leave idle")
@@ -120,6 +123,8 @@ class SFTSettings:
         require(self.logging_steps >= 1, "logging_steps must be >= 1")
         require(self.threads >= 0, "threads must be >= 0 (0 = auto)")
         require(self.memory_k >= 0, "memory_k must be >= 0 (0 = no memory note)")
+        require(self.env in family_names(),
+                f"env must be one of {', '.join(family_names())}, not {self.env!r}")
 
     def resolved(self) -> SFTSettings:
         """A copy with the preset's defaults filled in."""
@@ -201,8 +206,9 @@ def build_examples(
     return examples, stats
 
 
-def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
-    """Real trajectories of the train split (ground truth executed), or those of a JSONL file."""
+def load_train_trajectories(data: str | None = None, env: str = "bfcl") -> list[Trajectory]:
+    """Real trajectories of `env`'s committed train split (ground truth executed, through the
+    family registry), or those of a JSONL file."""
     if data is not None:
         items = list(read_trajectories(data))
         bad = [f"{i.path}:{i.line}: {i.error}" for i in items if i.trajectory is None]
@@ -210,7 +216,12 @@ def load_train_trajectories(data: str | None = None) -> list[Trajectory]:
             raise ValueError(f"unreadable training records: {'; '.join(bad[:3])}")
         return [i.trajectory for i in items if i.trajectory is not None]
 
-    return list(export_real(split_tasks("train")))
+    return list(export_real(train_tasks(env)))
+
+
+def train_tasks(env: str = "bfcl") -> list[Any]:
+    """The tasks of `env`'s committed train split, from the family registry."""
+    return family(env).split_tasks("train", "task")
 
 
 def training_texts(trajectories: Sequence[Trajectory]) -> list[str]:
@@ -334,7 +345,8 @@ def _sft_target(s: SFTSettings, trajs: Sequence[Trajectory]) -> tuple[Path, str,
     texts = training_texts(trajs) if s.preset == "tiny" else None
     base = resolve_model(s.preset, cache, texts)
     recipe = {k: v for k, v in dataclasses.asdict(s).items()
-              if k not in ("out", "cache_dir", "force", "data", "threads", "logging_steps")}
+              # env names the data, which data_key already covers
+              if k not in ("out", "cache_dir", "force", "data", "env", "threads", "logging_steps")}
     key = fingerprint([data_key, str(base)], {"recipe": recipe, "version": SFT_VERSION})
     out = Path(s.out) if s.out else cache / f"sft-{Path(s.preset).name}-{s.roles}-{key[:10]}"
     return base, data_key, key, out
@@ -361,7 +373,7 @@ def _sft_meta(s: SFTSettings, base: Path, data_key: str, stats: dict[str, Any], 
         "preset_kind": preset_kind(s.preset),
         "base_model": str(base),
         "settings": dataclasses.asdict(s),
-        "data": {"source": s.data or "train split (real trajectories)",
+        "data": {"source": s.data or f"{s.env} train split (real trajectories)",
                  "fingerprint": data_key, **stats},
         "num_parameters": n_params,
         "steps": state.global_step,
@@ -399,7 +411,8 @@ def run_sft(
     t0 = time.perf_counter() if t0 is None else t0
     load0 = list(os.getloadavg())
     s = settings.resolved()
-    trajs = list(trajectories) if trajectories is not None else load_train_trajectories(s.data)
+    trajs = (list(trajectories) if trajectories is not None
+             else load_train_trajectories(s.data, s.env))
     require(bool(trajs), "no training trajectories")
     base, data_key, key, out = _sft_target(s, trajs)
     if not s.force and _marker_fingerprint(out) == key:

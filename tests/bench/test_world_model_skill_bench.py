@@ -191,3 +191,12 @@ def test_the_test_split_is_read_once(tmp_path):
     result.write_text("{not json")
     with pytest.raises(ValueError, match="cannot read"):
         previous_looks(result)
+
+
+def test_a_cell_records_the_unit_its_intervals_resample():
+    s = {**_summary(-0.1, -0.2, 0.0), "resampling_unit": "scenario", "interval": {"clusters": 30}}
+    s["skill"]["by_scorer"]["exact"].update(mc_error=0.004, method="bootstrap")
+    c = cell_result(s)
+    assert (c["resampling_unit"], c["clusters"]) == ("scenario", 30)
+    assert (c["skill"]["mc_error"], c["skill"]["method"]) == (0.004, "bootstrap")
+    assert cell_result({})["resampling_unit"] is None  # a summary from before issue 38

@@ -260,9 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             cells, old_built = previous_cells(machine.RESULTS / f"{args.name}.json")
         except ValueError as e:
             ap.error(str(e))
-        built = {**old_built, **built}
-        for label, _ in cells_in:
-            cells.pop(label, None)
+        built = {**old_built, **built}  # a cell probed again is replaced where it stands, once
+        # its new audit is read: one that fails keeps its earlier figures
     command = command_for({**{label: c["probe_args"] for label, c in cells.items()},
                            **dict(cells_in)}, built, args.limit, args.env, args.name,
                           args.keep) if args.merge else \

@@ -10,8 +10,9 @@ first
 `--max-calls` ground-truth calls of `--trajectories` BFCL dev trajectories (a seeded sample of
 those with at least 4 calls; the same for every model): every call is rehearsed given the real
 responses of the earlier calls and given the model's own earlier answers. The table gives, per
-model, divergence with each history, their difference (own - real) with a trajectory-bootstrap
-interval, the induced errors, and the compounding share (own - real) / own overall and at
+model, divergence with each history, their difference (own - real) with an interval
+resampling the family's unit (BFCL: the scenario; ``resampling_unit`` per model), the
+induced errors, and the compounding share (own - real) / own overall and at
 depth >= 3 (`audit.stats.history`). Writes bench/results/<name>.json (machine, load before and
 after, seconds per model, each model's whole `history` block) after every model, and keeps each
 audit under --keep; `--collect` rebuilds the table from the audits kept there (a stopped run keeps
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 s = json.loads((out / AUDIT.summary).read_text())
                 results[label] = {"model": s.get("audited_model") or spec.partition("=")[2],
                                   "seconds": s.get("seconds"),
+                                  "resampling_unit": s.get("resampling_unit"),
                                   "audit": str(out), "history": s.get("history")}
         _report(args.name, info, results, load_start)
         return 0
@@ -163,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             s = json.loads((out / AUDIT.summary).read_text())
             results[label] = {"model": s.get("audited_model") or model_spec,
                               "seconds": s.get("seconds"), "audit": str(out),
+                              "resampling_unit": s.get("resampling_unit"),
                               "history": s.get("history"), "kept": True}
             print(f"{label}: kept from {out}", flush=True)
             continue
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         results[label] = {"model": summary.get("audited_model") or str(path),
                           "seconds": round(time.perf_counter() - t0, 1),
                           "load_average_after": os.getloadavg(), "audit": str(out),
+                          "resampling_unit": summary.get("resampling_unit"),
                           "history": summary.get("history")}
         print(f"{label}: {results[label]['seconds']} s", flush=True)
         _report(args.name, info, results, load_start)  # after every model: nothing lost

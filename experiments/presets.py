@@ -168,6 +168,7 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
     """Every rate's and mean's interval from the stored per-step figures (no model runs): the
     models' shares and json_f1 means with trajectory-bootstrap intervals, and the paired
     comparison again. ``tool_name_match`` has no per-step record and keeps what it had."""
+    load0 = os.getloadavg()
     res = json.loads(path.read_text())
     for r in res["models"].values():
         ps = r["per_step"]
@@ -175,16 +176,75 @@ def recompute_intervals(path: Path) -> dict[str, Any]:
         for key in ("parsed_call", "exact_call", "rehearse_exact"):
             r[key] = share(ps[key], groups)
         r["rehearse_json_f1"] = cluster_mean([float(x) for x in ps["rehearse_json_f1"]], groups)
+    ref_scores = sampled_reference_scores([tuple(i) for i in next(iter(
+        res["models"].values()))["per_step"]["ids"]])
+    for r in res["models"].values():
+        r["skill"] = recompute_skill(r, ref_scores)
     text, comparison, _ = report(res["models"])
     res["table"], res["tiny_sft_vs_untrained"] = text, comparison
     res["history"] = [*res.get("history", []), {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": ["python", "-m", "experiments.presets", "--recompute-intervals"],
+        "load_average": {"start": list(load0), "end": list(os.getloadavg())},
         "note": "intervals recomputed from the stored per-step figures: a cluster bootstrap "
                 "resampling BFCL scenarios (issue 38; before it, trajectories; before #13, "
-                "Wilson/t over steps); points unchanged; the skill column keeps its "
-                "trajectory-bootstrap interval (no per-step reference scores are stored)"}]
+                "Wilson/t over steps); points unchanged; the skill column's interval too "
+                "(2026-12-05: the reference world models' per-step scores rebuilt from the train "
+                "and dev exports, no model run; each point checked against the stored one)"}]
     return res
+
+
+def sampled_reference_scores(ids: list[tuple[str, int]]) -> dict[str, dict[str, list[float]]]:
+    """Each reference world model's (`REFS`, built from the train split's real trajectories)
+    ``exact`` and ``json_f1`` scores on the sampled dev steps `ids` ((trajectory id, step)
+    pairs, in order), scored against the recorded real response as the probe scores a model:
+    what `evaluate` computes beside a model, without the model."""
+    from audit.pipeline import reference_triples
+
+    dev = {t.id: {st.step: st for st in t.tool_steps()} for t in export_real(split_tasks("dev"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        train_file = Path(tmp) / "train.jsonl"
+        with TrajectoryWriter(train_file, mode="w") as w:
+            for t in export_real(split_tasks("train")):
+                w.write(t)
+        triples = reference_triples(train_file)
+    refs = {n: build_reference(n, triples) for n in REFS}
+    out: dict[str, dict[str, list[float]]] = {n: {"exact": [], "json_f1": []} for n in REFS}
+    for tid, step in ids:
+        st = dev[tid][step]
+        args = st.arguments if isinstance(st.arguments, dict) else {}
+        actual = st.response.content or "" if st.response else ""
+        for n, ref in refs.items():
+            sc = score_step(ref(st.tool, args), actual, ScoreContext(tool=st.tool),
+                            ["exact", "json_f1"])
+            for k in ("exact", "json_f1"):
+                out[n][k].append(sc[k])
+    return out
+
+
+def recompute_skill(r: dict[str, Any], ref_scores: dict[str, dict[str, list[float]]]
+                    ) -> dict[str, Any]:
+    """A model row's skill against each reference with the cluster bootstrap (BFCL scenarios),
+    from its stored per-step scores and the references' (`sampled_reference_scores`). The
+    point must be the stored one (ValueError otherwise: the rebuilt references would not be
+    the ones measured)."""
+    ps = r["per_step"]
+    groups = [cluster_of_id(tid) for tid, _ in ps["ids"]]
+    model = {"exact": [float(x) for x in ps["rehearse_exact"]],
+             "json_f1": [float(x) for x in ps["rehearse_json_f1"]]}
+    out: dict[str, Any] = {}
+    for n, scores in ref_scores.items():
+        out[n] = {}
+        for k in ("exact", "json_f1"):
+            new = skill_with_ci(model[k], scores[k], groups=groups, n_boot=2000, seed=0)
+            old = (r.get("skill") or {}).get(n, {}).get(k) or {}
+            tol = 1e-9 if k == "exact" else 5e-3  # json_f1 per step is stored rounded to 4 places
+            if old.get("point") is not None and abs(new["point"] - old["point"]) > tol:
+                raise ValueError(f"skill {k} vs {n}: rebuilt point {new['point']} is not the "
+                                 f"stored {old['point']}")
+            out[n][k] = {**new, "resampling_unit": "scenario",
+                         "trajectory_interval": [old.get("lo"), old.get("hi")]}
+    return out
 
 
 def train_sft(preset: str, out: Path, extra: list[str]) -> Path:
@@ -340,7 +400,7 @@ def main() -> None:
                          "per-step figures, without running any model")
     args = ap.parse_args()
     if args.recompute_intervals:
-        res = recompute_intervals(Path(__file__).parent / "results" / "presets.json")
+        res = recompute_intervals(RESULTS / "presets.json")
         print(res["table"])
         print("->", write_result("presets", {k: v for k, v in res.items()
                                             if k not in ("benchmark", "date", "machine")}))

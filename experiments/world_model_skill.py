@@ -15,8 +15,9 @@ split (``envace probe --model ... dev.jsonl --reference train.jsonl --out DIR``,
 and its skill read from the audit: against the best reference world model (since 2026-12-02 the
 ``edit`` reference: the most similar training call's response with the call's arguments copied
 in; before, the lookup of training responses) and against each reference (the table shows
-``lookup`` and ``edit``), with the trajectory-bootstrap interval, overall, by read/write
-tool and by novelty (``skill.by_scorer.exact`` and ``skill.by_mutates_state`` /
+``lookup`` and ``edit``), with the bootstrap interval resampling the environment's unit
+(BFCL: the scenario; ``resampling_unit`` in each cell), overall, by read/write tool and by
+novelty (``skill.by_scorer.exact`` and ``skill.by_mutates_state`` /
 ``skill.by_novelty`` of ``summary.json``).
 
 A label ending in ``#sN`` is seed N of a trained cell (``tiny envace 30 steps#s1=--model
@@ -90,12 +91,14 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
     sk = summary.get("skill") or {}
     overall = (sk.get("by_scorer") or {}).get(scorer) or {}
     return {"skill": {k: overall.get(k) for k in ("point", "lo", "hi", "f_model", "f_ref", "n",
-                                                   "best_reference")},
+                                                   "best_reference", "mc_error", "method")},
             "against": overall.get("against"),
             "by_mutates_state": (sk.get("by_mutates_state") or {}).get(scorer),
             "by_novelty": (sk.get("by_novelty") or {}).get(scorer),
             "divergence_rate": summary.get("divergence_rate"),
             "divergence_ci": summary.get("divergence_ci"),
+            "resampling_unit": summary.get("resampling_unit"),
+            "clusters": (summary.get("interval") or {}).get("clusters"),
             "audited_model": summary.get("audited_model"),
             "world_model": summary.get("world_model"),
             "seconds": summary.get("seconds")}
@@ -162,8 +165,8 @@ def rows_for(cells: dict[str, dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-HEADER = ["world model", "steps", "exact", "skill vs lookup", "95% CI (trajectories)",
-          "skill vs edit", "95% CI (trajectories)", "best reference", "skill read",
+HEADER = ["world model", "steps", "exact", "skill vs lookup", "95% CI (the unit)",
+          "skill vs edit", "95% CI (the unit)", "best reference", "skill read",
           "skill write"]
 
 
@@ -257,9 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             cells, old_built = previous_cells(machine.RESULTS / f"{args.name}.json")
         except ValueError as e:
             ap.error(str(e))
-        built = {**old_built, **built}
-        for label, _ in cells_in:
-            cells.pop(label, None)
+        built = {**old_built, **built}  # a cell probed again is replaced where it stands, once
+        # its new audit is read: one that fails keeps its earlier figures
     command = command_for({**{label: c["probe_args"] for label, c in cells.items()},
                            **dict(cells_in)}, built, args.limit, args.env, args.name,
                           args.keep) if args.merge else \

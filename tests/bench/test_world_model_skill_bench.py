@@ -191,3 +191,36 @@ def test_the_test_split_is_read_once(tmp_path):
     result.write_text("{not json")
     with pytest.raises(ValueError, match="cannot read"):
         previous_looks(result)
+
+
+def test_a_cell_records_the_unit_its_intervals_resample():
+    s = {**_summary(-0.1, -0.2, 0.0), "resampling_unit": "scenario", "interval": {"clusters": 30}}
+    s["skill"]["by_scorer"]["exact"].update(mc_error=0.004, method="bootstrap")
+    c = cell_result(s)
+    assert (c["resampling_unit"], c["clusters"]) == ("scenario", 30)
+    assert (c["skill"]["mc_error"], c["skill"]["method"]) == (0.004, "bootstrap")
+    assert cell_result({})["resampling_unit"] is None  # a summary from before issue 38
+
+
+def test_merge_keeps_a_cell_whose_new_probe_left_no_audit(tmp_path, monkeypatch):
+    """A label given again whose audit is not there (a probe that failed or has not finished)
+    keeps its earlier figures instead of vanishing from the result file."""
+    import json
+
+    from bench import machine
+    from envace.core.layout import AUDIT
+
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(machine, "RESULTS", results)
+    old = {"cells": {"a": {**cell_result(_kept_summary(-0.2)), "probe_args": ["--model", "a"]},
+                     "b": {**cell_result(_kept_summary(-0.5)), "probe_args": ["--model", "b"]}}}
+    (results / "wm.json").write_text(json.dumps(old))
+    keep = tmp_path / "keep"
+    (keep / "b").mkdir(parents=True)
+    (keep / "b" / AUDIT.summary).write_text(json.dumps(_kept_summary(0.1)))
+    assert main(["--cell", "a=--model a", "--cell", "b=--model b", "--keep", str(keep),
+                 "--collect", "--merge", "--name", "wm"]) == 0
+    got = json.loads((results / "wm.json").read_text())["cells"]
+    assert list(got) == ["a", "b"]
+    assert got["a"]["skill"]["point"] == -0.2 and got["b"]["skill"]["point"] == 0.1

@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        description=__doc__.split("\n")[0])
     p.add_argument("--models", required=True, help="YAML file: models: {name: options}")
     p.add_argument("--envs", nargs="+", required=True,
-                   help="environments: bfcl agentdojo tau2 mcp:<profile> ...")
+                   help="environments: bfcl agentdojo tau2 mcp:<profile> ... (an MCP profile with "
+                        "--mcp-config FILE --mcp-tasks FILE, docs/mcp.md)")
     p.add_argument("--split", default="dev", help="the split scored (default dev; never train)")
     p.add_argument("--out", required=True, help="the board's directory (resumed when it exists)")
     p.add_argument("--limit", type=int, default=0,
@@ -35,6 +36,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--plots", action="store_true", help="each cell's audit plots too")
     p.add_argument("--quiet", action="store_true", help="no progress lines (board.log has them)")
     p.set_defaults(func=run_board_cli, prog=f"envace {name}")
+
+
+def check_split(env: str, split: str) -> None:
+    """UsageError unless ``env`` is a known environment with split ``split`` (an MCP profile's
+    splits are its task file's: ``--mcp-tasks FILE``)."""
+    fam = family(env)
+    if not env.startswith("mcp:") and split not in fam.splits:
+        raise UsageError(f"{env} has no split {split!r}; its splits: {', '.join(fam.splits)}")
+    try:
+        fam.split_tasks(split, "task")
+    except (ValueError, OSError) as exc:  # TaskFileError is a ValueError
+        raise UsageError(f"{env}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
 
 def run_board_cli(args: argparse.Namespace) -> int:
@@ -46,10 +59,14 @@ def run_board_cli(args: argparse.Namespace) -> int:
         print(f"{prog}: the references and the ranker read the train split: score another "
               "split (dev)", file=sys.stderr)
         return EXIT_USAGE
+    twice = sorted({e for e in args.envs if args.envs.count(e) > 1})
+    if twice:
+        print(f"{prog}: --envs names {', '.join(twice)} twice", file=sys.stderr)
+        return EXIT_USAGE
     try:
         models = read_models(args.models)
-        for env in args.envs:
-            family(env)  # an unknown environment: refused before anything runs
+        for env in args.envs:  # refused before anything runs: an unknown environment or split
+            check_split(env, args.split)
     except UsageError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,11 +25,13 @@ that fails is recorded ``failed`` with its error and tried again next time; the 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,7 @@ from envace.model.models import (
 )
 
 TRAIN = "train"
+LOCK_FILE = ".board.lock"  #: held by the one envace board writing a directory
 
 
 @dataclass
@@ -274,11 +277,33 @@ def run_board(models: dict[str, ModelSpec], envs: Sequence[str], out: str | os.P
               opts: BoardOptions | None = None, command: str | None = None) -> Board:
     """Score every model on every environment into ``out`` (see the module docstring); the
     board. Raises UsageError before anything runs for a model this build cannot score."""
-
     opts = opts or BoardOptions()
     check_models(models)
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
+    with _locked(root):  # one board at a time in a directory (tester B24)
+        return _run_board(models, envs, root, opts, command)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``root/.board.lock`` while a board runs there: a second
+    ``envace board`` into the same ``--out`` is refused (UsageError) before it writes; the
+    kernel drops the lock when the process dies. The file is kept (deleting it would race)."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"{root} is being written by another envace board: wait for it "
+                             "to end (or stop it), then run again") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_board(models: dict[str, ModelSpec], envs: Sequence[str], root: Path,
+               opts: BoardOptions, command: str | None) -> Board:
     progress = Progress(root / "board.log", opts.quiet)
     progress.line(f"board: {len(models)} model(s) x {len(envs)} environment(s), split "
                   f"{opts.split}" + (f", at most {opts.limit} trajectories each"
@@ -314,16 +339,28 @@ def _cell(i: int, total: int, name: str, spec: ModelSpec, env: str, paths: dict[
     rel = Path("cells") / name / env_dirname(env)
     audit_dir = root / rel
     sidecar = root / "cells" / name / f"{env_dirname(env)}.cell.json"
-    key = cell_key(spec, env, opts.split, _inputs_of(paths, opts.split), opts.keyed())
     tag = f"[{i}/{total}] {name} x {env}"
+    try:  # a model folder that cannot be listed (/proc, too many files) fails this cell only
+        key = cell_key(spec, env, opts.split, _inputs_of(paths, opts.split), opts.keyed())
+    except (OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        progress.line(f"{tag}: FAILED ({why})")
+        return Cell(model=name, env=env, dir=str(rel), key="unkeyed", status="failed",
+                    error=why)
     known = _read_sidecar(sidecar)
     if known and known.get("key") == key and known.get("status") == "done":
         summary = _read_sidecar(audit_dir / AUDIT.summary)
-        if summary is not None:
+        try:
+            figures = cell_figures(summary) if summary is not None else None
+        except Exception as exc:  # noqa: BLE001 - a tampered stored summary: computed again
+            progress.line(f"{tag}: its stored summary cannot be read ({type(exc).__name__}): "
+                          "computed again")
+            figures = None
+        if figures is not None:
             progress.line(f"{tag}: finished earlier (key {key}), not recomputed")
             return Cell(model=name, env=env, dir=str(rel), key=key,
                         command=known.get("command"), seconds=known.get("seconds"),
-                        **cell_figures(summary))
+                        **figures)
     progress.line(f"{tag}: running on {calls} calls, {progress.estimate(name, calls)}")
     train, dev = paths[TRAIN], paths[opts.split]
     aopts = _options(train, opts.plots, opts.call_timeout_s)

@@ -22,12 +22,17 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envace.core.errors import UsageError
+from envace.core.infile import MAX_SMALL_BYTES, read_small_text
+
+#: a model folder with more files than this is refused (``model: /`` would walk the disk)
+MAX_MODEL_FILES = 10_000
 
 REFERENCES = ("lookup", "majority", "edit")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -99,10 +104,7 @@ def read_models(path: str | os.PathLike[str]) -> dict[str, ModelSpec]:
     """The models of a YAML file (see the module docstring)."""
     import yaml
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read --models {path}: {exc.strerror or exc}") from None
+    text = read_small_text(path, MAX_SMALL_BYTES, "--models")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -125,9 +127,15 @@ def folder_fingerprint(path: str | os.PathLike[str]) -> str | None:
     p = Path(path)
     if not p.is_dir():
         return None
-    rows = sorted((str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns)
-                  for f in p.rglob("*") if f.is_file())
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    rows = []
+    for f in p.rglob("*"):  # OSError for a folder that cannot be listed: the cell fails
+        if len(rows) >= MAX_MODEL_FILES:
+            raise ValueError(f"model folder {path} holds more than {MAX_MODEL_FILES} files: "
+                             "not a model folder")
+        st = f.lstat()
+        if stat.S_ISREG(st.st_mode):
+            rows.append((str(f.relative_to(p)), st.st_size, st.st_mtime_ns))
+    return hashlib.sha256(json.dumps(sorted(rows)).encode()).hexdigest()[:16]
 
 
 def cell_key(spec: ModelSpec, env: str, split: str, inputs: dict[str, str],

@@ -295,3 +295,17 @@ def test_an_environment_left_open_at_exit_ends_quietly():
     child = int(p.stdout.split()[-1])
     time.sleep(0.5)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+def test_collecting_an_environment_never_waits_and_kills_its_child():
+    """Python drops an exception raised in ``__del__``: a Ctrl-C that landed in its join of the
+    child (up to 5 s) was lost and the command ran on to exit 0 (tester B15). ``__del__`` must
+    not wait at all, and the child must still die."""
+    env = guarded_env("bfcl", CallLimits(call_timeout_s=5))
+    env.reset({"involved_classes": ["MathAPI"]})
+    proc = env._proc
+    with mock.patch.object(type(proc), "join", autospec=True) as join:
+        env.__del__()
+    assert not join.called
+    proc.join(5)
+    assert not proc.is_alive()

@@ -340,9 +340,17 @@ class GuardedEnv:
         self._kill()
 
     def __del__(self, _quiet: Any = contextlib.suppress) -> None:
-        # bound at definition: at interpreter exit the module's globals may be gone already
+        # bound at definition: at interpreter exit the module's globals may be gone already.
+        # Never blocks (no join): an exception raised in __del__ is printed and dropped, so a
+        # Ctrl-C that landed in a 5 s join here was lost and the command ran on (tester B15);
+        # the killed child is reaped by multiprocessing's next start or at exit.
+        proc, self._proc = self._proc, None
+        conn, self._conn = self._conn, None
         with _quiet(Exception):
-            self._kill()
+            if conn is not None:
+                conn.close()
+            if proc is not None and proc.is_alive():
+                proc.kill()
 
     def _wait(self, timeout: float | None) -> tuple[str, Any]:
         """The next answer, or ("timeout", None) / ("died", exit code); Ctrl-C kills the child."""

@@ -220,6 +220,15 @@ def probe_steps(
 
     records: list[dict[str, Any]] = []
     calls = RealCalls(env, settings.state_change)
+    if env_cache is None and hasattr(env, "execute_many"):
+        # an environment of its own (the batched probe holds up to `chunk` trajectories at
+        # once): the recorded calls do not depend on the world model's answers, so run them
+        # now in one round trip, learn their tools' kinds, and end its process before the
+        # first question; one child at a time instead of one per live trajectory (~300 MB each)
+        calls.prefetch(tool_steps)
+        for st in tool_steps:
+            env.tool_kind(st.tool)
+        env.close()
     for index, m in enumerate(traj.messages):
         answered = answer_of.get(id(m))
         if answered is not None and answered.step in real:

@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from audit.pipeline import reference_triples, run_audit
-from audit.probe import probe_trajectory, run_probe
+from audit.probe import probe_batched, probe_trajectory, run_probe
 from audit.scoring.settings import AuditOptions
 from audit.worlds.reference import build_reference
 from envace.core.envs.bfcl.tasks import split_tasks
@@ -153,3 +154,25 @@ def test_probe_cli_end_to_end(files, tmp_path):
     reqs = act_requests(dev, {dev[0].id: [0, 1]})
     rows = act_probe(model, tok, reqs, context=1024, max_new_tokens=4, batch_size=2)
     assert [(x["step"], x["exact_call"]) for x in rows] == [(0, False), (1, False)]
+
+
+def test_the_batched_probe_holds_one_environment_process_at_a_time(tmp_path):
+    """Each trajectory of a batched round had a guarded environment process of its own alive
+    until its last answer (up to 64 at once, ~300 MB each): the probe now runs a trajectory's
+    recorded calls first and ends the process before asking. The rows are the same as asking
+    trajectory by trajectory. The world model here is a fixed answer (a stand-in: the test is
+    about the probe's processes, not a model)."""
+    trajs = list(export_real(split_tasks("dev")[:6]))
+    settings = AuditOptions(progress=False, plots=False)
+    alive: list[int] = []
+
+    def answer_batch(requests):  # a stand-in world model: counts live children each round
+        alive.append(len(psutil.Process().children(recursive=True)))
+        return ['{"ok": true}'] * len(requests)
+
+    batched = probe_batched(trajs, answer_batch, settings)
+    assert alive and max(alive) <= 1, alive
+    one = [probe_trajectory(t, lambda *a: '{"ok": true}', settings, {}) for t in trajs]
+    for b, o in zip(batched, one, strict=True):
+        strip = [{k: v for k, v in r.items() if k != "seconds"} for r in b.steps]
+        assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in o.steps]

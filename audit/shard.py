@@ -27,14 +27,18 @@ from typing import Any
 
 from envace.core.errors import UsageError
 
-__all__ = ["UNREADABLE_OWNER", "file_digest", "parse_shard", "shard_block", "shard_of"]
+__all__ = ["MAX_SHARDS", "UNREADABLE_OWNER", "file_digest", "parse_shard", "shard_block",
+           "shard_of"]
 
 UNREADABLE_OWNER = 0  #: the shard that reports lines without a readable id
+#: the most shards an audit may be split into (``--shard I/N``, ``N <= MAX_SHARDS``): far more
+#: machines than any audit uses, and small enough that a merge can name what is missing
+MAX_SHARDS = 10**6
 SHARD_SCHEMA = "envace.audit-shard/1"
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` as ``(I, N)``; ``ValueError`` unless ``0 <= I < N``."""
+    """``"I/N"`` as ``(I, N)``; ``ValueError`` unless ``0 <= I < N <= MAX_SHARDS``."""
     left, sep, right = str(text).partition("/")
     try:
         index, count = int(left), int(right)
@@ -42,6 +46,8 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ValueError(f"--shard takes I/N (e.g. 0/4), got {text!r}") from None
     if not sep or count < 1 or not 0 <= index < count:
         raise ValueError(f"--shard I/N needs 0 <= I < N, got {text!r}")
+    if count > MAX_SHARDS:
+        raise ValueError(f"--shard I/N: N is at most {MAX_SHARDS}, got {text!r}")
     return index, count
 
 

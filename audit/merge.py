@@ -9,9 +9,15 @@ skipped records and warnings are brought into that order too; every statistic is
 from the merged step rows with the shards' settings (``audit.stats.summary.build_summary``), so
 each figure and interval, with its seed, is the single run's. ``seconds`` is the shards' sum.
 
-Refused with a :class:`envace.core.errors.UsageError` (exit 2, nothing written): a directory
-that is no shard of an audit, shards of different inputs (sizes and digests) or settings, of
-different counts, a missing or a repeated index, or a shard whose files disagree with each other.
+Refused with a :class:`envace.core.errors.UsageError` (exit 2, nothing written, the file and
+line named): a directory that is no shard of an audit, shards of different inputs (sizes and
+digests) or settings, of different counts, a missing or a repeated index, a shard whose files
+disagree with each other, a shard ``summary.json`` that is not of the types the audit writes
+(:class:`audit.store.models.AuditSummary` and the shard block, checked before anything is read
+further), a line of ``steps.jsonl`` that is no step row or of ``trajectories.jsonl`` that is no
+trajectory row, a file that is not a regular file (a FIFO is never waited on) and a summary over
+:data:`MAX_SUMMARY_BYTES`. Missing shards are counted, not enumerated (``N`` may be up to
+``audit.shard.MAX_SHARDS``).
 The output is written like every audit (``audit.store.output``: locked, all or nothing).
 """
 
@@ -20,29 +26,171 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
+
 from audit.pipeline import input_order
+from audit.scoring.scorers import list_scorers
 from audit.scoring.settings import AuditOptions
-from audit.shard import SHARD_SCHEMA
+from audit.shard import MAX_SHARDS, SHARD_SCHEMA
+from audit.stats.clusters import check_unit
 from audit.stats.summary import build_summary, compact
+from audit.store.models import AuditSummary, step_problem
 from audit.store.output import AuditWriter
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
+from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
-__all__ = ["merge_shards", "read_shards"]
+__all__ = ["MAX_SUMMARY_BYTES", "merge_shards", "read_shards"]
 
 _SAME = ("count", "inputs", "settings")
+#: the largest shard ``summary.json`` merge reads (it holds a shard's skipped records)
+MAX_SUMMARY_BYTES = 256 * 1024 * 1024
+_SHOWN = 10  # missing shards named in a refusal
+_STRICT = ConfigDict(strict=True, extra="allow")
+
+
+class _Digest(BaseModel):
+    """An input of a shard: its name, size and digest (``audit.shard.file_digest``)."""
+
+    model_config = _STRICT
+    file: str
+    bytes: int = Field(ge=0)
+    blake2b: str
+
+
+class _Settings(BaseModel):
+    """The settings of a shard that merge reads (``audit.shard.shard_block``)."""
+
+    model_config = _STRICT
+    scorers: list[str]
+    verdict_scorer: str
+    verdict_threshold: int | FiniteFloat
+    cluster_by: str | None = None
+    reference: _Digest | None = None
+    override: str | None = None
+    plots: bool = True
+
+
+class _ShardBlock(BaseModel):
+    """The ``shard`` block of a shard's ``summary.json``, as merge reads it."""
+
+    model_config = _STRICT
+    index: int = Field(ge=0)
+    count: int = Field(ge=1, le=MAX_SHARDS)
+    inputs: list[_Digest]
+    settings: _Settings
+
+
+def _open_regular(path: Path, limit: int | None = None) -> BinaryIO:
+    """``path`` opened for reading, refused (``UsageError``) unless it is a regular file (of at
+    most ``limit`` bytes): opening a FIFO does not wait for a writer, a device is not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path} is not a regular file (a FIFO, a device or a directory): "
+                             "refusing to read it")
+        if limit is not None and st.st_size > limit:
+            raise UsageError(f"{path} holds {st.st_size} bytes, more than the {limit} a shard's "
+                             "summary may")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _place(data: Any, loc: tuple[Any, ...], missing: bool) -> tuple[str, bool]:
+    """The dotted path of a validation error's place in ``data``, and whether the error's
+    location went on past it (into the members of a union of types)."""
+    parts = []
+    for p in loc:
+        inside = (isinstance(data, dict) and isinstance(p, str) and p in data
+                  or isinstance(data, list) and isinstance(p, int) and 0 <= p < len(data))
+        if inside:
+            data = data[p]
+        elif not (missing and isinstance(data, dict) and isinstance(p, str)):
+            break
+        parts.append(str(p))
+    return ".".join(parts) or "(summary)", len(parts) < len(loc)
+
+
+def _invalid(path: Path, data: Any, exc: ValidationError, prefix: tuple[str, ...] = ()
+             ) -> UsageError:
+    err = exc.errors(include_url=False)[0]
+    missing = err["type"] == "missing"
+    where, union = _place(data, (*prefix, *err["loc"]), missing)
+    got = type(err.get("input")).__name__
+    what = ("is missing" if missing else f"is {got}, of no type it may have" if union
+            else f"is {got}: {err['msg']}")
+    return UsageError(f"{path}: {where} {what} (a damaged or edited shard: audit it again)")
+
+
+def _check(path: Path, data: dict[str, Any]) -> None:
+    """A shard's summary as merge reads it: the typed summary (``AuditSummary``), its shard
+    block, the counts merge adds up and the settings it recomputes with."""
+    try:
+        summary = AuditSummary.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(path, data, exc) from None
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deeply") from None
+    try:
+        block = _ShardBlock.model_validate(data["shard"])
+    except ValidationError as exc:
+        raise _invalid(path, data, exc, ("shard",)) from None
+    if block.index >= block.count:
+        raise UsageError(f"{path}: shard.index {block.index} is not below shard.count "
+                         f"{block.count}")
+    counts = summary.counts
+    if counts is None:
+        raise UsageError(f"{path}: counts is missing")
+    for k in ("trajectories", "records_read"):
+        value = getattr(counts, k)
+        if value is None or value < 0:
+            raise UsageError(f"{path}: counts.{k} is missing or negative")
+    if summary.inputs != [i.file for i in block.inputs]:
+        raise UsageError(f"{path}: inputs disagree with shard.inputs")
+    try:
+        float(summary.seconds or 0)
+    except OverflowError:
+        raise UsageError(f"{path}: seconds is too large a number") from None
+    cfg = block.settings
+    unknown = sorted(set(cfg.scorers) - set(list_scorers()))
+    if unknown:
+        raise UsageError(f"{path}: shard.settings.scorers names unknown scorer(s) "
+                         f"{', '.join(unknown)}")
+    try:
+        _options(cfg).verdict  # noqa: B018  (raises ValueError for a rule that cannot be)
+    except ValueError as exc:
+        raise UsageError(f"{path}: shard.settings: {exc}") from None
+    if cfg.cluster_by is not None and (err := check_unit(cfg.cluster_by)):
+        raise UsageError(f"{path}: shard.settings.cluster_by: {err}")
 
 
 def _summary(d: Path) -> dict[str, Any]:
     path = d / AUDIT.summary
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with _open_regular(path, MAX_SUMMARY_BYTES) as fh:
+            text = fh.read(MAX_SUMMARY_BYTES + 1)
+        if len(text) > MAX_SUMMARY_BYTES:
+            raise UsageError(f"{path} is longer than the {MAX_SUMMARY_BYTES} bytes a shard's "
+                             "summary may be")
+        data = json.loads(text.decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{d} is not an audit directory (no {AUDIT.summary})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read {path}: not UTF-8 at byte {exc.start}") from None
     except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     block = data.get("shard") if isinstance(data, dict) else None
@@ -52,7 +200,23 @@ def _summary(d: Path) -> dict[str, Any]:
     for f in (AUDIT.steps, AUDIT.trajectories):
         if not (d / f).is_file():
             raise UsageError(f"shard {d} has no {f}")
+    _check(path, data)
     return data
+
+
+def _missing(count: int, present: set[int]) -> str:
+    """Which of ``count`` shards are not in ``present`` (all below ``count``): how many, and the
+    first few, without walking ``range(count)``."""
+    shown: list[int] = []
+    i = 0
+    while len(shown) < _SHOWN and i < count:  # at most len(present) + _SHOWN turns
+        if i not in present:
+            shown.append(i)
+        i += 1
+    n = count - len(present)
+    names = ", ".join(f"{i}/{count}" for i in shown)
+    more = f" and {n - len(shown)} more" if n > len(shown) else ""
+    return f"shard(s) {names}{more} missing ({n} of {count}): merge needs all {count}"
 
 
 def read_shards(dirs: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, dict[str, Any]]]:
@@ -75,44 +239,99 @@ def read_shards(dirs: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, dict
         if i in by_index:
             raise UsageError(f"shard {i}/{count} is given twice ({by_index[i]} and {d})")
         by_index[i] = d
-    missing = [i for i in range(count) if i not in by_index]
-    if missing:
-        shown = ", ".join(f"{i}/{count}" for i in missing[:10])
-        raise UsageError(f"shard(s) {shown} missing: merge needs all {count}")
+    if len(by_index) < count:
+        raise UsageError(_missing(count, set(by_index)))
     return sorted(shards, key=lambda ds: ds[1]["shard"]["index"])
 
 
-def _options(settings: dict[str, Any]) -> AuditOptions:
-    ref = settings.get("reference")
-    return AuditOptions(scorers=list(settings["scorers"]),
-                        verdict_scorer=settings["verdict_scorer"],
-                        verdict_threshold=settings["verdict_threshold"],
-                        cluster_by=settings.get("cluster_by"),
-                        reference=None if ref is None else ref["file"],
-                        override=settings.get("override"), plots=settings.get("plots", True),
-                        progress=False)
+def _options(cfg: _Settings) -> AuditOptions:
+    return AuditOptions(scorers=list(cfg.scorers), verdict_scorer=cfg.verdict_scorer,
+                        verdict_threshold=cfg.verdict_threshold, cluster_by=cfg.cluster_by,
+                        reference=None if cfg.reference is None else cfg.reference.file,
+                        override=cfg.override, plots=cfg.plots, progress=False)
 
 
-def _trajectory_lines(d: Path, i: int, key: Any) -> Iterator[tuple[tuple, bytes, dict[str, Any]]]:
+def _decoded(raw: bytes, where: str) -> tuple[str, Any]:
+    """A line's text and JSON value, or ``UsageError`` naming ``where`` (file:line)."""
+    try:
+        text = raw.decode("utf-8")
+        return text, json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where}: not UTF-8 at byte {exc.start}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{where}: not JSON ({exc})") from None
+
+
+def _row_problem(row: Any) -> str | None:
+    """Why a decoded ``trajectories.jsonl`` line cannot be merged, or None."""
+    if not isinstance(row, dict):
+        return f"a trajectory row must be a JSON object, got {type(row).__name__}"
+    steps, line = row.get("steps"), row.get("line")
+    if steps is not None and (type(steps) is not int or steps < 0):
+        return f"steps must be a count of steps, got {steps!r}"[:200]
+    if line is not None and type(line) is not int:
+        return f"line must be a line number, got {line!r}"[:200]
+    return None
+
+
+def _trajectory_lines(d: Path, i: int, key: Any
+                      ) -> Iterator[tuple[tuple, str, dict[str, Any]]]:
     """Shard ``i``'s trajectory rows with their merge key (input, line; shard, line)."""
-    with open(d / AUDIT.trajectories, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            try:
-                row = json.loads(raw)
-            except ValueError as exc:
-                raise UsageError(f"{d / AUDIT.trajectories}:{n}: not JSON ({exc})") from None
-            yield (key(row), i, n), raw, row
+    path = d / AUDIT.trajectories
+    with _open_regular(path) as fh:
+        for n, raw, too_long in bounded_lines(fh):
+            where = f"{path}:{n}"
+            if too_long:
+                raise UsageError(f"{where}: line longer than {MAX_LINE_BYTES} bytes")
+            text, row = _decoded(raw, where)
+            why = _row_problem(row)
+            if why:
+                raise UsageError(f"{where}: {why}")
+            yield (key(row), i, n), text, row
 
 
-def _steps_of(fh: BinaryIO, d: Path, row: dict[str, Any]) -> list[bytes]:
-    lines = []
-    for _ in range(int(row.get("steps") or 0)):
-        raw = fh.readline()
-        if not raw:
-            raise UsageError(f"shard {d}: {AUDIT.steps} ends before the steps of trajectory "
-                             f"{row.get('trajectory_id')!r}")
-        lines.append(raw)
-    return lines
+class _Steps:
+    """A shard's ``steps.jsonl``, read a trajectory's steps at a time, every line checked."""
+
+    def __init__(self, d: Path) -> None:
+        self.path = d / AUDIT.steps
+        self.fh = _open_regular(self.path)
+        self.n = 0
+
+    def take(self, row: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        """The step lines (texts, records) of trajectory ``row``."""
+        texts, recs = [], []
+        tid = row.get("trajectory_id")
+        for _ in range(row.get("steps") or 0):
+            raw = self.fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                raise UsageError(f"{self.path} ends before the steps of trajectory {tid!r}")
+            self.n += 1
+            where = f"{self.path}:{self.n}"
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"{where}: line longer than {MAX_LINE_BYTES} bytes")
+            text, rec = _decoded(raw, where)
+            why = step_problem(rec)
+            if why:
+                raise UsageError(f"{where}: not a step row: {why}")
+            if rec.get("trajectory_id") != tid:
+                raise UsageError(f"{where}: {AUDIT.steps} and {AUDIT.trajectories} disagree at "
+                                 f"trajectory {tid!r}")
+            texts.append(text)
+            recs.append(rec)
+        return texts, recs
+
+    def check_done(self) -> None:
+        if self.fh.readline(1):
+            raise UsageError(f"{self.path} holds more steps than its {AUDIT.trajectories} "
+                             "counts")
+
+
+def _seconds(summaries: list[dict[str, Any]]) -> float:
+    total = sum(float(s.get("seconds") or 0.0) for s in summaries)
+    if total != total or total in (float("inf"), float("-inf")):
+        raise UsageError("the shards' seconds add up to no finite number")
+    return total
 
 
 def merge_shards(dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
@@ -122,38 +341,32 @@ def merge_shards(dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     first = shards[0][1]
     inputs = list(first["inputs"])
     key = input_order(inputs)
-    opts = _options(first["shard"]["settings"])
+    opts = _options(_ShardBlock.model_validate(first["shard"]).settings)
+    summaries = [s for _, s in shards]
+    seconds = _seconds(summaries)
     rows: list[dict[str, Any]] = []
     with AuditWriter(out, [d for d, _ in shards]) as w:
-        steps = [open(d / AUDIT.steps, "rb") for d, _ in shards]  # noqa: SIM115
+        steps: list[_Steps] = []
         try:
+            for d, _ in shards:
+                steps.append(_Steps(d))
             merged = heapq.merge(*[_trajectory_lines(d, i, key)
                                    for i, (d, _) in enumerate(shards)])
-            for (_, i, _), raw, row in merged:
-                lines = _steps_of(steps[i], shards[i][0], row)
-                for line in lines:
-                    rec = json.loads(line)
-                    if rec.get("trajectory_id") != row.get("trajectory_id"):
-                        raise UsageError(f"shard {shards[i][0]}: {AUDIT.steps} and "
-                                         f"{AUDIT.trajectories} disagree at trajectory "
-                                         f"{row.get('trajectory_id')!r}")
-                    rows.append(compact(rec))
-                w.write_lines(b"".join(lines).decode("utf-8"), raw.decode("utf-8"))
-            for fh, (d, _) in zip(steps, shards, strict=True):
-                if fh.readline():
-                    raise UsageError(f"shard {d}: {AUDIT.steps} holds more steps than its "
-                                     f"{AUDIT.trajectories} counts")
+            for (_, i, _), text, row in merged:
+                lines, recs = steps[i].take(row)
+                rows.extend(compact(rec) for rec in recs)
+                w.write_lines("".join(lines), text)
+            for s in steps:
+                s.check_done()
         finally:
-            for fh in steps:
-                fh.close()
-        summaries = [s for _, s in shards]
+            for s in steps:
+                s.fh.close()
         skipped = sorted((r for s in summaries for r in s.get("skipped_records") or []), key=key)
         warnings = sorted((r for s in summaries for r in s.get("warnings") or []), key=key)
         summary = build_summary(
             rows, opts, trajectories=sum(s["counts"]["trajectories"] for s in summaries),
             read=sum(s["counts"]["records_read"] for s in summaries), skipped=skipped,
-            warnings=warnings, inputs=inputs,
-            seconds=sum(float(s.get("seconds") or 0.0) for s in summaries))
+            warnings=warnings, inputs=inputs, seconds=seconds)
         if "reference_counts" in first:
             summary["reference_counts"] = first["reference_counts"]
             summary["reference_skipped_records"] = first.get("reference_skipped_records", [])

@@ -42,6 +42,7 @@ from audit.stats.summary import build_summary, compact
 from audit.store.models import AuditSummary, step_problem
 from audit.store.output import AuditWriter
 from envace.core.errors import UsageError
+from envace.core.infile import read_small_text
 from envace.core.layout import AUDIT
 from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
@@ -86,9 +87,10 @@ class _ShardBlock(BaseModel):
     settings: _Settings
 
 
-def _open_regular(path: Path, limit: int | None = None) -> BinaryIO:
-    """``path`` opened for reading, refused (``UsageError``) unless it is a regular file (of at
-    most ``limit`` bytes): opening a FIFO does not wait for a writer, a device is not read."""
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused (``UsageError``) unless it is a regular file: opening
+    a FIFO does not wait for a writer, a device is not read (``envace.core.infile`` reads a
+    small file whole; these are read a line at a time)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -100,9 +102,6 @@ def _open_regular(path: Path, limit: int | None = None) -> BinaryIO:
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{path} is not a regular file (a FIFO, a device or a directory): "
                              "refusing to read it")
-        if limit is not None and st.st_size > limit:
-            raise UsageError(f"{path} holds {st.st_size} bytes, more than the {limit} a shard's "
-                             "summary may")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -180,18 +179,12 @@ def _check(path: Path, data: dict[str, Any]) -> None:
 
 def _summary(d: Path) -> dict[str, Any]:
     path = d / AUDIT.summary
+    if not os.path.lexists(path):
+        raise UsageError(f"{d} is not an audit directory (no {AUDIT.summary})")
+    text = read_small_text(path, MAX_SUMMARY_BYTES, "shard summary")  # no FIFO waited on
     try:
-        with _open_regular(path, MAX_SUMMARY_BYTES) as fh:
-            text = fh.read(MAX_SUMMARY_BYTES + 1)
-        if len(text) > MAX_SUMMARY_BYTES:
-            raise UsageError(f"{path} is longer than the {MAX_SUMMARY_BYTES} bytes a shard's "
-                             "summary may be")
-        data = json.loads(text.decode("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{d} is not an audit directory (no {AUDIT.summary})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"cannot read {path}: not UTF-8 at byte {exc.start}") from None
-    except (OSError, ValueError, RecursionError) as exc:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     block = data.get("shard") if isinstance(data, dict) else None
     if not isinstance(block, dict) or block.get("schema") != SHARD_SCHEMA:

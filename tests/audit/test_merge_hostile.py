@@ -165,6 +165,13 @@ def test_a_fifo_summary_is_refused_not_waited_on(shards, tmp_path):
     assert not out.exists()
 
 
+def test_a_summary_past_the_size_limit_is_refused_unread(shards, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("audit.merge.MAX_SUMMARY_BYTES", 100)  # the real cap is 256 MiB
+    rc, err = _merge(_copy(shards, tmp_path), tmp_path / "m", capsys)
+    assert rc == 2 and "past the limit of 100" in err, err
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_huge_shard_count_is_refused_by_replay_and_merge(shards, tmp_path, capsys):
     """M7: replay refuses N past MAX_SHARDS; merge of a shard claiming a huge (allowed) count
     says how many are missing without listing them all."""

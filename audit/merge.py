@@ -41,6 +41,7 @@ from audit.stats.clusters import check_unit
 from audit.stats.summary import build_summary, compact
 from audit.store.models import AuditSummary, step_problem
 from audit.store.output import AuditWriter
+from audit.store.records import MAX_SUMMARY_BYTES
 from envace.core.errors import UsageError
 from envace.core.infile import read_small_text
 from envace.core.layout import AUDIT
@@ -49,8 +50,6 @@ from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 __all__ = ["MAX_SUMMARY_BYTES", "merge_shards", "read_shards"]
 
 _SAME = ("count", "inputs", "settings")
-#: the largest shard ``summary.json`` merge reads (it holds a shard's skipped records)
-MAX_SUMMARY_BYTES = 256 * 1024 * 1024
 _SHOWN = 10  # missing shards named in a refusal
 _STRICT = ConfigDict(strict=True, extra="allow")
 

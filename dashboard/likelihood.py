@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from audit.store.models import AuditSummary
+from audit.store.models import AuditSummary, Difference, Rate
 from dashboard import charts, ui
 
 
@@ -36,21 +36,21 @@ def likelihood(s: AuditSummary) -> None:
                 "--out DIR [--reference train.jsonl]` scores every real response under the model "
                 "given the real history, in one forward per trajectory.")
         return
-    model = lk.get("bits_per_byte") or {}
-    comp = (lk.get("compressor") or {}).get("bits_per_byte") or {}
-    diff = lk.get("model_minus_compressor") or {}
+    model = lk.bits_per_byte or Rate()
+    comp = (lk.compressor.bits_per_byte if lk.compressor else None) or Rate()
+    diff = lk.model_minus_compressor or Difference()
     cols = st.columns(3)
-    cols[0].metric("Bits per byte, model", ui.num(model.get("point")),
-                   help=ui.ci(model.get("ci"), as_pct=False))
-    cols[1].metric("Bits per byte, primed deflate", ui.num(comp.get("point")),
-                   help=ui.ci(comp.get("ci"), as_pct=False))
-    cols[2].metric("Model − deflate", ui.num(diff.get("diff")),
-                   help=ui.ci(diff.get("ci"), as_pct=False))
-    st.caption(f"{lk.get('steps')} real responses of {lk.get('trajectories')} trajectories, "
-               f"{lk.get('bytes')} bytes, {lk.get('tokens')} tokens. Pooled: total bits / total "
+    cols[0].metric("Bits per byte, model", ui.num(model.point),
+                   help=ui.ci(model.ci, as_pct=False))
+    cols[1].metric("Bits per byte, primed deflate", ui.num(comp.point),
+                   help=ui.ci(comp.ci, as_pct=False))
+    cols[2].metric("Model − deflate", ui.num(diff.diff),
+                   help=ui.ci(diff.ci, as_pct=False))
+    st.caption(f"{lk.steps} real responses of {lk.trajectories} trajectories, "
+               f"{lk.bytes} bytes, {lk.tokens} tokens. Pooled: total bits / total "
                "bytes; intervals resample whole clusters of the resampling unit. Lower is "
                "better; below the compressor, the model knows more than the train split's text.")
-    depth = frame(lk.get("by_depth") or {}, "depth")
+    depth = frame(lk.by_depth or {}, "depth")
     if not depth.empty:
         depth["depth"] = depth["depth"].astype(int)
         st.altair_chart(charts.band(depth, "depth", "bits_per_byte", "lo", "hi",
@@ -58,8 +58,8 @@ def likelihood(s: AuditSummary) -> None:
                                     percent=False), width="stretch")
     for key, label in (("by_tool", "tool"), ("by_mutates_state", "kind"),
                        ("by_novelty", "novelty")):
-        df = frame(lk.get(key) or {}, label)
+        df = frame(getattr(lk, key) or {}, label)
         if not df.empty:
             st.dataframe(df, hide_index=True)
-    if lk.get("not_scored"):
-        st.warning(f"Calls not scored: {lk['not_scored']}")
+    if lk.not_scored:
+        st.warning(f"Calls not scored: {lk.not_scored}")

@@ -450,6 +450,87 @@ class History(Block):
     by_novelty: dict[str, HistoryGroup] | None = None
 
 
+class CompressorReference(Block):
+    """``likelihood.compressor``: the primed compressor's bits per byte on the same calls."""
+
+    method: str | None = None
+    bits_per_byte: Rate | None = None
+    steps: int | None = None
+
+
+class LikelihoodBlock(Block):
+    """``likelihood`` (``envace probe --likelihood``, ``audit.stats.likelihood``): pooled bits
+    per byte of the real responses under the model, beside the primed compressor's."""
+
+    unit: str | None = None
+    steps: int | None = None
+    trajectories: int | None = None
+    clusters: int | None = None
+    nats: Real | None = None
+    tokens: int | None = None
+    bytes: int | None = None
+    bits_per_byte: Rate | None = None
+    mean_step_bits_per_byte: Rate | None = None
+    not_scored: dict[str, int] | None = None
+    compressor: CompressorReference | None = None
+    model_minus_compressor: Difference | None = None
+    by_depth: dict[str, dict[str, Any]] | None = None
+    by_tool: dict[str, dict[str, Any]] | None = None
+    by_mutates_state: dict[str, dict[str, Any]] | None = None
+    by_novelty: dict[str, dict[str, Any]] | None = None
+
+
+class ConfidenceBlock(Block):
+    """``confidence`` (``audit.stats.confidence``): how well the model's confidence in its own
+    answer predicts that it diverged: AUROC, the risk-coverage curve and its headline."""
+
+    measure: str | None = None
+    steps: int | None = None
+    of_scored_steps: int | None = None
+    divergence_rate: Real | None = None
+    auroc: Rate | None = None
+    auroc_min: Real | None = None
+    coverage_at_risk: dict[str, Any] | None = None
+    reliability: list[dict[str, Any]] | None = None
+    risk_coverage: list[dict[str, Any]] | None = None
+
+
+class StateStratum(Stratum):
+    """One stratum of ``by_state_change``: the calls that changed that many state leaves."""
+
+    writes: int | None = None
+    skill: dict[str, SkillRow] | None = None
+
+
+class Cliff(Block):
+    """``by_state_change.cliff``: divergence on calls that changed no state leaf against
+    calls that changed several, their paired difference and the verdict."""
+
+    low: list[str] | None = None
+    high: list[str] | None = None
+    n_low: int | None = None
+    n_high: int | None = None
+    low_rate: Real | None = None
+    high_rate: Real | None = None
+    diff: Real | None = None
+    ci: Bounds | None = None
+    p_value: Real | None = None
+    method: str | None = None
+    present: bool | None = None
+    note: str | None = None
+
+
+class StateChangeBlock(Block):
+    """``by_state_change`` (issue 43, ``audit.stats.state_change``): fidelity by how many
+    leaves of the real state each call changed, the cliff test, and the claims of calls."""
+
+    strata: dict[str, StateStratum] | None = None
+    buckets: list[str] | None = None
+    cliff: Cliff | None = None
+    claims: dict[str, dict[str, Any]] | None = None
+    question: str | None = None
+
+
 class AuditSummary(Block):
     """``summary.json`` of an audit (docs/spec/trajectory.md, "Audit output"), fields in the
     order they are written (a field not declared here, a newer writer's or a plugin's, is kept
@@ -490,16 +571,16 @@ class AuditSummary(Block):
     logistic: Logistic | None = None
     interval: IntervalInfo | None = None
     skill: Skill | None = None
-    by_state_change: dict[str, Any] | None = None  #: fidelity by state leaves changed (issue 43)
+    by_state_change: StateChangeBlock | None = None  #: fidelity by state leaves changed (issue 43)
     seconds: Number | None = None
     reference_counts: dict[str, int] | None = None
     reference_skipped_records: list[Skipped] | None = None
     probe: str | None = None
     histories: list[str] | None = None
     history: History | None = None
-    likelihood: dict[str, Any] | None = None
+    likelihood: LikelihoodBlock | None = None
     likelihood_scorer: dict[str, Any] | None = None
-    confidence: dict[str, Any] | None = None
+    confidence: ConfidenceBlock | None = None
     rescored_from: str | None = None
     recomputed_from: dict[str, Any] | None = None
     shard: dict[str, Any] | None = None  #: a shard's index, count, inputs, settings (audit.shard)

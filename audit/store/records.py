@@ -19,8 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from audit.store.models import read_summary_data, skipped_row, step_problem
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_bytes
 from envace.core.layout import AUDIT
 from envace.core.schema import MAX_LINE_BYTES, bounded_lines
+
+#: the largest ``summary.json`` read (a regular file only: ``envace.core.infile``)
+MAX_SUMMARY_BYTES = 256 * 1024 * 1024
 
 __all__ = ["StepsRead", "read_steps", "read_summary", "step_problem"]
 
@@ -88,8 +93,10 @@ def read_summary(audit_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, 
     where = str(path)
     if not path.exists():
         return {}, [skipped_row(where, None, "missing")]
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+    try:  # a regular file within its cap: a FIFO or a device is refused, never waited on
+        data = json.loads(read_small_bytes(path, MAX_SUMMARY_BYTES, AUDIT.summary).decode("utf-8"))
+    except UsageError as exc:
+        return {}, [skipped_row(where, None, str(exc)[:300])]
     except UnicodeDecodeError as exc:
         return {}, [skipped_row(where, None, f"not UTF-8 at byte {exc.start}")]
     except (ValueError, RecursionError) as exc:

@@ -19,6 +19,7 @@ import streamlit as st
 
 from audit.store.models import (
     AuditSummary,
+    Cliff,
     Compounding,
     Counts,
     DeepHistory,
@@ -243,37 +244,35 @@ def skill(s: AuditSummary) -> None:
 def state_change(s: AuditSummary) -> None:
     """Divergence and skill by how many leaves of the real state the call changed (the
     state-change cliff), and the claims of write calls."""
-    block = s.by_state_change or {}
-    if not block:
+    block = s.by_state_change
+    if block is None or not block.strata:
         st.info("This audit has no state-change record (written before it existed, or with "
                 "state tracking off): replay it again to see fidelity by state change.")
         return
-    c = block.get("cliff") or {}
-    if c.get("present") is None:
+    c = block.cliff or Cliff()
+    if c.present is None:
         st.write("State-change cliff: not assessable (a stratum has no call).")
     else:
-        st.write(("**A state-change cliff**: " if c["present"] else "No state-change cliff: ")
-                 + f"divergence {ui.pct(c.get('low_rate'))} on calls that changed no state "
-                 f"leaf, {ui.pct(c.get('high_rate'))} on calls that changed two or more "
-                 f"(difference {ui.pct(c.get('diff'))} {ui.ci(c.get('ci'))}).")
-    raw = block.get("strata") or {}
-    df = strata({k: Stratum.model_validate(v) for k, v in raw.items()}, "leaves changed")
+        st.write(("**A state-change cliff**: " if c.present else "No state-change cliff: ")
+                 + f"divergence {ui.pct(c.low_rate)} on calls that changed no state "
+                 f"leaf, {ui.pct(c.high_rate)} on calls that changed two or more "
+                 f"(difference {ui.pct(c.diff)} {ui.ci(c.ci)}).")
+    df = strata(block.strata, "leaves changed")
     verdict = s.verdict.scorer if s.verdict is not None else None
-    for i, (_, v) in enumerate(raw.items()):
-        sk = (v.get("skill") or {})
+    for i, v in enumerate(block.strata.values()):
+        sk = v.skill or {}
         one = sk.get(verdict) if verdict in sk else next(iter(sk.values()), None)
-        if one:
-            df.loc[i, "skill"] = one.get("point")
-            df.loc[i, "skill lo"], df.loc[i, "skill hi"] = one.get("lo"), one.get("hi")
-        df.loc[i, "writes"] = v.get("writes")
+        if one is not None:
+            df.loc[i, "skill"] = one.point
+            df.loc[i, "skill lo"], df.loc[i, "skill hi"] = one.lo, one.hi
+        df.loc[i, "writes"] = v.writes
     if not df.empty:
         st.altair_chart(charts.strata_bars(df, "leaves changed", "Divergence by state leaves "
                                            "the real call changed"), width="stretch")
         st.dataframe(df, hide_index=True)
-    claims = block.get("claims") or {}
-    if claims:
+    if block.claims:
         st.write("Responses that claim success where the real call failed, and the reverse:")
-        st.dataframe(pd.DataFrame([{"calls of": k, **v} for k, v in claims.items()]),
+        st.dataframe(pd.DataFrame([{"calls of": k, **v} for k, v in block.claims.items()]),
                      hide_index=True)
 
 

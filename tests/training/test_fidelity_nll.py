@@ -63,6 +63,9 @@ def test_curve_is_logged_when_due_and_equals_the_likelihood_audit(tmp_path):
         r = rows[2]
         assert math.isfinite(r[key]) and r[key] > 0 and r[f"{key}_tokens"] > 0
     assert rows[0]["time/fidelity_nll"] > 0 and rows[1]["time/fidelity_nll"] == 0
+    report = (tmp_path / "nll" / "report.md").read_text()
+    assert (f"| fidelity_bpb (held-out, before / after training) | {rows[0]['fidelity_bpb']:.3f}"
+            f" | {rows[2]['fidelity_bpb_end']:.3f} |") in report
     # known answer: the audit of the same model on the same trajectories
     held = held_out_batch("bfcl", "dev", 2)
     path = tmp_path / "held.jsonl"
@@ -89,4 +92,5 @@ def test_curve_is_logged_when_due_and_equals_the_likelihood_audit(tmp_path):
 def test_no_curve_when_off(tmp_path):
     rows = _train(tmp_path, "off", "steps=1")
     assert not any(k.startswith("fidelity_bpb") for k in rows[0])
+    assert "fidelity_bpb" not in (tmp_path / "off" / "report.md").read_text()
     assert rows[0]["time/fidelity_nll"] == 0

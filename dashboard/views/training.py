@@ -5,6 +5,9 @@ share one x axis (step, or wall time). A key the trainer adds later appears in i
 chart without code changes. Fidelity measured by the run's audits is drawn on the same axis.
 Where each step's time went (the ``time/*`` sections, which add up to ``time/step``) is a
 stacked chart.
+The held-out bits per byte (``fidelity_bpb``, logged with ``fidelity_nll_every``) is one line
+beside the fidelity chart: each point after the number of updates done (the run's last point,
+``fidelity_bpb_end``, after its last update).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from dashboard.readers import metric_groups
 from dashboard.runs import Run, describe
 
 ORDER = ["reward", "loss", "kl", "clip_frac", "entropy", "tokens", "tokens_per_s", "fidelity",
-         "fidelity/depth", "adv"]
+         "fidelity_bpb", "fidelity/depth", "adv"]
+BPB = "fidelity_bpb"  # the held-out curve; its _tokens/_steps counts stay in the table
+BPB_KEYS = {f"{BPB}{end}{n}" for end in ("", "_end") for n in ("", "_tokens", "_steps")}
+BPB_TITLE = "Bits per byte of real responses, held-out dev batch (lower: closer to the world)"
 TIME_TITLE = "Where each step's time went (seconds)"
 TITLES = {"reward": "Reward (overall and by role)", "loss": "Loss", "kl": "KL to reference",
           "clip_frac": "Clip fraction by role", "entropy": "Entropy", "tokens": "Tokens by role",
@@ -34,6 +40,20 @@ def _last(frame: pd.DataFrame, col: str) -> tuple[float | None, float | None]:
         return None, None
     s = frame[col].dropna()
     return float(s.iloc[-1]), float(s.iloc[-1] - s.iloc[0]) if len(s) > 1 else None
+
+
+def bpb_curve(frame: pd.DataFrame, x: str) -> pd.DataFrame:
+    """The held-out curve as ``x`` and ``fidelity_bpb``: each measured step's figure (taken
+    before its update), then the last row's ``fidelity_bpb_end`` one update later (on the step
+    axis; at the same moment on the time axis)."""
+    cols = [x, BPB]
+    out = frame[cols].dropna() if BPB in frame else pd.DataFrame(columns=cols)
+    if f"{BPB}_end" in frame:
+        end = frame[[x, f"{BPB}_end"]].dropna().rename(columns={f"{BPB}_end": BPB})
+        if x == "step":
+            end = end.assign(step=end["step"] + 1)
+        out = pd.concat([out, end], ignore_index=True)
+    return out.astype(float).sort_values(x, kind="stable")
 
 
 def page(run: Run) -> None:
@@ -69,12 +89,19 @@ def page(run: Run) -> None:
     groups = metric_groups(list(frame.columns))
     # the step's sections stack up to its whole (time/step, left out of the stack)
     sections = [c for c in groups.pop("time", []) if c != "time/step"]
+    for key in BPB_KEYS:
+        groups.pop(key, None)
+    curve = bpb_curve(frame, x)
+    if not curve.empty:
+        groups[BPB] = [BPB]
+        domain[1] = max(domain[1], float(curve[x].max()))  # the end point, one update later
     names = sorted(groups, key=lambda g: (ORDER.index(g) if g in ORDER else len(ORDER), g))
     grid = st.columns(2)
     for i, g in enumerate(names):
         with grid[i % 2]:
-            st.altair_chart(charts.lines(frame, x, groups[g], TITLES.get(g, g), x_title=x,
-                                         domain=domain), width="stretch")
+            st.altair_chart(charts.lines(curve if g == BPB else frame, x, groups[g],
+                                         BPB_TITLE if g == BPB else TITLES.get(g, g),
+                                         x_title=x, domain=domain), width="stretch")
     if sections:
         with grid[len(names) % 2]:
             st.altair_chart(charts.stacked(frame, x, sections, TIME_TITLE, x_title=x,

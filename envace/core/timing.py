@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, contextmanager
 # children here reports its own (exclusive) time as "<name>/other"
 STEP_SECTIONS = (
     "rollout/prefill", "rollout/decode", "rollout/forced", "rollout",
-    "weight_sync", "reward", "fidelity",
+    "weight_sync", "reward", "fidelity", "fidelity_nll",
     "update/forward", "update/backward", "update/optimizer", "update",
     "checkpoint", "eval",
 )

@@ -186,6 +186,15 @@ class TrainConfig:
         "fidelity scorers run on rehearsed responses every step (audit registry names); []: off",
     )
     verdict_scorer: str = opt("exact", "scorer whose verdict decides that a step diverged")
+    fidelity_nll_every: int = opt(
+        0, "every N steps (from step 0, and on the last step before and after its update), log "
+        "the bits per byte of real tool responses under the model that rehearses (the policy; "
+        "mode=split: the world model) on a fixed held-out batch of real eval_split trajectories "
+        "(fidelity_bpb in metrics.jsonl; the likelihood audit's pooled figure, one forward per "
+        "trajectory, nothing generated); 0: off", ge=0, why="0: off")
+    fidelity_nll_batch: int = opt(
+        8, "fidelity_nll_every: how many real eval_split trajectories the held-out batch holds "
+        "(whole tasks drawn with a fixed seed, the same for every run and seed)", ge=1)
     report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
     checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end",
                                 ge=0, why="0 switches it off")

@@ -41,7 +41,7 @@ from envace.core.schema import TrajectoryWriter
 from envace.core.timing import NULL_TIMER, StepTimer, Timer
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.model.trained_logits import scatter_rows, selected_logits
-from envace.training import grpo
+from envace.training import fidelity_nll, grpo
 from envace.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from envace.training.config import ConfigError, TrainConfig, dump_yaml, to_dict
 from envace.training.distributed import Dist, init
@@ -478,10 +478,23 @@ def _loop(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: i
 
 def _steps(cfg: TrainConfig, policy: Policy, tasks: list, run_dir: Path, start: int,
            metrics: Path, progress: bool, dist: Dist, reporter: Any) -> None:
+    # the world model's bits per byte on held-out real trajectories (rank 0; the whole models
+    # are kept on every rank, FSDP included, so no other rank takes part)
+    nll = fidelity_nll.curve(cfg, policy) if cfg.fidelity_nll_every and dist.is_main else None
     for step in range(start, cfg.steps):
         timer = step_timer(cfg, policy)
-        record = train_step(step, policy, tasks, cfg, run_dir, dist, timer)
         last = step == cfg.steps - 1
+        held: dict[str, Any] = {}
+        if nll is not None and fidelity_nll.due(step, cfg.fidelity_nll_every, cfg.steps):
+            with timer.section("fidelity_nll"):  # before the step's update: its rollouts' policy
+                held = nll()
+        record = train_step(step, policy, tasks, cfg, run_dir, dist, timer)
+        if nll is not None and last:
+            with timer.section("fidelity_nll"):  # and the trained model, after the last update
+                held.update({k.replace("fidelity_bpb", "fidelity_bpb_end"): v
+                             for k, v in nll().items()})
+        if record is not None:
+            record.update(held)
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
             # the checkpoint holds the step's row (without its times): a run killed before the
             # row reaches metrics.jsonl gets it back on resume

@@ -117,6 +117,9 @@ def write_report(cfg: TrainConfig, run_dir: Path, real: dict, reh: dict, audit: 
     for k in ("reward/mean", "success/mean", "loss", "clip_frac", "entropy",
               "fidelity/divergence_rate", "fidelity/exact", "tokens/act", "tokens/rehearse"):
         lines.append(f"| {k} | {_f(first.get(k))} | {_f(last.get(k))} |")
+    if "fidelity_bpb_end" in last:  # fidelity_nll_every: before the first update, after the last
+        lines.append(f"| fidelity_bpb (held-out, before / after training) | "
+                     f"{_f(first.get('fidelity_bpb'))} | {_f(last.get('fidelity_bpb_end'))} |")
     lines += ["", time_line(rows, eval_seconds)]
     lines += ["", f"## Evaluation on {cfg.eval_split} ({real['attempts']} attempts)", "",
               f"- real environment: success {_f(real['success_rate'], True)} "

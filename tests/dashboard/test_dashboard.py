@@ -160,6 +160,38 @@ def test_training_page_shows_a_new_metric_key_without_code_changes(monkeypatch, 
     assert "probe" in shown and list(shown["probe"][0]["value"]) == [0.0, 2.0, 4.0]
 
 
+BPB_TITLE = "Bits per byte of real responses, held-out dev batch (lower: closer to the world)"
+
+
+def test_training_page_draws_the_held_out_bits_per_byte_curve(monkeypatch, tmp_path):
+    """fidelity_bpb (fidelity_nll_every=2, three steps): one line beside the fidelity chart,
+    each point after the updates done, the last row's fidelity_bpb_end one update later; the
+    counts beside it are not charts of their own."""
+    run = tmp_path / "r"
+    run.mkdir()
+    rows = [{"step": 0, "loss": 1.0, "fidelity/exact": 0.2, "fidelity_bpb": 1.5,
+             "fidelity_bpb_tokens": 90, "fidelity_bpb_steps": 7},
+            {"step": 1, "loss": 0.9, "fidelity/exact": 0.1},
+            {"step": 2, "loss": 0.8, "fidelity/exact": 0.1, "fidelity_bpb": 1.6,
+             "fidelity_bpb_tokens": 90, "fidelity_bpb_steps": 7, "fidelity_bpb_end": 1.7,
+             "fidelity_bpb_end_tokens": 90, "fidelity_bpb_end_steps": 7}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "report.md").write_text("done")
+    at = open_page(monkeypatch, tmp_path, "training", run="r")
+    shown = charts(at)
+    curve = shown[BPB_TITLE][0]
+    assert list(curve["step"]) == [0.0, 2.0, 3.0]
+    assert list(curve["value"]) == pytest.approx([1.5, 1.6, 1.7])
+    assert set(curve["metric"]) == {"fidelity_bpb"}
+    assert not any(t and t.startswith("fidelity_bpb") for t in shown)
+    assert "Fidelity (logged by the trainer)" in shown
+    # a run without the curve has no such chart
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if "bpb" not in k}) + "\n" for r in rows))
+    at = open_page(monkeypatch, tmp_path, "training", run="r")
+    assert BPB_TITLE not in charts(at)
+
+
 def test_fidelity_page_shows_the_audit_figures(monkeypatch, root):
     s = summary(root / "lookup_dev")
     at = open_page(monkeypatch, root, "fidelity", run="lookup_dev")

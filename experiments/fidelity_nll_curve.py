@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import run_record, write_result
+from envace.core.layout import RUN
 
 RECIPE = ("prompts_per_step=8", "group_size=4", "lr=3e-4", "reward=action_partial",
           "eval_tasks=1", "checkpoint_every=0")
@@ -69,7 +70,7 @@ def train_run(runs_dir: Path, mode: str, seed: int, steps: int, every: int, batc
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{name} failed ({r.returncode}): {r.stderr[-2000:]}")
-    rows = [json.loads(x) for x in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (runs_dir / name / RUN.metrics).read_text().splitlines()]
     return {"mode": mode, "seed": seed, "run_dir": str(runs_dir / name),
             "command": " ".join(cmd[1:]), "wall_s": round(wall, 1),
             "load_average": {"start": list(load0), "end": list(os.getloadavg())},

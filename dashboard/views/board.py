@@ -3,8 +3,10 @@
 Boards are found under the dashboard's root (a ``board.json`` at most three levels down, or the
 root itself). Per environment: a sortable table of the cells (exact and json_f1 with intervals,
 skill against the environment's best reference, divergence by state leaves changed, read vs
-write, bits per byte where scored) with links that open each cell's audit on the Fidelity and
-Trajectories pages, and a chart of exact with its interval. Reads files only.
+write, bits per byte where scored, coverage at ≤ 5 % divergence and AUROC where confidence was
+recorded, own − real history divergence where both histories were probed) with links that
+open each cell's audit on the Fidelity and Trajectories pages, and a chart of exact with its
+interval. Reads files only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ def cell_frame(board: Board, env: str, board_dir: Path, root: Path) -> pd.DataFr
             s = c.read_write.get(k)
             row[f"{k} exact"] = s.exact.point if s else None
         row["bits/byte"] = c.bits_per_byte.point if c.bits_per_byte else None
+        row["coverage ≤5% div."] = c.coverage_at_5pct
+        row["AUROC"] = c.auroc.point if c.auroc else None
+        h = c.history_diff
+        row["own − real div."] = h.point if h else None
+        row["own − real lo"] = h.lo if h else None
+        row["own − real hi"] = h.hi if h else None
         row["fidelity"] = f"/fidelity?run={quote(run)}" if run else None
         row["trajectories"] = f"/trajectories?run={quote(run)}" if run else None
         row["error"] = c.error

@@ -1,7 +1,7 @@
 """`envace board`: score every world model of a models file on every environment.
 
     envace board --models models.yaml --envs bfcl agentdojo tau2 [mcp:NAME ...] --split dev \
-        --out boards/dev [--limit N]
+        --out boards/dev [--limit N] [--history both]
 
 Each cell (model x environment) is an ordinary audit directory under `OUT/cells/`; the board is
 `OUT/board.json` (docs/spec/board.md), `OUT/board.md` and a chart per environment. Run it again
@@ -33,6 +33,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--out", required=True, help="the board's directory (resumed when it exists)")
     p.add_argument("--limit", type=int, default=0,
                    help="at most this many trajectories per environment (0: all)")
+    p.add_argument("--history", choices=["real", "both"], default="real",
+                   help="both: every model that generates (a local model, an endpoint) is "
+                        "probed given the real history and given its own earlier answers, "
+                        "and its cell has own - real divergence (references, the ranker and "
+                        "likelihood cells are unchanged)")
     p.add_argument("--plots", action="store_true", help="each cell's audit plots too")
     p.add_argument("--quiet", action="store_true", help="no progress lines (board.log has them)")
     p.set_defaults(func=run_board_cli, prog=f"envace {name}")
@@ -75,11 +80,13 @@ def run_board_cli(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     command = shlex.join(["envace", "board", "--models", args.models, "--envs", *args.envs,
                           "--split", args.split, "--out", args.out]
-                         + (["--limit", str(args.limit)] if args.limit else []))
+                         + (["--limit", str(args.limit)] if args.limit else [])
+                         + (["--history", args.history] if args.history != "real" else []))
     try:
         board = run_board(models, list(args.envs), args.out,
                           BoardOptions(split=args.split, limit=args.limit, plots=args.plots,
-                                       quiet=args.quiet), command=command)
+                                       quiet=args.quiet, history=args.history),
+                          command=command)
     except UsageError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE

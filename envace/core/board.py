@@ -9,7 +9,9 @@ versioned; docs/spec/board.md is authoritative).
 A cell is one ordinary audit directory (``dir``, relative to the board's directory), summarised
 here: ``exact`` and ``json_f1`` (mean score with its cluster-bootstrap interval), the skill
 against the best reference world model of that environment, ``by_state_change``, read vs write,
-bits per byte where the model was scored by likelihood. Fields may be added (readers keep what
+bits per byte where the model was scored by likelihood, coverage at ≤ 5 % divergence and the
+AUROC where the model's confidence was recorded, own − real history divergence where both
+histories were probed. Fields may be added (readers keep what
 they do not know); the version changes when a field changes meaning.
 """
 
@@ -78,6 +80,13 @@ class Cell(BaseModel):
     cliff: bool | None = None  #: the audit's state-change cliff verdict
     read_write: dict[str, Stratum] = Field(default_factory=dict)
     bits_per_byte: Interval | None = None  #: with ``score: likelihood`` only
+    #: with ``confidence: true``: the share of calls kept when only rehearsals confident enough
+    #: to diverge on at most 5 % of them are trusted (the audit's ``coverage_at_risk["5%"]``)
+    coverage_at_5pct: float | None = None
+    auroc: Interval | None = None  #: with ``confidence: true``: low confidence -> divergence
+    #: with ``--history both``: own − real history divergence (the audit's
+    #: ``history.overall.diff``), paired, with its interval
+    history_diff: Interval | None = None
     seconds: float | None = None
 
 

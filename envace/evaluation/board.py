@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.pipeline import reference_triples
-from audit.probe import run_probe
+from audit.probe import HISTORY_CHOICES, run_probe
 from audit.scoring.settings import AuditOptions
 from audit.worlds.memory import NOTE_CHARS, MemoryOptions, ResponseMemory, note_chars
 from audit.worlds.ranker import fit_ranker
@@ -53,7 +53,7 @@ from envace.core.schema import TrajectoryWriter, read_trajectories
 from envace.core.worldmodel import from_lookup
 from envace.evaluation import likelihood
 from envace.evaluation.board_figures import cell_figures
-from envace.evaluation.board_models import ModelSpec, cell_key, file_hash
+from envace.evaluation.board_models import ModelSpec, cell_key, file_hash, uses_history
 from envace.evaluation.board_report import write_report
 from envace.evaluation.endpoint_probe import probe_endpoint
 from envace.evaluation.likelihood import probe_likelihood
@@ -79,9 +79,20 @@ class BoardOptions:
     plots: bool = False  #: each cell's audit plots (the board draws its own charts)
     call_timeout_s: float | None = 30.0
     quiet: bool = False
+    history: str = "real"  #: ``both``: generating models probed with own and real histories
 
-    def keyed(self) -> dict[str, Any]:
-        return {"limit": self.limit}
+    def keyed(self, spec: ModelSpec | None = None) -> dict[str, Any]:
+        """The options in a cell's key: ``--limit``, and ``--history`` for a model it changes
+        (``board_models.uses_history``) when it is not the default ``real``, so a board made
+        without it keeps its keys and ``--history both`` recomputes exactly those cells."""
+        out: dict[str, Any] = {"limit": self.limit}
+        if self.history != "real" and spec is not None and uses_history(spec):
+            out["history"] = self.history
+        return out
+
+    def histories(self, spec: ModelSpec) -> tuple[str, ...]:
+        """The histories ``spec``'s cell is probed with (``audit.probe.HISTORY_CHOICES``)."""
+        return HISTORY_CHOICES[self.history] if uses_history(spec) else ("real",)
 
 
 @dataclass
@@ -208,10 +219,15 @@ class _Models:
         return self.loaded[name]
 
 
-def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: Path,
-                 opts: Any, limit: int) -> tuple[dict[str, Any], str]:
-    from dataclasses import replace
+def _history_flag(histories: Sequence[str]) -> str:
+    return next((f" --history {k}" for k, v in HISTORY_CHOICES.items()
+                 if tuple(v) == tuple(histories) and k != "real"), "")
 
+
+def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: Path,
+                 opts: Any, limit: int, histories: Sequence[str] = ("real",)
+                 ) -> tuple[dict[str, Any], str]:
+    from dataclasses import replace
 
     model, tok, path = models.get(str(spec.model))
     context = context_length(path, model)
@@ -224,13 +240,16 @@ def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: 
     grounding = replace(_grounding(spec, train),
                         max_chars=note_chars(max(64, context - spec.max_new_tokens)))
     summary = probe_model(model, tok, [str(dev)], out, opts, context, spec.max_new_tokens,
-                          limit, label=str(path), grounding=grounding)
+                          limit, label=str(path), grounding=grounding, histories=histories,
+                          confidence=spec.confidence)
     return summary, (f"envace probe --model {spec.model} {dev} --reference {train} "
-                     f"--max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}")
+                     f"--max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}"
+                     + (" --confidence" if spec.confidence else "") + _history_flag(histories))
 
 
 def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: Any,
-                    limit: int) -> tuple[dict[str, Any], str]:
+                    limit: int, histories: Sequence[str] = ("real",)
+                    ) -> tuple[dict[str, Any], str]:
     url, _, name = str(spec.endpoint).partition("#")
     try:
         client = EndpointClient(url, name, max_tokens=spec.max_new_tokens)
@@ -238,9 +257,9 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
     except (ValueError, EndpointError) as exc:
         raise UsageError(f"endpoint {spec.endpoint}: {exc}") from None
     summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit,
-                             grounding=_grounding(spec, train))
+                             grounding=_grounding(spec, train), histories=histories)
     return summary, (f"envace probe --endpoint {url} --model {name} {dev} --reference "
-                     f"{train}{_flags(spec, train)}")
+                     f"{train}{_flags(spec, train)}{_history_flag(histories)}")
 
 
 def check_models(models: dict[str, ModelSpec]) -> None:
@@ -341,7 +360,7 @@ def _cell(i: int, total: int, name: str, spec: ModelSpec, env: str, paths: dict[
     sidecar = root / "cells" / name / f"{env_dirname(env)}.cell.json"
     tag = f"[{i}/{total}] {name} x {env}"
     try:  # a model folder that cannot be listed (/proc, too many files) fails this cell only
-        key = cell_key(spec, env, opts.split, _inputs_of(paths, opts.split), opts.keyed())
+        key = cell_key(spec, env, opts.split, _inputs_of(paths, opts.split), opts.keyed(spec))
     except (OSError, ValueError) as exc:
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         progress.line(f"{tag}: FAILED ({why})")
@@ -372,9 +391,10 @@ def _cell(i: int, total: int, name: str, spec: ModelSpec, env: str, paths: dict[
             summary, command = _probe_ranker(dev, train, audit_dir, aopts, opts.limit)
         elif spec.kind == "model":
             summary, command = _probe_model(spec, loaded, dev, train, audit_dir, aopts,
-                                            opts.limit)
+                                            opts.limit, opts.histories(spec))
         else:
-            summary, command = _probe_endpoint(spec, dev, train, audit_dir, aopts, opts.limit)
+            summary, command = _probe_endpoint(spec, dev, train, audit_dir, aopts, opts.limit,
+                                               opts.histories(spec))
     except Exception as exc:  # noqa: BLE001 - one cell's failure is its record, not the board's
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         progress.line(f"{tag}: FAILED ({why}); it is tried again next time")

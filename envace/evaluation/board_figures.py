@@ -5,7 +5,9 @@ bootstrap interval; ``divergence``: the divergence rate and its interval; ``skil
 skill against the best reference of that environment (the audit's ``skill.by_scorer.exact``,
 references built from the environment's train split); ``by_state_change`` and ``read_write``:
 the same per stratum (``by_state_change`` and ``by_mutates_state`` blocks, skill from the
-audit's per-stratum skill); ``bits_per_byte`` where the audit has a ``likelihood`` block.
+audit's per-stratum skill); ``bits_per_byte`` where the audit has a ``likelihood`` block;
+``coverage_at_5pct`` and ``auroc`` where it has a ``confidence`` block; ``history_diff`` (own −
+real divergence, paired) where it has a ``history`` block. Null where the block is absent.
 """
 
 from __future__ import annotations
@@ -51,6 +53,24 @@ def _bits_per_byte(s: dict[str, Any]) -> Interval | None:
     return None
 
 
+def _confidence(s: dict[str, Any]) -> dict[str, Any]:
+    block = s.get("confidence")
+    if not isinstance(block, dict):
+        return {"coverage_at_5pct": None, "auroc": None}
+    at = ((block.get("coverage_at_risk") or {}).get("5%") or {}).get("coverage")
+    a = block.get("auroc") or {}
+    return {"coverage_at_5pct": at,
+            "auroc": _iv(a.get("point"), a.get("ci")) if isinstance(a, dict) else None}
+
+
+def _history_diff(s: dict[str, Any]) -> Interval | None:
+    block = s.get("history")
+    if not isinstance(block, dict):
+        return None
+    d = (block.get("overall") or {}).get("diff") or {}
+    return _iv(d.get("diff"), d.get("ci"))
+
+
 def cell_figures(s: dict[str, Any]) -> dict[str, Any]:
     """The :class:`envace.core.board.Cell` fields an audit summary gives."""
     c = s.get("counts") or {}
@@ -74,4 +94,6 @@ def cell_figures(s: dict[str, Any]) -> dict[str, Any]:
         "read_write": {k: _stratum(v, rw_skill.get(k))
                        for k, v in (s.get("by_mutates_state") or {}).items()},
         "bits_per_byte": _bits_per_byte(s),
+        **_confidence(s),
+        "history_diff": _history_diff(s),
     }

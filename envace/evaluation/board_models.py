@@ -8,11 +8,14 @@
       hybrid: {model: data/models/tiny-sft, hybrid: true}
       served: {endpoint: "http://127.0.0.1:8000/v1#smollm2"}
       tiny-lk: {model: data/models/tiny-sft, score: likelihood}
+      tiny-c: {model: data/models/tiny-sft, confidence: true}
 
 Every reference, the ranker, ``memory_k`` and ``hybrid`` read the **train** split of the
 environment the cell is scored on (never the split scored). ``score: likelihood`` asks for bits
 per byte of the real response under a local model (``envace probe --likelihood``); a build
-without it refuses the model with a clear error, before anything runs. A malformed file is one
+without it refuses the model with a clear error, before anything runs. ``confidence: true``
+(a local model, generation scoring) scores each answer after its prompt, so the cell's audit has
+the ``confidence`` block (``envace probe --confidence``). A malformed file is one
 :class:`envace.core.errors.UsageError` naming the model and the field.
 """
 
@@ -50,6 +53,7 @@ class ModelSpec(BaseModel):
     hybrid: bool = False
     score: Literal["generation", "likelihood"] = "generation"
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
+    confidence: bool = False  #: each answer's mean token log-probability (a local model)
 
     @model_validator(mode="after")
     def _one_kind(self) -> ModelSpec:
@@ -64,6 +68,9 @@ class ModelSpec(BaseModel):
             if extra or self.score != "generation":
                 raise ValueError(f"{kinds[0]} generates nothing: no "
                                  f"{', '.join(extra) or 'score: likelihood'}")
+        if self.confidence and (kinds[0] != "model" or self.score != "generation"):
+            raise ValueError("confidence: true needs a local model that generates (model: "
+                             "..., score: generation): it scores the answers with the model")
         if self.endpoint is not None and "#" not in self.endpoint:
             raise ValueError("endpoint is URL#model (the served model's name after '#')")
         return self
@@ -136,6 +143,14 @@ def folder_fingerprint(path: str | os.PathLike[str]) -> str | None:
         if stat.S_ISREG(st.st_mode):
             rows.append((str(f.relative_to(p)), st.st_size, st.st_mtime_ns))
     return hashlib.sha256(json.dumps(sorted(rows)).encode()).hexdigest()[:16]
+
+
+def uses_history(spec: ModelSpec) -> bool:
+    """Whether ``envace board --history both`` changes this model's cell: a model that
+    generates (a local one or an endpoint) is probed with both histories; a reference, the
+    ranker and a likelihood cell (which scores the real responses given the real history)
+    are not, and their keys do not hold the option."""
+    return spec.kind in ("model", "endpoint") and spec.score == "generation"
 
 
 def cell_key(spec: ModelSpec, env: str, split: str, inputs: dict[str, str],

@@ -2,8 +2,11 @@
 
 The markdown has one table per environment, models ranked by exact with its interval, then
 json_f1, the skill against the environment's best reference, divergence by state leaves
-changed (0 / 1 / 2 / 3+), read vs write, bits per byte where scored, and each cell's audit
-directory. The chart draws every model's exact score with its interval as an error bar.
+changed (0 / 1 / 2 / 3+), read vs write, bits per byte where scored, coverage at ≤ 5 %
+divergence and the AUROC where a model's confidence was recorded, own − real history divergence
+where both histories were probed (these columns only where a cell of the environment has them),
+and each cell's audit directory. The chart draws every model's exact score with its interval
+as an error bar.
 """
 
 from __future__ import annotations
@@ -48,8 +51,12 @@ def render(board: Board, charts: dict[str, str]) -> str:
         lines += [f"## {md(env)}", "", f"Best reference: `{best or 'n/a'}`.", ""]
         if env in charts:
             lines += [f"![{md(env)}]({charts[env]})", ""]
+        conf = any(c.coverage_at_5pct is not None for c in cells)
+        hist = any(c.history_diff is not None for c in cells)
         head = ["model", "exact", "json_f1", "skill", *[f"div. {b}" for b in BUCKETS],
-                "cliff", "read exact", "write exact", "bits/byte", "calls", "audit"]
+                "cliff", "read exact", "write exact", "bits/byte",
+                *(["coverage ≤5% div.", "AUROC"] if conf else []),
+                *(["own − real div."] if hist else []), "calls", "audit"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for c in cells:
             if c.status != "done":
@@ -61,9 +68,11 @@ def render(board: Board, charts: dict[str, str]) -> str:
             rw = [_iv(c.read_write[k].exact) if k in c.read_write else "–"
                   for k in ("read", "write")]
             cliff = {True: "yes", False: "no", None: "–"}[c.cliff]
+            extra = ([_iv(Interval(point=c.coverage_at_5pct), True), _iv(c.auroc)]
+                     if conf else []) + ([_iv(c.history_diff, True)] if hist else [])
             lines.append("| " + " | ".join([md(c.model), _iv(c.exact), _iv(c.json_f1),
                                             _iv(c.skill), *sc, cliff, *rw,
-                                            _iv(c.bits_per_byte), str(c.calls or 0),
+                                            _iv(c.bits_per_byte), *extra, str(c.calls or 0),
                                             f"[{md(c.dir)}]({c.dir}/report.md)"]) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from envace.core.board import read_board
+from envace.core.board import Board, Cell, Interval, read_board, write_board
 from envace.evaluation.board import BoardOptions, run_board
 from envace.evaluation.board_models import parse_models
 from tests.evaluation.test_board import seed_inputs
@@ -64,3 +65,23 @@ def test_a_cell_link_opens_its_audit_with_the_state_change_tab(monkeypatch, root
 def test_no_board_is_a_message_not_an_error(monkeypatch, tmp_path):
     at = _open(monkeypatch, tmp_path, "board")
     assert any("No board" in i.value for i in at.info)
+
+
+def test_the_board_page_shows_coverage_auroc_and_own_minus_real(monkeypatch, tmp_path):
+    out = tmp_path / "boards" / "graded"
+    out.mkdir(parents=True)
+    write_board(out, Board(split="dev", envs=["bfcl"], models={}, cells=[
+        Cell(model="tiny-c", env="bfcl", dir="cells/tiny-c/bfcl", key="k1",
+             exact=Interval(point=0.2), coverage_at_5pct=0.25,
+             auroc=Interval(point=0.7, lo=0.6, hi=0.8),
+             history_diff=Interval(point=0.05, lo=-0.01, hi=0.12)),
+        Cell(model="lookup", env="bfcl", dir="cells/lookup/bfcl", key="k2",
+             exact=Interval(point=0.5))]))
+    at = _open(monkeypatch, tmp_path, "board")
+    df = at.dataframe[0].value.set_index("model")
+    assert df.loc["tiny-c", "coverage ≤5% div."] == pytest.approx(0.25)
+    assert df.loc["tiny-c", "AUROC"] == pytest.approx(0.7)
+    assert (df.loc["tiny-c", "own − real div."], df.loc["tiny-c", "own − real lo"],
+            df.loc["tiny-c", "own − real hi"]) == pytest.approx((0.05, -0.01, 0.12))
+    assert pd.isna(df.loc["lookup", "coverage ≤5% div."])  # absent: empty, not 0
+    assert pd.isna(df.loc["lookup", "own − real div."])

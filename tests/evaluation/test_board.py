@@ -203,3 +203,65 @@ def test_the_command_refuses_bad_usage_with_exit_2(tmp_path):
                            text=True, env=env)
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("envace board: ")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """A confidence cell and a reference, first with the real history, then ``--history both``."""
+    out = tmp_path_factory.mktemp("board_graded")
+    seed_inputs(out, "bfcl", 2, 6)
+    models = parse_models({"models": {
+        "lookup": {"reference": "lookup"},
+        "tiny-c": {"model": TINY, "max_new_tokens": 8, "confidence": True}}})
+    real = run_board(models, ["bfcl"], out, BoardOptions(quiet=True))
+    mark = len(log_lines(out))
+    both = run_board(models, ["bfcl"], out, BoardOptions(quiet=True, history="both"))
+    return out, real, both, log_lines(out)[mark:]
+
+
+def test_a_confidence_cell_has_its_audits_coverage_and_auroc(graded):
+    out, real, both, _ = graded
+    for board in (real, both):
+        cell = board.cell("tiny-c", "bfcl")
+        assert cell.status == "done", cell.error
+        block = json.loads((out / cell.dir / "summary.json").read_text())["confidence"]
+        assert cell.coverage_at_5pct == block["coverage_at_risk"]["5%"]["coverage"]
+        assert 0.0 <= cell.coverage_at_5pct <= 1.0
+        assert cell.auroc.point == block["auroc"]["point"]
+        assert [cell.auroc.lo, cell.auroc.hi] == (block["auroc"]["ci"] or [None, None])
+    assert "--confidence" in real.cell("tiny-c", "bfcl").command
+    ref = real.cell("lookup", "bfcl")  # no confidence recorded: null, not 0
+    assert ref.coverage_at_5pct is None and ref.auroc is None and ref.history_diff is None
+    md = (out / "board.md").read_text()
+    assert "coverage ≤5% div." in md and "own − real div." in md
+
+
+def test_history_both_gives_the_audits_own_minus_real_divergence(graded):
+    out, real, both, _ = graded
+    assert real.cell("tiny-c", "bfcl").history_diff is None
+    cell = both.cell("tiny-c", "bfcl")
+    summary = json.loads((out / cell.dir / "summary.json").read_text())
+    diff = summary["history"]["overall"]["diff"]
+    assert cell.history_diff.point == diff["diff"]
+    assert [cell.history_diff.lo, cell.history_diff.hi] == (diff["ci"] or [None, None])
+    assert summary["counts"]["own_history_steps"] == cell.calls
+    assert cell.command.endswith("--history both")
+    assert read_board(out) == both  # the new fields round-trip through board.json
+
+
+def test_history_both_recomputes_exactly_the_generating_cells(graded):
+    _, real, both, new = graded
+    ran = [x.split("] ")[1].split(":")[0] for x in new if ": running on" in x]
+    assert ran == ["tiny-c x bfcl"]
+    assert any("lookup x bfcl: finished earlier" in x for x in new)
+    assert real.cell("lookup", "bfcl").key == both.cell("lookup", "bfcl").key
+    assert real.cell("tiny-c", "bfcl").key != both.cell("tiny-c", "bfcl").key
+
+
+def test_confidence_is_refused_where_nothing_scores_the_answers():
+    for spec in ({"reference": "lookup", "confidence": True},
+                 {"ranker": True, "confidence": True},
+                 {"endpoint": "http://h:1/v1#m", "confidence": True},
+                 {"model": "m", "score": "likelihood", "confidence": True}):
+        with pytest.raises(UsageError, match="confidence"):
+            parse_models({"models": {"x": spec}})

@@ -128,3 +128,19 @@ def test_the_dashboard_reads_models(stored):
     s, err = readers.audit_summary(stored["probe"].parent)
     assert err is None and isinstance(s, AuditSummary)
     assert s.scored_steps == s.counts.scored_steps
+
+
+@pytest.mark.parametrize("bad", [
+    {"likelihood": "x"}, {"confidence": [1]}, {"by_state_change": {"strata": 5}},
+    {"by_state_change": {"strata": {"0": {"n": "many"}}}},
+    {"likelihood": {"bits_per_byte": {"point": "nan"}}},
+    {"confidence": {"auroc": {"point": [1]}}},
+    {"by_state_change": {"cliff": {"present": "yes"}}},
+])
+def test_a_wrong_typed_newer_block_is_dropped_and_named(bad):
+    """The likelihood, confidence and state-change blocks are typed like the others: a reader
+    (the dashboard, rescore) never gets a block of the wrong shape, and is told which."""
+    s, problems = read_summary_data({"schema": "envace.audit/2", **bad})
+    (name,) = bad
+    assert s is not None and getattr(s, name) is None
+    assert [p["reason"] for p in problems] == [f"field {name!r} is malformed; not used"]

@@ -35,6 +35,13 @@ from audit.probe import probe_options
 from audit.stats.confidence import Rehearsal
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.model.chat import IM_END, Role, encode_text, marker_id
+from envace.model.models import (
+    auto_threads,
+    context_length,
+    default_cache_dir,
+    load_model,
+    resolve_model,
+)
 from envace.model.windows import message_blocks, prompt_ids
 
 TOO_LONG = "the response alone is longer than the context"
@@ -284,10 +291,6 @@ def likelihood_exit(args: Any, summary: dict[str, Any], where: str = "") -> int:
 def run_likelihood_cli(args: Any) -> int:
     """`envace probe --likelihood --model PATH`: the likelihood audit of a local model; the
     exit code."""
-    # lazy: model_probe imports this module (with_confidence); the model loaders load torch
-    from envace.evaluation.model_probe import context_length
-    from envace.model.models import auto_threads, default_cache_dir, load_model, resolve_model
-
     prog = getattr(args, "prog", "envace probe")
     try:
         path = resolve_model(args.model, default_cache_dir())

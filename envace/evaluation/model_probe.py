@@ -32,26 +32,16 @@ from envace.evaluation.likelihood import with_confidence
 from envace.model.chat import IM_END, encode_text, parse_assistant
 from envace.model.models import (
     auto_threads,
+    context_length,
     default_cache_dir,
     load_model,
-    read_sft_meta,
     resolve_model,
 )
 from envace.model.windows import prompt_ids
 
-DEFAULT_CONTEXT = 2048
 #: trajectories probed together on the kept-cache path: their caches are held at once
 #: (SmolLM2-135M, fp32: about 46 KB per token, ~50 MB per BFCL dev trajectory)
 PREFIX_CHUNK = 32
-
-
-def context_length(model_dir: str | Path, model: Any = None) -> int:
-    """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
-    seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
-    if seq:
-        return int(seq)
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT
 
 
 def generate_greedy(

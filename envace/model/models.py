@@ -347,3 +347,16 @@ def auto_threads(requested: int = 0) -> int:
     except OSError:
         busy = 0.0
     return max(1, min(cores, cores - int(busy + 0.5)))
+
+
+#: the probe's prompt budget when the model folder records no SFT ``seq_len``
+DEFAULT_CONTEXT = 2048
+
+
+def context_length(model_dir: str | Path, model: Any = None) -> int:
+    """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
+    seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")
+    if seq:
+        return int(seq)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT

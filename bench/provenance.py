@@ -50,6 +50,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "likelihood_speed": "likelihood_speed",
     "state_change_cost": "state_change_cost",
     "tau2_context": "tau2_context",
+    "trust_gate": "trust_gate_tiny",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -8,13 +8,15 @@ One process, one model, the same dev tasks (per-turn) and seed for every setting
 (``envace.evaluation.rehearsal_eval``, what ``envace eval`` runs): ``real`` (no rehearsal: the
 commit alone, in the real environment), ``rehearse`` (N parallel plans the policy answers itself,
 then the commit), and ``trust<=C`` (the same plans, a rehearsal below C sent to a private real
-environment of the plan: ``--trust-above C``). The thresholds are the quartiles of the plain
-rehearsal's own confidences (mean token log-prob of each rehearsed response), so about 25 %, 50 %
-and 75 % of its calls fall below them. Per setting: success (BFCL's state check of the commit),
-the mean commit reward, the calls (``calls`` block: real ones by the commits and by the plans,
-rehearsed ones) and the seconds; the plain rehearsal's audit's confidence headline (AUROC,
-coverage at 5 % divergence). Writes bench/results/trust_gate_tiny.json (load average at start
-and end) and prints a markdown table.
+environment of the plan: ``--trust-above C``). The thresholds: the lower quartile and the median
+of the plain rehearsal's own confidences (mean token log-prob of each rehearsed response; about
+25 % and 50 % of its calls fall below them), and the threshold its audit gives for coverage at
+<= 5 % divergence (``confidence.coverage_at_risk``). Per setting: success (BFCL's state check of
+the commit), the mean commit reward with its paired bootstrap difference to plain rehearsal and to
+plain real (task by task), the calls (``calls`` block: real ones by the commits and by the plans,
+rehearsed ones), the divergence of the rehearsals the plans kept (their audit, exact match) and
+the seconds; the plain rehearsal's audit's confidence headline (AUROC, coverage at risk).
+Writes bench/results/trust_gate_tiny.json (load average at start and end) and prints a table.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
 from envace.model.models import load_model
 from envace.model.rehearsal import RehearsalSettings
 from envace.model.trust import confidence
+from experiments.rehearsal_sweep import paired_diff_ci
 
 
 def confidences(plans_file: Path) -> list[float]:
@@ -48,8 +51,12 @@ def confidences(plans_file: Path) -> list[float]:
 
 
 def row(label: str, s: dict[str, Any], seconds: float) -> dict[str, Any]:
-    c = s["calls"]
-    return {"setting": label, "trust_above": c["trust_above"], "success_rate": s["success_rate"],
+    c, audit = s["calls"], s.get("rehearsal_audit") or {}
+    return {"kept_rehearsal_divergence": audit.get("divergence_rate"),
+            "kept_rehearsal_divergence_ci": audit.get("divergence_ci"),
+            "kept_rehearsal_steps": audit.get("steps"),
+            "rewards": [a["reward"] for a in s["per_attempt"]], "setting": label,
+            "trust_above": c["trust_above"], "success_rate": s["success_rate"],
             "success_ci": s["success_ci"], "reward_mean": s["reward_mean"],
             "real_calls": c["real_total"], "commit_real_calls": c["commit_real"],
             "plan_real_calls": c["plans_real"], "plan_gated_real_calls": c["plans_gated_real"],
@@ -89,13 +96,28 @@ def main(argv: list[str] | None = None) -> None:
         audit_conf = {k: audit.get("confidence", {}).get(k) for k in
                       ("steps", "divergence_rate", "auroc", "coverage_at_risk")}
         quartiles = [float(q) for q in np.quantile(conf, [0.25, 0.5, 0.75])] if conf else []
-        for q in quartiles:
+        at5 = ((audit_conf.get("coverage_at_risk") or {}).get("5%") or {}).get("threshold")
+        for q in [*quartiles[:2], *([at5] if at5 is not None else [])]:
             run(f"trust>={q:.3f}", strategy="parallel", n=args.n, trust=min(q, 0.0))
-    header = ["setting", "success", "reward", "real calls (commit + plans)", "plan calls gated",
-              "plan calls rehearsed", "s"]
+    for r in rows:  # task by task (same tasks, same order in every setting)
+        for ref in ("rehearse", "real"):
+            other = next(x for x in rows if x["setting"] == ref)
+            r[f"reward_diff_vs_{ref}"] = paired_diff_ci(other["rewards"], r["rewards"])
+    header = ["setting", "success", "reward", "vs rehearse [95% CI]", "real calls (commit + plans)",
+              "plan calls gated", "plan calls rehearsed", "kept divergence", "s"]
+
+    def ci(d: dict[str, Any]) -> str:
+        return f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+
+    def div(r: dict[str, Any]) -> str:
+        v = r["kept_rehearsal_divergence"]
+        return "-" if v is None else f"{v:.2f} of {r['kept_rehearsal_steps']}"
+
     lines = [[r["setting"], f"{r['success_rate']:.2f}", f"{r['reward_mean']:.3f}",
+              ci(r["reward_diff_vs_rehearse"]),
               f"{r['real_calls']} ({r['commit_real_calls']} + {r['plan_real_calls']})",
-              r["plan_gated_real_calls"], r["plan_rehearsed_calls"], r["seconds"]] for r in rows]
+              r["plan_gated_real_calls"], r["plan_rehearsed_calls"], div(r), r["seconds"]]
+             for r in rows]
     print(table(lines, header))
     path = write_result("trust_gate_tiny", {
         **run_record("experiments.trust_gate", argv, load_start),

@@ -138,7 +138,7 @@ def trust_arg(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    # lazy: envace.model imports torch: kept out of --help
+    # lazy: loads numpy (audit.stats): kept out of --help
     from envace.model.trust import check_trust
 
     try:

@@ -13,6 +13,7 @@ from envace.core.envs.bfcl.tasks import get_task
 from envace.core.envs.guard import CallLimits
 from envace.core.envs.task_envs import task_environment
 from envace.model import chat
+from envace.model.backends.base import HFBackend, run_episodes_backend
 from envace.model.backends.hf import HFStepper
 from envace.model.models import load_model
 from envace.model.rollout import CONTEXT, REHEARSE, RolloutConfig, run_episodes
@@ -127,3 +128,20 @@ def test_a_threshold_below_every_confidence_is_plain_rehearsal(trained):
     assert [e.ids for e in plain] == [e.ids for e in low]
     assert [e.trajectory.messages for e in plain] == [e.trajectory.messages for e in low]
     assert all(gate_counts(e.trajectory.messages)["gated_real"] == 0 for e in low)
+
+
+def test_the_gate_works_on_a_message_level_backend(trained):
+    """The backends that send each message's whole prompt (vLLM's, ``HFBackend``) need no cache
+    to forget: the discarded rehearsal's tokens are out of the next prompt."""
+    model, tok = trained
+    cfg = RolloutConfig(mode="rehearse", temperature=1.0, max_turns=4, max_new_tokens=96, seed=3,
+                        rehearse_trust=0.0)
+    eps = run_episodes_backend(HFBackend(model, tok.pad_token_id or 0), tok,
+                               [get_task(t) for t in TASKS], cfg)
+    tools = [m for e in eps for m in e.trajectory.messages if m.role == "tool"]
+    assert any(getattr(m, "gated", None) for m in tools)
+    for e in eps:
+        kept = [m for m in e.trajectory.messages if m.role == "tool" and m.rehearsed
+                and not getattr(m, "truncated", False)]
+        if not any(getattr(m, "truncated", False) for m in e.trajectory.messages):
+            assert e.tokens(REHEARSE) == sum(m.num_tokens for m in kept)

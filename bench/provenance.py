@@ -51,6 +51,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "state_change_cost": "state_change_cost",
     "tau2_context": "tau2_context",
     "fidelity_nll_curve": "fidelity_nll_tiny",
+    "trust_gate": "trust_gate_tiny",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

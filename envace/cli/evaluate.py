@@ -2,7 +2,7 @@
 
     envace eval --model PATH [--env bfcl|agentdojo] --split dev [--tasks 40] [--seeds 2]
                 [--unit turn|task] [--rehearsal none|parallel|sequential] [--n 2] [--out DIR]
-                [--world self|hybrid|ranker|oracle]
+                [--world self|hybrid|ranker|oracle] [--trust-above C]
 
 `--env` picks the environment (default bfcl): its split, its real backend and its task check
 (BFCL's state check; AgentDojo's own checker of each user task, which is a single user turn, so
@@ -11,8 +11,9 @@
 Writes DIR/trajectories.jsonl (commits with ``meta.plan = "commit"`` and the memory they saw;
 with rehearsal, also every plan with ``meta.plan = "rehearsal_<i>"``), DIR/summary.json
 (success with a Wilson interval, pass@k over seeds, per backend, a budget per task, the audit of
-the rehearsals and how plan fidelity relates to committed success) and DIR/audit/ (the plans'
-rehearsed responses replayed against the real environment).
+the rehearsals and how plan fidelity relates to committed success, and `calls`: the real calls the
+commits and plans used, the plans' rehearsed calls and those the trust gate sent to reality) and
+DIR/audit/ (the plans' rehearsed responses replayed against the real environment).
 """
 
 from __future__ import annotations
@@ -58,8 +59,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "their copy-edits, audit.worlds.ranker) or oracle (a "
                         "private copy of the real environment per plan: an upper bound, not "
                         "a method)")
+    p.add_argument("--trust-above", type=trust_arg, default=None, metavar="C",
+                   help="the confidence gate: a plan's rehearsal is kept only where its mean "
+                        "token log-probability is >= C (a finite number <= 0); below it the call "
+                        "goes to a private real environment of the plan instead, counted as a "
+                        "real call (summary `calls`; envace.model.trust). Needs --rehearsal "
+                        "parallel or sequential and a world where the policy writes responses")
     p.add_argument("--out", help="output folder (default "
-                   "runs/eval-[<env>-]<split>-<rehearsal>-n<N>[-<world>])")
+                   "runs/eval-[<env>-]<split>-<rehearsal>-n<N>[-<world>][-trust<C>])")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                    help="wall-clock limit of every real environment call, C code included (the "
@@ -90,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                                      max_memory_tokens=args.max_memory_tokens, seed=args.seed,
                                      world=args.world, lookup=_lookup(args),
                                      call_timeout_s=args.call_timeout or None,
-                                     call_memory_mb=int(args.call_memory_mb) or None)
+                                     call_memory_mb=int(args.call_memory_mb) or None,
+                                     trust=args.trust_above)
         if args.memory_k < 0 or (args.memory_k and args.rehearsal == "none"):
             raise ValueError("--memory-k K (K >= 1) is shown to rehearsed plans: --rehearsal "
                              "parallel or sequential")
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                          args.max_new_tokens, args.seed, env=args.env)
     env = "" if args.env == "bfcl" else f"{args.env}-"
     world = "" if args.world == "self" else f"-{args.world}"
+    world += "" if args.trust_above is None else f"-trust{args.trust_above:g}"
     out = Path(args.out or f"runs/eval-{env}{args.split}-{args.rehearsal}-n{settings.n}{world}")
     s = evaluate_with_rehearsal(model, tok, tasks, settings, out, seeds=args.seeds,
                                 reward=args.reward, model_name=str(path))
@@ -116,7 +125,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.split}: success {s['success_rate']:.1%} [{ci[0]:.1%}, {ci[1]:.1%}] over "
           f"{s['attempts']} attempts; rehearsal tokens/task {s['budget']['rehearsal_tokens']:.0f}"
           f" -> {out / RUN.eval_summary}")
+    c = s["calls"]
+    print(f"calls: {c['real_total']} real ({c['commit_real']} committed, {c['plans_real']} in "
+          f"plans, {c['plans_gated_real']} of them sent by the trust gate), "
+          f"{c['plans_rehearsed']} rehearsed; reward {s['reward_mean']:.3f}")
     return 0
+
+
+def trust_arg(text: str) -> float:
+    """``--trust-above``: a finite number <= 0 (``envace.model.trust.check_trust``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    # lazy: loads numpy (audit.stats): kept out of --help
+    from envace.model.trust import check_trust
+
+    try:
+        return check_trust(value)  # type: ignore[return-value]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _device(name: str) -> str:

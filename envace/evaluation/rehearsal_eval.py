@@ -67,6 +67,20 @@ def _relation(fid: list[float], success: list[bool]) -> dict[str, Any]:
     return out
 
 
+def call_counts(budgets: list[dict[str, float]], trust: float | None) -> dict[str, Any]:
+    """Environment calls over all attempts: the commits' real calls, the plans' calls answered
+    by rehearsal and by a real environment (the oracle's copies, or the trust gate's, of which
+    ``plans_gated_real``), and ``real_total`` = commits' + plans' real calls."""
+    def total(key: str) -> int:
+        return int(sum(b.get(key, 0) for b in budgets))
+
+    out = {"trust_above": trust, "commit_real": total("real_env_calls"),
+           "plans_rehearsed": total("rehearsed_calls"), "plans_real": total("sandbox_env_calls"),
+           "plans_gated_real": total("gated_real_calls")}
+    out["real_total"] = out["commit_real"] + out["plans_real"]
+    return out
+
+
 def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSettings, out: Path,
                             seeds: int = 1, reward: str = "state", model_name: str = ""
                             ) -> dict[str, Any]:
@@ -133,6 +147,7 @@ def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSetti
                        for b, v in sorted(by_backend.items())},
         "budget": {key: sum(b[key] for b in budgets) / len(budgets) for key in budgets[0]}
         if budgets else {},
+        "calls": call_counts(budgets, s.trust),
         "rehearsal_audit": None if audit is None else _audit_figures(audit, out / RUN.audit),
         "fidelity_vs_success": _relation(fidelity, successes),
         "settings": {**s.__dict__, "memory": getattr(s.memory, "source", None),

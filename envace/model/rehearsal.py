@@ -13,6 +13,10 @@
   fresh private copy of the task's real environment per plan: an upper bound on what any world model
   could give the commit, not a method (the copies are discarded; the commit's environment is its
   own, and ``budget.sandbox_env_calls`` counts what the copies executed).
+- ``trust`` (the confidence gate, ``envace.model.trust``; worlds where the policy writes
+  responses): a plan's rehearsal whose mean token log-probability is below it is discarded and
+  the call goes to a private real environment of that plan instead (``budget.gated_real_calls``;
+  they count in ``sandbox_env_calls`` too: real calls the plans used).
 - Both strategies: the plans form a *rehearsal memory* (format below) placed in the context of
   one real execution (mode ``real``), which commits. The task's real environment is touched by
   the commit only.
@@ -47,6 +51,7 @@ from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
+from envace.model.trust import check_trust, gate_counts
 
 WORLDS = ("self", "hybrid", "ranker", "oracle")
 HEADER = "Rehearsal memory (private plans imagined before acting; their responses may be wrong):"
@@ -82,8 +87,16 @@ class RehearsalSettings:
     # every real environment call's limits (RolloutConfig.call_timeout_s / call_memory_mb)
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
+    # the confidence gate (envace.model.trust): a plan's rehearsal with mean token log-prob
+    # below it is answered by a private real environment of the plan instead; None: off
+    trust: float | None = None
 
     def __post_init__(self) -> None:
+        self.trust = check_trust(self.trust)
+        if self.trust is not None and (self.strategy == "none" or self.world == "oracle"):
+            raise ValueError("the trust gate applies to rehearsed plans that the policy answers: "
+                             "a rehearsal strategy (parallel or sequential) and world self, "
+                             "hybrid or ranker")
         if self.strategy not in ("none", "parallel", "sequential"):
             raise ValueError("strategy must be none, parallel or sequential")
         if self.world not in WORLDS:
@@ -129,6 +142,11 @@ def imagined_steps(ep: Episode) -> list[Any]:
     """The tool steps of a rehearsal episode that the policy made, after the task's history."""
     history = sum(len(m.get("tool_calls") or []) for m in ep.task.history)
     return ep.trajectory.tool_steps()[history:]
+
+
+def imagined_messages(ep: Episode) -> list[Any]:
+    """The messages of a rehearsal episode after the task's opening ones (its history)."""
+    return ep.trajectory.messages[len(ep.task.opening_messages()):]
 
 
 def plan_of(ep: Episode, index: int) -> Plan:
@@ -229,6 +247,7 @@ def _cfg(s: RehearsalSettings, mode: str, temperature: float, seed: int, **kw: A
                          desc_chars=s.desc_chars, seed=seed,
                          memory=s.memory if mode == "rehearse" else None, memory_k=s.memory_k,
                          lookup=s.lookup if mode == "rehearse" else None,
+                         rehearse_trust=s.trust if mode == "rehearse" else None,
                          call_timeout_s=s.call_timeout_s, call_memory_mb=s.call_memory_mb)
 
 
@@ -293,12 +312,15 @@ def rehearse_and_commit(model: Any, tok: Any, tasks: list[Task], s: RehearsalSet
     for i, t in enumerate(tasks):
         reh_tokens = sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in plans[i])
         real_calls = executed_calls(commits[i])
-        sandbox_calls = sum(executed_calls(e) for e in plans[i])  # oracle plans only
+        sandbox_calls = sum(executed_calls(e) for e in plans[i])  # oracle plans, gated calls
+        gated = [gate_counts(imagined_messages(e)) for e in plans[i]]
         out.append({
             "task": t, "plans": plans[i], "critiques": critiques[i], "memory": memories[i],
             "commit": commits[i],
             "budget": {"rehearsal_tokens": reh_tokens, "real_env_calls": real_calls,
                        "sandbox_env_calls": sandbox_calls,
+                       "rehearsed_calls": sum(g["rehearsed"] for g in gated),
+                       "gated_real_calls": sum(g["gated_real"] for g in gated),
                        "commit_tokens": commits[i].tokens(ACT),
                        "wall_s_share": t_total / len(tasks),
                        "rehearsal_wall_s_share": t_rehearse / len(tasks)},

@@ -21,6 +21,10 @@ answered by
   limit of a response (``MAX_CALL_BYTES``: ``too_large``, ``call_too_large``);
 - ``simulator``: a frozen model or an endpoint (forced in as CONTEXT, marked rehearsed);
 
+with ``RolloutConfig.rehearse_trust`` (mode ``rehearse``), a rehearsal whose mean token
+log-probability is below it is discarded and the call goes to a real environment of the
+episode's own instead (``envace.model.trust``: the confidence gate);
+
 and acting resumes on what came back. An assistant message without calls ends the user turn;
 the next user turn is forced in. Limits on turns, tokens per message and context end an episode
 cleanly with its reason. A malformed call or an unknown tool is recorded (the audit counts it)
@@ -54,6 +58,7 @@ from envace.core.timing import NULL_TIMER, Timer
 from envace.core.worldmodel import WorldModel
 from envace.model import chat
 from envace.model.backends.hf import GEN_DTYPES, HFStepper, generation_model, sample
+from envace.model.trust import check_trust, confidence, trusts
 
 CONTEXT, ACT, REHEARSE = 0, 1, 2
 FORCED_CHUNK = 256  # forced tokens appended per forward and row
@@ -91,6 +96,9 @@ class RolloutConfig:
     # None for no limit (both None: the backend in this process, no child); envace.core.envs.guard
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
+    # mode ``rehearse``: the confidence gate (``envace.model.trust``): a rehearsal with mean
+    # token log-prob below this is replaced by the real environment's response; None: off
+    rehearse_trust: float | None = None
 
     @property
     def call_limits(self) -> CallLimits:
@@ -98,6 +106,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_rollout_mode(self.mode)  # envace.core.modes
+        self.rehearse_trust = check_trust(self.rehearse_trust)
         if self.gen_dtype not in GEN_DTYPES:
             raise ValueError(f"gen_dtype={self.gen_dtype!r}: one of {', '.join(GEN_DTYPES)}")
 
@@ -151,6 +160,9 @@ class _Row:
     assistant_messages: int = 0
     done: str | None = None
     real_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of real text
+    reh_start: int = 0  # where the rehearsal being written starts (its tool header)
+    # tokens of a gated rehearsal that the decoding cache holds and must forget (run_episodes)
+    rollback: int = 0
 
     def push(self, tok: int, role: int, logprob: float, step: int) -> None:
         """Record one token of the episode (forced or sampled)."""
@@ -221,6 +233,10 @@ class Engine:
         row.buf, row.buf_logp, row.gen = [], 0.0, None
         self._force(row, self.nl)
         if kind == "rehearse":
+            if self.cfg.rehearse_trust is not None and not trusts(logp, ntok,
+                                                                   self.cfg.rehearse_trust):
+                self._gate(row, confidence(logp, ntok))
+                return
             call_id, name, _ = row.pending.pop(0)
             row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
                                  "content": text, "rehearsed": True, "logprob": logp,
@@ -269,39 +285,73 @@ class Engine:
                  if self.cfg.mode == "rehearse" and self.cfg.lookup is not None else None)
         if self.cfg.mode == "rehearse" and known is None:
             self._memory_note(row, name, args)
+            row.reh_start = len(row.ids) + len(row.queue)
             self._force(row, self._header("tool"))
             row.gen = "rehearse"
             row.current_step = step  # type: ignore[attr-defined]
             return
+        if self.cfg.mode == "real" and known is None:
+            self._answer_real(row, call_id, name, args)
+            return
         if known is not None:  # the hybrid: the lookup's training answer, forced in
-            content, extra, rehearsed = known, {"lookup": True}, True
-        elif self.cfg.mode == "real":
-            res = row.env.execute(name, args)  # type: ignore[union-attr]
-            content, extra = res.content, ({"error": True} if res.error else {})
-            rehearsed = False
-            ended = _ended(res)
-            if not ended and len(content) > MAX_CALL_BYTES // 4 and (
-                    size := utf8_len(content)) > MAX_CALL_BYTES:  # the audit's own limit
-                content = (f"Error during execution: the response of {size} bytes passes the "
-                           f"{MAX_CALL_BYTES}-byte limit of a response (docs/audit.md, size "
-                           "limits)")
-                ended = "too_large"
-            if ended:  # no real response: answered with why, and the episode ends on it
-                self._end_on(row, call_id, name, args, content, ended)
-                return
+            content, extra = known, {"lookup": True}
         else:
             content = self.simulator(row.messages, row.task.tools(), name, args)  # type: ignore[misc]
-            extra, rehearsed = {}, True
+            extra = {}
         row.pending.pop(0)
         row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                             "content": content, "rehearsed": rehearsed, **extra})
-        span = self._force_turn(row, "tool", content)
-        if not rehearsed:
-            row.real_spans.append(span)
+                             "content": content, "rehearsed": True, **extra})
+        self._force_turn(row, "tool", content)
         self._next_response(row)
 
+    def _answer_real(self, row: _Row, call_id: str, name: str, args: dict[str, Any],
+                     mark: dict[str, Any] | None = None) -> None:
+        """The real environment answers the pending call (``mark``: extra fields of the tool
+        message, the gate's); a call past the limits ends the episode (``_end_on``)."""
+        res = row.env.execute(name, args)  # type: ignore[union-attr]
+        content = res.content
+        extra = {**({"error": True} if res.error else {}), **(mark or {})}
+        ended = _ended(res)
+        if not ended and len(content) > MAX_CALL_BYTES // 4 and (
+                size := utf8_len(content)) > MAX_CALL_BYTES:  # the audit's own limit
+            content = (f"Error during execution: the response of {size} bytes passes the "
+                       f"{MAX_CALL_BYTES}-byte limit of a response (docs/audit.md, size "
+                       "limits)")
+            ended = "too_large"
+        if ended:  # no real response: answered with why, and the episode ends on it
+            self._end_on(row, call_id, name, args, content, ended, mark)
+            return
+        row.pending.pop(0)
+        row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
+                             "content": content, "rehearsed": False, **extra})
+        row.real_spans.append(self._force_turn(row, "tool", content))
+        self._next_response(row)
+
+    def _gate(self, row: _Row, conf: float) -> None:
+        """The rehearsal just written is not trusted: its tokens (tool header, text, end marker)
+        leave the episode, the decoding cache forgets the ones it holds (all but the end marker,
+        ``rollback``), and the episode's own real environment (built now, on its first gated
+        call) answers the call instead."""
+        row.queue.clear()  # only the newline after the discarded message was queued
+        drop = len(row.ids) - row.reh_start
+        row.rollback = drop - 1
+        for seq in (row.ids, row.roles, row.logprobs, row.step_of_token):
+            del seq[row.reh_start:]
+        if row.env is None:
+            try:
+                row.env = task_environment(row.task, self.cfg.call_limits)
+            except CallTimeout:
+                row.done = "reset_timeout"
+                return
+            except EnvProcessDied:
+                row.done = "reset_crashed"
+                return
+        call_id, name, args = row.pending[0]
+        self._answer_real(row, call_id, name, args,
+                          {"gated": True, "rehearsal_confidence": conf})
+
     def _end_on(self, row: _Row, call_id: str, name: str, args: dict[str, Any], content: str,
-                how: str) -> None:
+                how: str, mark: dict[str, Any] | None = None) -> None:
         """A call cut at the limit (``timeout``), whose process died (``crashed``) or whose
         response passes the size limit (``too_large``): its error text is the tool message (so
         marked), forced in as CONTEXT but not as a real observation; the call leaves the
@@ -309,7 +359,8 @@ class Engine:
         again would only stall again); the episode ends."""
         row.pending.pop(0)
         row.messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                             "content": content, "rehearsed": False, "error": True, how: True})
+                             "content": content, "rehearsed": False, "error": True, how: True,
+                             **(mark or {})})
         turn_calls = row.calls_per_turn[row.turn]
         for k in range(len(turn_calls) - 1, -1, -1):
             if turn_calls[k] == (name, args):
@@ -479,7 +530,13 @@ def run_episodes(model: Any, tokenizer: Any, tasks: Sequence[Task], cfg: Rollout
                         r.push(t, role, 0.0, step)
                 else:  # a sampled token: recorded, and the message ends on <|im_end|> or the cap
                     push_token(eng, r, int(toks[j]), float(logps[j]), cfg, tokenizer)
-                    chunks.append([r.ids[-1]])
+                    if r.rollback:  # a gated rehearsal: the cache forgets it, nothing appended
+                        for s in steppers:
+                            s.forget(j, r.rollback)
+                        r.rollback = 0
+                        chunks.append([])
+                    else:
+                        chunks.append([r.ids[-1]])
                 if r.done is None and len(r.ids) + len(r.queue) >= cfg.max_context:
                     r.done = "context_limit"
             keep = [j for j, i in enumerate(live) if rows[i].done is None]

@@ -116,6 +116,12 @@ class TrainConfig:
         "anchor_fraction * prompts_per_step of them in expectation). An anchored group is a "
         "group of its own: its act tokens get the policy loss against its own baseline, its "
         "real responses feed real_obs_coef, it has no rehearse role to train. 0: off", ge=0, le=1)
+    rehearse_trust: float | None = opt(
+        None, "the confidence gate in rollouts (envace.model.trust): a rehearsed response whose "
+        "mean token log-probability is below this is discarded and the call goes to a real "
+        "environment of the episode's own instead (marked gated; counted in metrics.jsonl's "
+        "calls/gated_real beside calls/rehearsed). A finite number <= 0; needs a rehearsing mode "
+        "(envace, split); null: off", le=0, why="a mean token log-probability is never above 0")
     memory_k: int = opt(
         0, "rehearse with a memory of real responses: before each rehearsed response (rollouts "
         "and evaluation), a system note of the memory_k most similar calls of that tool in the "
@@ -223,6 +229,7 @@ class TrainConfig:
             + "/".join(rehearsing),
         )
         self._check_real_obs()
+        self._check_trust()
         require(self.rollout_dtype == "same" or self.backend == "hf",
                 f"rollout_dtype={self.rollout_dtype} is for backend=hf; vLLM's engine dtype is "
                 "`dtype`")
@@ -274,6 +281,22 @@ class TrainConfig:
                 f"are {'rehearsed' if mode.rollout == 'rehearse' else 'simulated'}): set "
                 + ("anchor_fraction > 0, " if mode.rollout == "rehearse" else "")
                 + f"mode={real} or real_obs_coef=0")
+
+    def _check_trust(self) -> None:
+        """rehearse_trust: a finite log-probability, and rehearsals for it to gate."""
+        if self.rehearse_trust is None:
+            return
+        # lazy: envace.model.trust: only this path needs it
+        from envace.model.trust import check_trust
+
+        try:
+            check_trust(self.rehearse_trust)
+        except ValueError as exc:
+            raise ConfigError(f"rehearse_trust={self.rehearse_trust}: {exc}") from None
+        rehearsing = "/".join(m.name for m in TRAINING_MODES.values() if m.rollout == "rehearse")
+        require(training_mode(self.mode).rollout == "rehearse",
+                f"rehearse_trust={self.rehearse_trust} gates rehearsed responses, but mode="
+                f"{self.mode} does not rehearse: set rehearse_trust=null or mode={rehearsing}")
 
     def _check_env(self) -> None:
         """The environment is installed and has task splits with a verifier."""

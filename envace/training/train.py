@@ -41,6 +41,7 @@ from envace.core.schema import TrajectoryWriter
 from envace.core.timing import NULL_TIMER, StepTimer, Timer
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode, RolloutConfig
 from envace.model.trained_logits import scatter_rows, selected_logits
+from envace.model.trust import gate_counts
 from envace.training import fidelity_nll, grpo
 from envace.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from envace.training.config import ConfigError, TrainConfig, dump_yaml, to_dict
@@ -336,7 +337,8 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          seed=cfg.seed * 1_000_003 + step + 7_919_000 * dist.rank,
                          memory=policy.memory, memory_k=cfg.memory_k,
                          gen_dtype=cfg.rollout_dtype,
-                         packed_linear=cfg.rollout_packed_linear)
+                         packed_linear=cfg.rollout_packed_linear,
+                         rehearse_trust=cfg.rehearse_trust)
     with timer.section("rollout"):
         episodes = rollout_groups(policy, groups, cfg.group_size, rcfg, timer)
     t_roll = time.perf_counter()
@@ -383,6 +385,10 @@ def train_step(step: int, policy: Policy, tasks: list, cfg: TrainConfig, run_dir
                          (t0, t_roll, t_audit, t_end))
     if cfg.anchor_fraction > 0:  # episodes of groups anchored in reality
         record["episodes/anchored"] = sum(e.trajectory.meta["mode"] == "real" for e in episodes)
+    if cfg.rehearse_trust is not None:  # the confidence gate: calls rehearsed vs sent to reality
+        counts = [gate_counts(e.trajectory.messages) for e in episodes]
+        record["calls/rehearsed"] = sum(c["rehearsed"] for c in counts)
+        record["calls/gated_real"] = sum(c["gated_real"] for c in counts)
     if own:
         timer.stop()
         record.update(timer.metrics())

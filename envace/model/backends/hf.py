@@ -149,6 +149,18 @@ class HFStepper:
         """Keep only these rows of the batch (in this order); the others are dropped."""
         self._gather(torch.tensor(list(keep), dtype=torch.long))
 
+    def forget(self, row: int, n: int) -> None:
+        """Forget row ``row``'s last ``n`` tokens, as if never appended: their cache slots are
+        masked (padding from now on) and the row's next position goes back by ``n``, so what is
+        appended next sits where they sat (the confidence gate's discarded rehearsal)."""
+        if n <= 0:
+            return
+        assert self.mask is not None and self.next_pos is not None and self.real is not None
+        slots = self.mask[row].nonzero().flatten()[-n:]
+        self.mask[row, slots] = 0
+        self.next_pos[row] -= n
+        self.real[row] -= n
+
     def _gather(self, idx: torch.Tensor, logits: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
         assert self.cache is not None and self.mask is not None and self.next_pos is not None

@@ -108,9 +108,13 @@ def _side_by_side(a: str, audit_a: Audit, b: str, audit_b: Audit) -> None:
         for tool, t in (s.by_tool or {}).items():
             tools.append({"tool": tool, "divergence_rate": t.divergence_rate, "audit": tag})
     left, right = st.columns(2)
-    left.altair_chart(charts.band(pd.DataFrame(depth), "depth", "divergence_rate", "lo", "hi",
-                                  "Divergence by depth: A vs B", "divergence", series="audit"),
-                      width="stretch")
+    if depth:  # a likelihood audit has no divergence by depth (nothing was generated)
+        left.altair_chart(charts.band(pd.DataFrame(depth), "depth", "divergence_rate", "lo",
+                                      "hi", "Divergence by depth: A vs B", "divergence",
+                                      series="audit"), width="stretch")
+    else:
+        left.info("Neither audit has divergence by depth (a likelihood audit generates nothing "
+                  "to compare): see the bits-per-byte comparison.")
     tf = pd.DataFrame(tools)
     both = set(tf[tf.audit == "A"].tool) & set(tf[tf.audit == "B"].tool) if len(tf) else set()
     if both:

@@ -39,6 +39,7 @@ from typing import Any
 from audit.pipeline import reference_triples
 from audit.probe import HISTORY_CHOICES, run_probe
 from audit.scoring.settings import AuditOptions
+from audit.store.records import MAX_SUMMARY_BYTES
 from audit.worlds.memory import NOTE_CHARS, MemoryOptions, ResponseMemory, note_chars
 from audit.worlds.ranker import fit_ranker
 from audit.worlds.reference import build_reference
@@ -47,6 +48,7 @@ from envace.core.envs.family import family
 from envace.core.envs.guard import CallLimits
 from envace.core.errors import UsageError
 from envace.core.export import export_real
+from envace.core.infile import read_small_bytes
 from envace.core.layout import AUDIT
 from envace.core.outfile import atomic_output
 from envace.core.schema import TrajectoryWriter, read_trajectories
@@ -285,9 +287,11 @@ def _inputs_of(paths: dict[str, Path], split: str) -> dict[str, str]:
 
 
 def _read_sidecar(path: Path) -> dict[str, Any] | None:
+    """A cell's sidecar or stored summary, or None (missing, unreadable, not a regular file:
+    a FIFO is never waited on, tester B17c)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_small_bytes(path, MAX_SUMMARY_BYTES, "the cell file"))
+    except (UsageError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -83,3 +83,21 @@ def test_fidelity_page_shows_the_likelihood(dev, tmp_path, monkeypatch):
     assert m["Bits per byte, primed deflate"] == f"{lk['compressor']['bits_per_byte']['point']:.3f}"
     drawn = charts(at)["Bits per byte by call index"][0]
     assert len(drawn) == len(lk["by_depth"])
+
+
+def test_compare_page_on_two_likelihood_audits(dev, tmp_path, monkeypatch):
+    """The Compare page on two likelihood audits (tester D2): it failed with a KeyError drawing
+    an empty divergence-by-depth chart; now it says why there is none and shows the rest."""
+    import audit.stats.summary
+    from tests.dashboard.test_dashboard import open_page
+
+    monkeypatch.setattr(audit.stats.summary, "N_BOOT", 50)
+    root = tmp_path / "root"
+    for name, bpb in (("step_0", 1.5), ("step_1", 1.2)):
+        run_likelihood_probe([str(dev)], root / "lk" / "audit" / name, fake_scorer(bpb),
+                             AuditOptions(progress=False, plots=False))
+    at = open_page(monkeypatch, root, "compare", run="lk")
+    options = at.selectbox(key="cmp_Audit_a").options
+    assert len(options) == 2, options
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("likelihood audit generates nothing" in i.value for i in at.info)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from envace.core.envs.base import ToolResult
 from envace.core.envs.guard import CallLimits, guarded_env
 from envace.core.envs.statediff import (
+    MAX_DEPTH,
     MAX_PATHS,
     StateTracker,
     bucket,
@@ -169,3 +170,44 @@ def test_the_guarded_environment_diffs_in_its_own_process():
         assert getattr(plain[0], "state_change", None) is None  # off unless asked
     finally:
         env.close()
+
+
+def test_a_cyclic_state_ends_and_a_too_deep_one_is_unknown():
+    """Hostile plugin states (tester P4, P5, P7): a self-referencing state is walked once per
+    pair of containers; one nested past MAX_DEPTH is refused, which the tracker records as an
+    unknown change, never an endless walk."""
+    a, b = {"n": 1}, {"n": 2}
+    a["self"], b["self"] = a, b
+    assert diff_states(a, b).leaves == 1
+    deep = {"x": 0}
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    env = _Counter()
+    env.state = lambda: deep
+    assert StateTracker(env).execute("read", {}).state_change is None
+
+
+def test_a_state_changed_in_place_is_copied_not_compared_with_itself():
+    """A plugin whose state() returns the same dict, changed in place (tester P9): it used to
+    read 0 changed leaves for every call. The first call that shows it is unknown, then each
+    state is copied and the changes are seen."""
+    env = _Counter()
+    same = {"n": 0}
+
+    def state():
+        same["n"] = env.n
+        return same
+
+    env.state = state
+    tracker = StateTracker(env)
+    changes = [tracker.execute("bump", {}).state_change for _ in range(3)]
+    assert changes[0] is None and changes[1:] == [{"leaves": 1, "paths": ["n"]}] * 2
+
+
+def test_a_state_that_exits_is_an_unknown_change():
+    """SystemExit or KeyboardInterrupt raised by a plugin's state() (tester P8)."""
+    for exc in (SystemExit(0), KeyboardInterrupt()):
+        env = _Counter()
+        env.state = lambda e=exc: (_ for _ in ()).throw(e)
+        res = StateTracker(env).execute("bump", {})
+        assert res.content == "ok" and res.state_change is None

@@ -102,3 +102,19 @@ def test_a_tampered_finished_cell_is_computed_again(small):
     assert again.status == "done" and again.exact == first.exact
     assert any("computed again" in line for line in (small / "board.log").read_text()
                .splitlines())
+
+
+def test_a_finished_cell_whose_summary_became_a_fifo_fails_without_waiting(small):
+    """Tester B17c: the reuse branch read the stored summary with a blocking read (a hang).
+    Now the cell is computed again, and the audit writer refuses to write over a directory
+    holding a file that is not an audit's: the cell fails, naming it; the board goes on."""
+    models = parse_models({"models": {"lookup": {"reference": "lookup"}}})
+    first = run_board(models, ["bfcl"], small, BoardOptions(quiet=True)).cell("lookup", "bfcl")
+    stored = small / first.dir / "summary.json"
+    stored.unlink()
+    os.mkfifo(stored)
+    again = run_board(models, ["bfcl"], small, BoardOptions(quiet=True)).cell("lookup", "bfcl")
+    assert again.status == "failed" and "summary.json" in again.error
+    stored.unlink()  # the directory is the board's again: the next run computes the cell
+    third = run_board(models, ["bfcl"], small, BoardOptions(quiet=True)).cell("lookup", "bfcl")
+    assert third.status == "done" and third.exact == first.exact

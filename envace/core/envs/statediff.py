@@ -27,6 +27,7 @@ one ``state()`` per call (bench/results/state_change_cost.json).
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ from envace.core.envs.base import ToolResult
 
 #: at most this many changed paths are kept per call (``leaves`` still counts all of them)
 MAX_PATHS = 20
+#: a state deeper than this cannot be diffed: the change is unknown
+MAX_DEPTH = 10_000
+#: nor one whose diff walks more nodes than this
+MAX_NODES = 1_000_000
 #: the strata of the number of changed leaves
 BUCKETS = ("0", "1", "2", "3+")
 _PLAIN = re.compile(r'[^.\[\]"\\]+')
@@ -86,13 +91,23 @@ def _same(a: Any, b: Any) -> bool:
 def diff_states(before: Any, after: Any, max_paths: int = MAX_PATHS) -> StateChange:
     """The leaves that differ between two JSON-able states (see the module docstring).
 
-    Iterative (no recursion limit): states of any depth are safe. Container subtrees that hold
-    NaN compare unequal at the C level and are walked, where NaN equals NaN."""
-    count = 0
+    Iterative: a state nested past :data:`MAX_DEPTH` or a walk past :data:`MAX_NODES` raises
+    ValueError (the tracker records the change as unknown). A pair of containers met again (a
+    cyclic state, or one object reached by two paths) is walked once. Container subtrees that
+    hold NaN compare unequal at the C level and are walked, where NaN equals NaN."""
+    count = nodes = 0
     paths: list[str] = []
-    stack: list[tuple[str, Any, Any]] = [("", before, after)]
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, Any, Any, int]] = [("", before, after, 0)]
     while stack:
-        where, a, b = stack.pop()
+        where, a, b, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH or nodes > MAX_NODES:
+            raise ValueError("the state is nested too deeply or too large to diff")
+        if isinstance(a, dict | list) and isinstance(b, dict | list):
+            if (id(a), id(b)) in seen:
+                continue
+            seen.add((id(a), id(b)))
         if _same(a, b):
             continue
         if isinstance(a, dict) and isinstance(b, dict):
@@ -103,7 +118,7 @@ def diff_states(before: Any, after: Any, max_paths: int = MAX_PATHS) -> StateCha
                     if len(paths) < max_paths:
                         paths.append(p)
                 else:
-                    stack.append((p, a[k], b[k]))
+                    stack.append((p, a[k], b[k], depth + 1))
             continue
         if isinstance(a, list | tuple) and isinstance(b, list | tuple):
             for i in range(max(len(a), len(b)) - 1, -1, -1):
@@ -113,7 +128,7 @@ def diff_states(before: Any, after: Any, max_paths: int = MAX_PATHS) -> StateCha
                     if len(paths) < max_paths:
                         paths.append(p)
                 else:
-                    stack.append((p, a[i], b[i]))
+                    stack.append((p, a[i], b[i], depth + 1))
             continue
         count += 1  # a leaf that changed, or a value whose type changed
         if len(paths) < max_paths:
@@ -139,15 +154,22 @@ class StateTracker:
         self.env = env
         self._last: Any = None
         self._known = False
+        #: copy every state read: set once ``state()`` has returned the object it returned
+        #: before (changed in place, it would always equal itself: no change ever seen)
+        self._copy = False
 
     def forget(self) -> None:
         self._last, self._known = None, False
 
     def _state(self) -> tuple[bool, Any]:
         try:
-            return True, self.env.state()
-        except Exception:  # noqa: BLE001 - an unreadable state is an unknown change
-            return False, None
+            state = self.env.state()
+            if self._known and state is self._last and not self._copy:
+                self._copy = True  # the same object again: this call's change is unknown
+                return False, copy.deepcopy(state)
+            return True, copy.deepcopy(state) if self._copy else state
+        except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001 - a plugin's state()
+            return False, None  # that raises (even SystemExit) is an unknown change
 
     def execute(self, tool: str, arguments: Any) -> TrackedResult:
         if not self._known:

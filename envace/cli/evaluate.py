@@ -82,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # lazy: loads torch, transformers: kept out of --help
-    from envace.evaluation.evaluate import select_tasks  # imports torch: only when run
+    from envace.evaluation.evaluate import check_eval_out, select_tasks  # imports torch
     from envace.evaluation.rehearsal_eval import evaluate_with_rehearsal
     from envace.model.rehearsal import RehearsalSettings
 
@@ -111,14 +111,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"envace eval: {exc}", file=sys.stderr)
         return 2
-    model, tok = load_model(path)
-    model.to(device)
-    tasks = select_tasks(args.split, args.unit, args.tasks, tok, args.max_context,
-                         args.max_new_tokens, args.seed, env=args.env)
     env = "" if args.env == "bfcl" else f"{args.env}-"
     world = "" if args.world == "self" else f"-{args.world}"
     world += "" if args.trust_above is None else f"-trust{args.trust_above:g}"
     out = Path(args.out or f"runs/eval-{env}{args.split}-{args.rehearsal}-n{settings.n}{world}")
+    check_eval_out(out)  # before the model loads: another tool's folder is refused at once
+    model, tok = load_model(path)
+    model.to(device)
+    tasks = select_tasks(args.split, args.unit, args.tasks, tok, args.max_context,
+                         args.max_new_tokens, args.seed, env=args.env)
     s = evaluate_with_rehearsal(model, tok, tasks, settings, out, seeds=args.seeds,
                                 reward=args.reward, model_name=str(path))
     ci = s["success_ci"]

@@ -257,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("envace: interrupted", file=sys.stderr)
         return 130
+    except UsageError as exc:  # bad input found deep in a command: one line, exit 2
+        print(f"envace: {exc}", file=sys.stderr)
+        return 2
 
 
 def _main(argv: list[str] | None) -> int:

@@ -12,6 +12,7 @@ AgentDojo: per suite), pass@k over seeds, end reasons, tokens).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter, defaultdict
@@ -24,6 +25,8 @@ from audit.store.output import write_json_atomic
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.core.envs.task_envs import env_tasks
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_bytes
 from envace.core.layout import RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
@@ -48,6 +51,32 @@ class EvalSettings:
     # every real environment call's limits (RolloutConfig.call_timeout_s / call_memory_mb)
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
     call_memory_mb: int | None = DEFAULT_MEMORY_MB
+
+
+#: what an evaluation folder holds; anything else there is another tool's, never written over
+EVAL_FILES = frozenset({RUN.eval_trajectories, RUN.eval_summary, RUN.plans, RUN.audit})
+
+
+def check_eval_out(out: Path) -> None:
+    """UsageError unless ``out`` is new, empty or an earlier evaluation's folder (re-run: its
+    files are replaced): an audit's, a run's or any other tool's folder is refused before
+    anything is written (tester E17: an audit's trajectories.jsonl was truncated)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"--out {out} exists and is not a folder")
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in EVAL_FILES)
+    summary = out / RUN.eval_summary
+    if not foreign and summary.exists():
+        try:
+            data = json.loads(read_small_bytes(summary, 64 << 20, "--out's summary.json"))
+        except (UsageError, ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or "success_rate" not in data:
+            foreign = [RUN.eval_summary]
+    if foreign:
+        raise UsageError(f"--out {out} holds files that are not an evaluation's "
+                         f"({', '.join(foreign[:5])}): choose a new folder")
 
 
 def pass_at_k(successes: list[list[bool]], k: int) -> float:
@@ -76,6 +105,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Task], out_dir: Path,
              s: EvalSettings, label: str = "eval", rollout: Any | None = None) -> dict[str, Any]:
     """Evaluate; ``rollout``: run_episodes' signature on another backend (default: HF)."""
     rollout = rollout or run_episodes
+    check_eval_out(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     per_task: dict[str, list[bool]] = defaultdict(list)

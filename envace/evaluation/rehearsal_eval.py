@@ -19,7 +19,7 @@ from audit.store.output import write_json_atomic
 from envace.core.layout import AUDIT, RUN
 from envace.core.rewards import task_reward
 from envace.core.schema import TrajectoryWriter
-from envace.evaluation.evaluate import pass_at_k
+from envace.evaluation.evaluate import check_eval_out, pass_at_k
 from envace.model.rehearsal import RehearsalSettings, rehearse_and_commit
 
 
@@ -84,6 +84,7 @@ def call_counts(budgets: list[dict[str, float]], trust: float | None) -> dict[st
 def evaluate_with_rehearsal(model: Any, tok: Any, tasks: list, s: RehearsalSettings, out: Path,
                             seeds: int = 1, reward: str = "state", model_name: str = ""
                             ) -> dict[str, Any]:
+    check_eval_out(out)
     out.mkdir(parents=True, exist_ok=True)
     per_task: dict[str, list[bool]] = defaultdict(list)
     by_backend: dict[str, list[bool]] = defaultdict(list)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.layout import RUN
+from envace.model.models import PRESETS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -73,6 +74,10 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2
+    problem = _model_problem(str(cfg.model))
+    if problem is not None:  # before the run directory exists (tester C13: an orphan run)
+        print(f"envace train: {problem}", file=sys.stderr)
+        return 2
     if train_fn is None:
         # lazy: loads torch, transformers: kept out of --help
         from envace.training.train import train as train_fn
@@ -93,6 +98,19 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         print(f"envace train: {line}", file=sys.stderr)
         return 2
     return 0
+
+
+def _model_problem(spec: str) -> str | None:
+    """Why ``model`` names no model this command can start from (a preset or a model folder;
+    a relative path is read from the current directory), or None."""
+    if spec in PRESETS:
+        return None
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return None
+    where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+    return (f"model={spec!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder"
+            f"{where}")
 
 
 def _write_failure(run_dir: Path, exc: BaseException) -> str | None:

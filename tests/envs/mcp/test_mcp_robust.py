@@ -175,11 +175,18 @@ CTRL_C = textwrap.dedent("""
 """)
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started in the background (``cmd &``) runs
+    with SIGINT ignored, which its subprocesses would inherit (and then never see it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_server(tmp_path):
     marker = f"envace-test-{uuid.uuid4().hex}"
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C, LEDGER, marker], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert len([p for p in marked_processes(marker) if p != proc.pid]) == 2
@@ -209,7 +216,8 @@ def test_ctrl_c_in_envace_audit_replay_exits_130_without_orphans(tmp_path):
                              str(tmp_path / "t.jsonl"), "--mcp-config", str(config), "--out",
                              str(tmp_path / "audit")], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60
         while not marked_processes(marker) and time.monotonic() < deadline:

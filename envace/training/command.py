@@ -74,8 +74,10 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
     except ConfigError as exc:
         print(f"envace train: {exc}", file=sys.stderr)
         return 2
-    problem = _model_problem(str(cfg.model))
-    if problem is not None:  # before the run directory exists (tester C13: an orphan run)
+    # a new run: before its directory exists (tester C13: an orphan run); a resumed one starts
+    # from its checkpoints, wherever it is resumed from
+    problem = None if args.resume else _model_problem(str(cfg.model))
+    if problem is not None:
         print(f"envace train: {problem}", file=sys.stderr)
         return 2
     if train_fn is None:

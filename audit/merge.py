@@ -39,9 +39,10 @@ from audit.scoring.settings import AuditOptions
 from audit.shard import MAX_SHARDS, SHARD_SCHEMA
 from audit.stats.clusters import check_unit
 from audit.stats.summary import build_summary, compact
-from audit.store.models import AuditSummary, step_problem
+from audit.store.models import AuditSummary
 from audit.store.output import AuditWriter
 from audit.store.records import MAX_SUMMARY_BYTES
+from audit.store.step_rows import step_problem
 from envace.core.errors import UsageError
 from envace.core.infile import read_small_text
 from envace.core.layout import AUDIT

@@ -40,8 +40,9 @@ from audit.shard import UNREADABLE_OWNER, shard_block, shard_of
 from audit.shard import check_inputs as check_shard_inputs
 from audit.stats.aggregate import SummaryAggregator
 from audit.stats.summary import compact
-from audit.store.models import place, skipped_row, step_line
+from audit.store.models import place, skipped_row
 from audit.store.output import AuditWriter
+from audit.store.step_rows import step_line
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.errors import UsageError
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories

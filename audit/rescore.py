@@ -28,9 +28,10 @@ from audit.scoring.scorers import ScoreContext, score_step
 from audit.scoring.settings import AuditOptions
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
-from audit.store.models import SUMMARY_VERSION, place, skipped_row, step_line
+from audit.store.models import SUMMARY_VERSION, place, skipped_row
 from audit.store.output import AuditWriter
 from audit.store.records import read_steps, read_summary
+from audit.store.step_rows import step_line
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 from envace.core.schema import json_text

@@ -10,7 +10,7 @@ user (a truncated last line, bad lines, a missing file), never an exception for 
   one point, never the charts).
 - :func:`steps_frame` — an audit's ``steps.jsonl`` without the response texts (compact, fast),
   with the byte offset of each line so :func:`read_lines_at` fetches texts on demand; every
-  row read through ``audit.store.models.StepStats`` (a line that is not a step row is named).
+  row read through ``audit.store.step_rows.StepStats`` (a line that is not a step row is named).
 - :func:`audit_summary` — an audit's ``summary.json`` read through
   ``audit.store.models.AuditSummary`` (a malformed field is left out and named); one written before
   the current statistics (``envace.audit/1`` pooled real history steps with rehearsed ones) is
@@ -32,14 +32,8 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from audit.store.models import (
-    STAT_FIELDS,
-    SUMMARY_VERSION,
-    AuditSummary,
-    StepStats,
-    problem,
-    read_summary_data,
-)
+from audit.store.models import SUMMARY_VERSION, AuditSummary, read_summary_data
+from audit.store.step_rows import STAT_FIELDS, StepStats, problem
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import MAX_LINE_BYTES
 
@@ -270,7 +264,7 @@ _NUMBERED = re.compile(r"^(\w+?)_\d+$")
 def steps_frame(path: str | os.PathLike[str]) -> Frame:
     """An audit's ``steps.jsonl`` without texts: one row per call, ``score/<name>`` columns,
     ``offset`` (byte position of the line, for :func:`read_lines_at`). Every line is read as an
-    ``audit.store.models.StepStats``; one that is not a step row is left out and named."""
+    ``audit.store.step_rows.StepStats``; one that is not a step row is left out and named."""
     data = read_jsonl(path, keep=STAT_FIELDS)
     rows, bad = [], []
     for rec, off, line in zip(data.records, data.offsets, data.lines, strict=True):

@@ -35,7 +35,8 @@ from audit.stats.population import DETERMINISM, population
 from audit.stats.state_change import by_state_change
 from audit.stats.steps import Step, by_trajectory, clean, scored_steps, scorer_names
 from audit.stats.survival import first_divergence_survival
-from audit.store.models import SUMMARY_VERSION, StepRow
+from audit.store.models import SUMMARY_VERSION
+from audit.store.step_rows import StepRow
 from audit.worlds.reference import skill, skill_with_ci
 
 N_BOOT = 1000  # cluster resamples of every interval (rates, means, ratio, skill)

@@ -42,8 +42,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from audit.store.models import step_line, summary_data
+from audit.store.models import summary_data
 from audit.store.report import write_report
+from audit.store.step_rows import step_line
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
 from envace.core.schema import json_text
@@ -278,7 +279,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class AuditWriter:
     """The one writer of an audit directory (``envace-audit replay``, ``probe``, ``rescore`` and
     the trainer's ``audit/step_<N>/``): an :class:`OutputDir` of kind ``audit`` holding
-    ``steps.jsonl`` (every line a :class:`audit.store.models.StepRow`), ``trajectories.jsonl``,
+    ``steps.jsonl`` (every line a :class:`audit.store.step_rows.StepRow`), ``trajectories.jsonl``,
     ``summary.json`` (an :class:`audit.store.models.AuditSummary`), ``report.md`` and its plots.
 
     ``trajectories=False`` (rescore) writes no ``trajectories.jsonl`` unless one is copied in
@@ -310,7 +311,7 @@ class AuditWriter:
         return self
 
     def write_lines(self, steps_text: str, trajectory_text: str = "") -> None:
-        """Lines already made by :func:`audit.store.models.step_line` (in a worker process) and
+        """Lines already made by :func:`audit.store.step_rows.step_line` (in a worker process) and
         ``json.dumps`` of a trajectory row."""
         self._steps.write(steps_text)
         if trajectory_text:

@@ -4,7 +4,7 @@
     summary, problems = read_summary(audit_dir)
 
 A line of ``steps.jsonl`` is used only when it is a UTF-8 JSON object that is a step row
-(``audit.store.models.StepRow``, :func:`step_problem`); any other line is reported with its file,
+(``audit.store.step_rows.StepRow``, :func:`step_problem`); any other line is reported with its file,
 line and a one-line reason and its bytes are kept (``StepsRead.bad``) so that a rewrite can
 keep them verbatim (``steps.unreadable.jsonl``). ``summary.json`` is read through
 ``audit.store.models.AuditSummary`` field by field: a field of the wrong type is dropped and named,
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.store.models import read_summary_data, skipped_row, step_problem
+from audit.store.models import read_summary_data, skipped_row
+from audit.store.step_rows import step_problem
 from envace.core.errors import UsageError
 from envace.core.infile import read_small_bytes
 from envace.core.layout import AUDIT

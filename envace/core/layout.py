@@ -20,7 +20,7 @@ class AuditLayout:
     """The files of an audit directory (``envace-audit replay/probe/rescore``, the trainer's
     ``audit/step_<N>/``) and of a ``compare`` output."""
 
-    steps: str = "steps.jsonl"  #: one line per tool call (audit.store.models.StepRow)
+    steps: str = "steps.jsonl"  #: one line per tool call (audit.store.step_rows.StepRow)
     trajectories: str = "trajectories.jsonl"  #: one line per audited trajectory
     summary: str = "summary.json"  #: audit.store.models.AuditSummary
     report: str = "report.md"  #: for a person, plots beside it

@@ -20,15 +20,8 @@ from audit.pipeline import run_audit
 from audit.probe import run_probe
 from audit.rescore import rescore
 from audit.scoring.settings import AuditOptions
-from audit.store.models import (
-    SUMMARY_VERSION,
-    AuditSummary,
-    StepRow,
-    read_summary_data,
-    step_line,
-    step_problem,
-    summary_data,
-)
+from audit.store.models import SUMMARY_VERSION, AuditSummary, read_summary_data, summary_data
+from audit.store.step_rows import StepRow, step_line, step_problem
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.core.layout import AUDIT, RUN

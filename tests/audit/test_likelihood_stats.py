@@ -18,7 +18,7 @@ from audit.stats.likelihood import (
     likelihood_entry,
     pooled,
 )
-from audit.store.models import StepRow
+from audit.store.step_rows import StepRow
 from audit.worlds.compressor import WINDOW, CompressorReference, code_bits, dictionary
 
 SPEC = IntervalSpec(resamples=200, seed=0)

@@ -12,7 +12,7 @@ from audit.pipeline import run_audit
 from audit.scoring.settings import AuditOptions
 from audit.stats.intervals import IntervalSpec
 from audit.stats.state_change import by_state_change, cliff_line, stratum
-from audit.store.models import StepRow
+from audit.store.step_rows import StepRow
 from envace.core.envs.family import family
 from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter

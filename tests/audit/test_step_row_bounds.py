@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit.store.models import step_problem
+from audit.store.step_rows import step_problem
 
 ROW = {"trajectory_id": "t", "task_id": "x", "step": 3, "tool": "ls", "actual": "{}",
        "diverged": False, "scores": {"exact": 1.0}}

@@ -15,7 +15,7 @@ import pytest
 from audit.likelihood_probe import scoring_of
 from audit.probe import probe_trajectory
 from audit.scoring.settings import AuditOptions
-from audit.store.models import StepRow
+from audit.store.step_rows import StepRow
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.export import export_real
 from envace.evaluation.likelihood import TOO_LONG, ModelScorer, probe_likelihood

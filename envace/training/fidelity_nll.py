@@ -75,7 +75,11 @@ def held_out_batch(env: str, split: str, n: int) -> HeldOut:
     from envace.core.export import export_real
 
     tasks = held_out_tasks(family(env).split_tasks(split, "task"), n)
-    return held_out_of(list(export_real(tasks)))
+    from envace.core.envs.guard import CallLimits
+
+    # under the call limits like every environment call; a task past them raises (the batch
+    # must be the same for every run, so it is never silently smaller)
+    return held_out_of(list(export_real(tasks, limits=CallLimits())))
 
 
 def score_held_out(model: Any, tokenizer: Any, held: HeldOut, context: int,

@@ -47,9 +47,11 @@ from typing import Any, Literal
 
 from audit.worlds.memory import ResponseMemory, with_notes_before_responses
 from envace.core.envs.family import family, family_names
+from envace.core.envs.guard import CallLimits
 from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, read_trajectories
+from envace.core.text import terminal_safe
 from envace.model.chat import IM_END, Role, render
 from envace.model.models import (
     MARKER,
@@ -206,9 +208,11 @@ def build_examples(
     return examples, stats
 
 
-def load_train_trajectories(data: str | None = None, env: str = "bfcl") -> list[Trajectory]:
+def load_train_trajectories(data: str | None = None, env: str = "bfcl",
+                            limits: CallLimits | None = None) -> list[Trajectory]:
     """Real trajectories of `env`'s committed train split (ground truth executed, through the
-    family registry), or those of a JSONL file."""
+    family registry, every call under ``limits``, default :class:`CallLimits`: a task past them
+    is left out, named on stderr), or those of a JSONL file."""
     if data is not None:
         items = list(read_trajectories(data))
         bad = [f"{i.path}:{i.line}: {i.error}" for i in items if i.trajectory is None]
@@ -216,7 +220,13 @@ def load_train_trajectories(data: str | None = None, env: str = "bfcl") -> list[
             raise ValueError(f"unreadable training records: {'; '.join(bad[:3])}")
         return [i.trajectory for i in items if i.trajectory is not None]
 
-    return list(export_real(train_tasks(env)))
+    skipped: list[tuple[str, str]] = []  # a ground truth past the call limits costs its task
+    out = list(export_real(train_tasks(env), limits=limits or CallLimits(), skipped=skipped))
+    if skipped:
+        print(f"envace: cold start without {len(skipped)} task(s) whose ground truth could not "
+              f"be recorded (first: {terminal_safe(skipped[0][0])}: "
+              f"{terminal_safe(skipped[0][1][:200])})", file=sys.stderr)
+    return out
 
 
 def train_tasks(env: str = "bfcl") -> list[Any]:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from envace.core.envs.base import UnknownEnvironment, make_env
+from envace.core.envs.base import UnknownEnvironment
 from envace.core.envs.bfcl.tasks import (
     CATEGORIES,
     SPLITS,
@@ -35,7 +35,7 @@ from envace.core.envs.bfcl.tasks import (
     split_tasks,
 )
 from envace.core.envs.family import family
-from envace.core.envs.guard import CallLimits, limit_arg
+from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env, limit_arg
 from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.envs.mcp.taskfile import TaskFileError
 from envace.core.envs.task_common import DATA_DIR
@@ -97,7 +97,9 @@ def _export_other(args: argparse.Namespace) -> int:
 
             ids = tau2_ids(args.split, args.domain)
         else:
-            env = make_env(args.env)  # a plugin's import failure: PluginLoadError, exit 2
+            # a plugin's import failure: PluginLoadError, exit 2; its listing runs under the call
+            # limits like every call (a task_ids() that stalls is cut: exit 2)
+            env = guarded_env(args.env, _limits(args))
             if args.split != "all" or not hasattr(env, "task_ids"):
                 print(f"envace: {args.env} has no committed splits: use --split all "
                       "(needs task_ids) or --tasks", file=sys.stderr)
@@ -108,8 +110,9 @@ def _export_other(args: argparse.Namespace) -> int:
                            version=args.benchmark_version, limits=_limits(args),
                            skipped=skipped)
         return _write(trajs, args.out, skipped)
-    except (UnknownEnvironment, KeyError, ValueError, RuntimeError) as exc:
-        print(f"envace: {exc}", file=sys.stderr)
+    except (UnknownEnvironment, KeyError, ValueError, RuntimeError, CallTimeout,
+            EnvProcessDied) as exc:
+        print(f"envace: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
 
 

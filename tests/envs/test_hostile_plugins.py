@@ -46,6 +46,17 @@ class Env(MethodEnv):
         """The number."""
         return {"n": self.n}
 ''',
+    "listhangs": '''
+import time
+
+
+class Env:
+    name = "listhangs"
+
+    def task_ids(self):
+        while True:  # a listing that never ends
+            time.sleep(1)
+''',
     "hostile": f'''
 from envace.core.envs.base import ToolResult
 
@@ -155,6 +166,16 @@ def test_export_real_of_a_plugin_whose_setup_raises_costs_that_task(site, tmp_pa
     assert r.returncode == 3, r.stderr
     assert "Traceback" not in r.stderr and "setup refuses this task" in r.stderr
     assert [json.loads(x)["task_id"] for x in out.read_text().splitlines()] == ["good"]
+
+
+def test_export_real_of_a_plugin_whose_listing_hangs_is_cut_at_the_limit(site, tmp_path):
+    """Before: the plugin's task_ids() ran in envace's own process, outside the call limit."""
+    out = tmp_path / "o.jsonl"
+    r = run(site, "-m", "envace.cli", "data", "export-real", "--env", "listhangs", "--split",
+            "all", "--out", str(out), "--call-timeout", "2")
+    assert r.returncode == 2, r.stderr
+    assert "call limit of 2 s" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
 
 
 def test_hostile_tool_names_stay_data_in_the_terminal_and_report(site, tmp_path):

@@ -1,7 +1,8 @@
 """Benchmark: the likelihood audit against its limit (a bare forward) and the generation probe.
 
     nice -n 10 .venv/bin/python -m bench.likelihood_speed --model data/models/tiny-sft \
-        [--limit 0] [--gen-limit 20] [--name likelihood_speed_tiny]
+        [--limit 0] [--gen-limit 20] [--name likelihood_speed_tiny] [--reference train.jsonl]
+        [--keep DIR]
 
 In one process, torch on one thread, over the real trajectories of the BFCL dev split (or
 ``--dev FILE``; the first ``--limit``, 0 = all):
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--name", default="likelihood_speed")
+    ap.add_argument("--reference", help="train-split real trajectories: the audit's compressor "
+                                        "reference (its summary's likelihood block is kept)")
+    ap.add_argument("--keep", help="write the likelihood audit's directory here (new or empty)")
     args = ap.parse_args(argv)
     load_start = os.getloadavg()
 
@@ -108,16 +112,17 @@ def main(argv: list[str] | None = None) -> None:
         trajs = list(export_real(split_tasks("dev")))
     if args.limit:
         trajs = trajs[:args.limit]
-    opts = AuditOptions(progress=False, plots=False)
+    opts = AuditOptions(progress=False, plots=False, reference=args.reference)
     out: dict[str, Any] = {"model": str(path), "context": context, "batch_size": args.batch_size,
                            "trajectories": len(trajs), "torch_threads": 1}
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "dev.jsonl"
         src.write_text("".join(t.to_json() + "\n" for t in trajs))
         with _Clock() as c:
-            s = probe_likelihood(model, tok, [str(src)], Path(d) / "lk", opts, context,
-                                 batch_size=args.batch_size)
+            s = probe_likelihood(model, tok, [str(src)], Path(args.keep or Path(d) / "lk"), opts,
+                                 context, batch_size=args.batch_size)
         calls = s["likelihood"]["steps"]
+        out["likelihood"] = s["likelihood"]  # the audit's figure (with --reference: deflate's)
         out["likelihood_audit"] = {"seconds": c.wall, "cpu_seconds": c.cpu, "calls": calls,
                                    "passes": s["likelihood_scorer"]["passes"],
                                    "bits_per_byte": s["likelihood"]["bits_per_byte"]["point"]}

@@ -120,15 +120,17 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                          "`likelihood`, the summary a bits-per-byte block; with --reference "
                          "TRAIN.jsonl also the primed-compressor yardstick")
     lk.add_argument("--confidence", action="store_true",
-                    help="a local generating probe: score each answer after its prompt too, so "
-                         "each step row gets `confidence` (its mean token log-probability) and "
-                         "the summary a `confidence` block (AUROC, reliability, risk-coverage)")
+                    help="a generating probe: score each answer after its prompt too (a served "
+                         "model: on the server, prompt_logprobs), so each step row gets "
+                         "`confidence` (its mean token log-probability) and the summary a "
+                         "`confidence` block (AUROC, reliability, risk-coverage)")
     lk.add_argument("--context", type=int, default=None, metavar="N",
-                    help="with --likelihood: the context in tokens (default: the model's "
-                         "fine-tuning seq_len, else 2048)")
+                    help="with --likelihood (or --endpoint --confidence): the context in tokens "
+                         "(default: the model's fine-tuning seq_len, else 2048)")
     lk.add_argument("--tokenizer", metavar="PATH",
-                    help="with --likelihood --endpoint: a local folder with the served model's "
-                         "tokenizer (default: --model, when it is a local folder)")
+                    help="with --endpoint and --likelihood or --confidence: a local folder with "
+                         "the served model's tokenizer (default: --model, when it is a local "
+                         "folder)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default=SERVED_DEFAULTS["api"], choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -191,11 +193,16 @@ def _check_usage(args: argparse.Namespace) -> str | None:
             return "--context must be >= 1"
         if getattr(args, "confidence", False):
             return "--confidence goes with a generating probe, not --likelihood"
-    elif getattr(args, "context", None) or getattr(args, "tokenizer", None):
-        return "--context and --tokenizer go with --likelihood"
-    if getattr(args, "confidence", False) and (getattr(args, "endpoint", None)
-                                               or getattr(args, "ranker", None)):
-        return "--confidence needs a local model (it scores the answers with it)"
+    elif (getattr(args, "context", None) or getattr(args, "tokenizer", None)) and not (
+            getattr(args, "confidence", False) and getattr(args, "endpoint", None)):
+        return "--context and --tokenizer go with --likelihood or --endpoint --confidence"
+    if (getattr(args, "context", None) or 1) < 1:
+        return "--context must be >= 1"
+    if getattr(args, "confidence", False) and getattr(args, "ranker", None):
+        return "--confidence needs a model (it scores the answers with it), not the ranker"
+    if getattr(args, "confidence", False) and getattr(args, "endpoint", None) \
+            and getattr(args, "api", "completions") != "completions":
+        return "--confidence --endpoint scores on /v1/completions: not with --api chat"
     known = set(list_scorers())
     bad = [s for s in [*args.scorers, args.verdict] if s not in known]
     if bad:

@@ -26,6 +26,8 @@ from audit.worlds.memory import MemoryOptions
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.layout import AUDIT
 from envace.core.worldmodel import Unanswered
+from envace.evaluation.endpoint_confidence import ServedConfidence
+from envace.evaluation.endpoint_likelihood import check_prompt_logprobs
 from envace.model.endpoint import Answer, EndpointClient, EndpointError, request_for
 
 
@@ -73,20 +75,30 @@ def probe_endpoint(
     progress: Callable[[int, int], None] | None = None,
     histories: Sequence[str] = ("real",),
     grounding: MemoryOptions | None = None,
+    confidence: tuple[Any, int] | None = None,
 ) -> dict[str, Any]:
     """The probe of a served model over trajectory files (histories as `audit.probe.run_probe`
     takes them); the summary, with the `endpoint` block. `grounding`: the served model shown a
     memory of real responses and/or in the hybrid with a lookup (`audit.worlds.memory`; the summary
-    names it and adds the `world_model` block)."""
+    names it and adds the `world_model` block). `confidence`: ``(tokenizer, context)`` of the
+    served model: each answer scored on the server (`envace.evaluation.endpoint_confidence`;
+    checked first: `PromptLogprobsUnsupported` when the server cannot)."""
     asker = _Asker(client, concurrency, progress)
+    scored: ServedConfidence | None = None
+    if confidence is not None:
+        check_prompt_logprobs(client, confidence[0])
+        scored = ServedConfidence(client, confidence[0], confidence[1], client.max_tokens, asker,
+                                  concurrency)
+    ask: Any = scored if scored is not None else asker
 
     def extra() -> dict[str, Any]:
-        return {"endpoint": endpoint_block(client, asker.answers, concurrency)}
+        block = endpoint_block(client, asker.answers, concurrency)
+        return {"endpoint": {**block, **(scored.block() if scored is not None else {})}}
 
     if grounding is None or not grounding.active:
         return run_probe(inputs, out_dir, None, opts, limit, label=client.label, steps=steps,
-                         histories=histories, answer_batch=asker, extra=extra)
-    answer, block = grounding.wrap(asker)
+                         histories=histories, answer_batch=ask, extra=extra)
+    answer, block = grounding.wrap(ask)
     return run_probe(inputs, out_dir, None, opts, limit, label=grounding.label(client.label),
                      steps=steps, histories=histories, answer_batch=answer,  # type: ignore[arg-type]
                      task_ids=True, extra=lambda: {**extra(), **block()})
@@ -101,6 +113,26 @@ def _progress(done: int, total: int) -> None:
     if done == total or done % max(1, total // 20) == 0:
         print(f"\rasked {done}/{total}", end="\n" if done == total else "", file=sys.stderr,
               flush=True)
+
+
+def _served_tokenizer(args: Any, prog: str) -> tuple[Any, int] | None:
+    """``(tokenizer, context)`` of the served model for ``--confidence`` (``--tokenizer`` or
+    ``--model`` as a local folder or preset), or None after one line on stderr."""
+    # lazy: model_probe and the model loaders load torch: only --confidence needs them
+    from envace.evaluation.model_probe import context_length
+    from envace.model.models import default_cache_dir, resolve_model
+
+    spec = getattr(args, "tokenizer", None) or args.model
+    try:
+        path = resolve_model(spec, default_cache_dir())
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{prog}: --confidence --endpoint needs the served model's tokenizer (its answers "
+              f"are scored as token ids): give --tokenizer PATH ({exc})", file=sys.stderr)
+        return None
+    from transformers import AutoTokenizer
+
+    return (AutoTokenizer.from_pretrained(path),
+            getattr(args, "context", None) or context_length(path))
 
 
 def run_endpoint_probe(args: Any) -> int:
@@ -121,12 +153,20 @@ def run_endpoint_probe(args: Any) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     opts = probe_options(args, progress=False)
+    confidence = None
+    if getattr(args, "confidence", False):
+        confidence = _served_tokenizer(args, prog)
+        if confidence is None:
+            return EXIT_USAGE
     try:
         summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
                                  args.limit, progress=None if args.quiet else _progress,
                                  histories=HISTORY_CHOICES[getattr(args, "history", "real")],
-                                 grounding=grounding)
+                                 grounding=grounding, confidence=confidence)
     except UsageError as exc:  # a refused --out: one line and 2, as documented
+        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        return EXIT_USAGE
+    except EndpointError as exc:  # cannot return prompt log-probabilities (--confidence)
         print(f"{prog}: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     c, block = summary["counts"], summary["endpoint"]

@@ -48,7 +48,7 @@ class FakePromptLogprobs:
         if self.mode == "400":
             return 400, b'{"error": {"message": "Extra inputs are not permitted: prompt_logprobs"}}'
         choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": "length"}
-        if self.mode == "vllm":
+        if self.mode == "vllm" and isinstance(body["prompt"], list):
             ids = body["prompt"]
             choice["prompt_logprobs"] = [None] + [
                 {str(t): {"logprob": fake_logprob(t), "rank": 1, "decoded_token": "?"}}
@@ -135,6 +135,44 @@ def test_a_server_without_prompt_logprobs_is_refused_clearly(server, tok, dev, t
         probe_endpoint_likelihood(EndpointClient(url, "world", retries=0), tok, [str(dev[0])],
                                   tmp_path / "lk", AuditOptions(progress=False), 2048)
     assert not (tmp_path / "lk").exists()  # nothing written
+
+
+def test_served_confidence_is_the_mean_served_logprob_of_answer_and_end_marker(server, tok, dev,
+                                                                              tmp_path):
+    """`envace probe --endpoint --confidence`: each answer ("x", the fake's text) is scored on
+    the server as a token-id prompt; its confidence is the mean of the served log-probabilities
+    of its tokens and the end marker, its minimum the lowest (a known answer)."""
+    from envace.evaluation.endpoint_probe import probe_endpoint
+
+    url, state = server
+    path, trajs = dev
+    client = EndpointClient(url, "world", retries=0)
+    s = probe_endpoint(client, [str(path)], tmp_path / "p", AuditOptions(progress=False),
+                       confidence=(tok, 2048))
+    ids = encode_text(tok, "x") + [tok.convert_tokens_to_ids(IM_END)]
+    want = [fake_logprob(t) for t in ids]
+    rows = [json.loads(x) for x in (tmp_path / "p" / "steps.jsonl").read_text().splitlines()]
+    assert rows and all(r["rehearsed"] == "x" for r in rows)
+    for r in rows:
+        assert r["confidence"] == pytest.approx(sum(want) / len(want))
+        assert r["confidence_min"] == pytest.approx(min(want))
+    assert s["endpoint"]["confidence_requests"] == len(rows)
+    assert s["endpoint"]["confidence_failed"] == 0 and s["confidence"]["steps"] == len(rows)
+    scored = [b for b in state.bodies if isinstance(b["prompt"], list)]
+    assert all(b["prompt_logprobs"] == 0 and b["prompt"][-len(ids):] == ids for b in scored[1:])
+
+
+@pytest.mark.parametrize("mode", ["openai", "400"])
+def test_served_confidence_refuses_a_server_without_prompt_logprobs(server, tok, dev, tmp_path,
+                                                                     mode):
+    from envace.evaluation.endpoint_probe import probe_endpoint
+
+    url, state = server
+    state.mode = mode
+    with pytest.raises(PromptLogprobsUnsupported, match="cannot return prompt log-probabilities"):
+        probe_endpoint(EndpointClient(url, "world", retries=0), [str(dev[0])], tmp_path / "p",
+                       AuditOptions(progress=False), confidence=(tok, 2048))
+    assert not (tmp_path / "p").exists()
 
 
 def test_parser_refuses_what_is_not_a_token_logprob():

@@ -113,3 +113,38 @@ def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
     summary = json.loads((tmp_path / "served" / "summary.json").read_text())
     assert summary["likelihood_scorer"]["kind"] == "endpoint"
     assert summary["likelihood_scorer"]["failed_requests"] == 0
+
+
+def _answers(out: Path) -> dict[tuple[str, int], dict]:
+    rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    return {(r["trajectory_id"], r["step"]): r for r in rows}
+
+
+def test_served_confidence_equals_in_process(server, dev, tmp_path):
+    """`envace probe --endpoint --confidence` scores each served answer on the server
+    (prompt_logprobs); where the server and the local greedy probe wrote the same answer, the
+    confidence (mean token log-probability, end marker included) and its minimum agree."""
+    base = [sys.executable, "-m", "envace.cli", "probe", str(dev), "--quiet", "--confidence",
+            "--max-new-tokens", "64"]
+    served = subprocess.run(base + ["--endpoint", server, "--model", NAME, "--tokenizer",
+                                    str(TINY), "--out", str(tmp_path / "served")],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert served.returncode == 0, (served.stderr[-3000:], _log_tail())
+    local = subprocess.run(base + ["--model", str(TINY), "--out", str(tmp_path / "local")],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert local.returncode == 0, local.stderr[-3000:]
+    a, b = _answers(tmp_path / "served"), _answers(tmp_path / "local")
+    assert a.keys() == b.keys()
+    same = [k for k in a if a[k]["rehearsed"] == b[k]["rehearsed"]]
+    assert len(same) >= 6, (len(same), len(a))
+    worst = 0.0
+    for k in same:
+        for field in ("confidence", "confidence_min"):
+            assert a[k][field] == pytest.approx(b[k][field], abs=2e-3, rel=1e-3), (k, field)
+            worst = max(worst, abs(a[k][field] - b[k][field]))
+    print(f"\n[confidence: {len(same)} of {len(a)} answers alike, largest |served - local| = "
+          f"{worst:.2e}]")
+    summary = json.loads((tmp_path / "served" / "summary.json").read_text())
+    assert summary["endpoint"]["confidence_failed"] == 0
+    assert summary["endpoint"]["confidence_requests"] == len(a)
+    assert summary["confidence"]["steps"] == len(a)

@@ -99,6 +99,53 @@ def test_greedy_episodes_agree_with_run_episodes(hf, engine):
     assert sum(e.tokens(ACT) + e.tokens(REHEARSE) for e in got) > 0
 
 
+@pytest.fixture(scope="module")
+def rehearsing():
+    """The committed tiny cold start (it rehearses, unlike the session's 40-step policy), in
+    transformers and in a vLLM engine of its own."""
+    from envace.model.backends.vllm_backend import VLLMBackend
+    from envace.model.models import load_model
+
+    path = Path(__file__).resolve().parents[2] / "data" / "models" / "tiny-sft"
+    model, tok = load_model(path)
+    be = VLLMBackend(path, dtype="float32", seed=0, max_model_len=2048)
+    yield model.eval(), tok, be
+    be.close()
+
+
+def test_the_confidence_gate_on_vllm_rollouts_is_the_gate_on_transformers(rehearsing):
+    """`rehearse_trust` (issue 42) on vLLM's rollouts: at C = 0 no finished rehearsal is
+    trusted and the real environment answers instead; greedy episodes, their tokens and which
+    calls were gated are those of the transformers engine (whose kept cache forgets the
+    discarded rehearsal, where vLLM's next prompt simply leaves it out)."""
+    from envace.core.envs.bfcl.tasks import get_task
+    from envace.model.trust import gate_counts
+
+    model, tok, be = rehearsing
+    tasks = [get_task(t) for t in ("multi_turn_base_2", "multi_turn_base_7",
+                                   "multi_turn_base_31", "multi_turn_base_47")]
+    cfg = RolloutConfig(mode="rehearse", temperature=0.0, max_turns=4, max_new_tokens=96,
+                        rehearse_trust=0.0)
+    ref = run_episodes(model, tok, tasks, cfg)
+    got = run_episodes_backend(be, tok, tasks, cfg)
+    def parts(e: Any) -> tuple[list[dict], list[float]]:
+        rows = [m.model_dump() for m in e.trajectory.messages]
+        nums = [r.pop(k) or 0.0 for r in rows for k in ("logprob", "rehearsal_confidence")
+                if k in r]
+        return rows, nums
+
+    for r, g in zip(ref, got, strict=True):
+        assert g.ids == r.ids and g.roles == r.roles and g.end_reason == r.end_reason
+        (rows_g, nums_g), (rows_r, nums_r) = parts(g), parts(r)
+        assert rows_g == rows_r
+        assert nums_g == pytest.approx(nums_r, abs=1e-3)  # two fp32 implementations
+    counts = [gate_counts(e.trajectory.messages) for e in got]
+    assert sum(c["gated_real"] for c in counts) > 0, counts  # the gate did act
+    kept = [m for e in got for m in e.trajectory.messages if m.role == "tool" and m.rehearsed
+            and not getattr(m, "truncated", False)]
+    assert kept == []  # nothing finished is trusted at C = 0
+
+
 def test_weight_sync_changes_generation_exactly(hf, engine):
     model, tok = hf
     prompts = _prompts(tok)

@@ -31,7 +31,8 @@ the caller kills the child and propagates; the child itself ignores SIGINT and d
 parent (Linux).
 
 ``execute_many`` runs a list of calls in one message and streams each result back, so a
-trajectory costs one round trip, not one per call (bench/results/guard_overhead.json).
+trajectory costs one round trip, not one per call (bench/results/guard_overhead.json). The
+child's side of the pipe is ``guard_child.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -55,7 +55,7 @@ from envace.core.envs.base import (
     make_env,
 )
 from envace.core.envs.family import MCP_PREFIX
-from envace.core.envs.statediff import StateTracker
+from envace.core.envs.guard_child import child_main, run_once
 
 #: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
 #: take milliseconds; 30 s leaves room for a slow plugin and still ends a stall quickly.
@@ -65,8 +65,6 @@ DEFAULT_MEMORY_MB = 4096
 #: Seconds the child may take to build the environment (imports, loading task data).
 STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
-#: protocol methods that change no state (a tracked batch after them still knows the state)
-_READS_NOTHING = frozenset({"tools", "tool_kind", "tool_names", "state", "state_hash"})
 
 
 def limit_arg(text: str) -> float:
@@ -124,111 +122,6 @@ def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> A
     return GuardedEnv(name, kwargs, limits)
 
 
-# ---------------------------------------------------------------- the child
-
-
-def _child_setup(memory_mb: int | None, parent: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
-    if memory_mb is not None:
-        with contextlib.suppress(ImportError, OSError, ValueError):
-            import resource
-
-            limit = _address_space() + memory_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _address_space() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a RuntimeError with its text."""
-    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt from inside a call
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def _child(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | None,
-           parent: int) -> None:
-    _child_setup(memory_mb, parent)
-    try:
-        env = make_env(name, **kwargs)
-    except BaseException as exc:  # a plugin that exits or raises KeyboardInterrupt on import
-        if not isinstance(exc, KeyError | PluginLoadError):
-            exc = PluginLoadError(f"environment {name!r} failed to load: "
-                                  f"{type(exc).__name__}: {exc}")
-        conn.send(("fail", _portable(exc)))
-        return
-    attrs = {a: callable(getattr(env, a, None)) for a in dir(env) if not a.startswith("_")}
-    conn.send(("ready", attrs))
-    tracker = StateTracker(env)  # a batch with track_state: each result says how state changed
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        op = msg[0]
-        if op == "quit":
-            return
-        if op == "batch":
-            track = len(msg) > 2 and msg[2]
-            if not track:
-                tracker.forget()
-            for tool, arguments in msg[1]:
-                _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
-            continue
-        if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
-            tracker.forget()  # the state may have changed outside a tracked batch
-        if op == "begin":  # a reset, answered with what is asked right after one
-            _answer(conn, _begin, (env, msg[1], msg[2]), {})
-            continue
-        _, attr, args, kw = msg
-        if op == "get":
-            _answer(conn, lambda a=attr: getattr(env, a), (), {})
-        else:
-            _answer(conn, getattr(env, attr), args, kw)
-
-
-def _begin(env: Any, op: str, target: Any) -> dict[str, Any]:
-    getattr(env, op)(target)
-    return {"tool_names": env.tool_names()} if callable(getattr(env, "tool_names", None)) else {}
-
-
-def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> None:
-    try:
-        value = fn(*args, **kw)
-    except BaseException as exc:
-        conn.send(("raise", _portable(exc)))
-        return
-    try:
-        conn.send(("ok", value))
-    except Exception as exc:  # the value does not pickle
-        conn.send(("raise", RuntimeError(f"result not transferable: {type(exc).__name__}: "
-                                         f"{exc}")))
-
-
-def _run_once(conn: Any, fn: Any, args: Sequence[Any], memory_mb: int | None,
-              parent: int) -> None:
-    _child_setup(memory_mb, parent)
-    _answer(conn, fn, args, {})
-
-
 def limited_call(fn: Any, args: Sequence[Any], limits: CallLimits | None = None) -> Any:
     """``fn(*args)`` in a forked child under ``limits`` (default :class:`CallLimits`): its value
     (it must pickle), the exception it raised, :class:`CallTimeout` past the wall-clock limit
@@ -240,7 +133,7 @@ def limited_call(fn: Any, args: Sequence[Any], limits: CallLimits | None = None)
         return fn(*args)
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     mine, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_run_once, args=(theirs, fn, args, limits.memory_mb, os.getpid()),
+    proc = ctx.Process(target=run_once, args=(theirs, fn, args, limits.memory_mb, os.getpid()),
                        daemon=True, name="envace-limited-call")
     proc.start()
     theirs.close()
@@ -292,7 +185,7 @@ class GuardedEnv:
         load_builtins()  # once per process: every child forks warm (no imports of its own)
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_child, args=(theirs, self.name, self.kwargs,
+        proc = ctx.Process(target=child_main, args=(theirs, self.name, self.kwargs,
                                                 self.limits.memory_mb, os.getpid()),
                            daemon=True, name=f"envace-env-{self.name}")
         proc.start()

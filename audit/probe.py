@@ -24,7 +24,6 @@ since it ignores the history, its probe fidelity equals its baseline audit fidel
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -48,22 +47,13 @@ from audit.replay import (
 )
 from audit.scoring.settings import AuditOptions
 from audit.stats.confidence import confidence_of
-from audit.stats.history import HISTORIES, history_line
+from audit.stats.history import HISTORIES
 from audit.stats.population import assign_depths
 from audit.stats.summary import build_summary, compact
 from audit.store.models import skipped_row
 from audit.store.output import AuditWriter
-from audit.worlds.memory import (
-    DEFAULT_K,
-    NOTE_CHARS,
-    MemoryOptions,
-    ResponseMemory,
-    train_tasks_in,
-)
-from audit.worlds.ranker import fit_ranker
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.envs.base import Environment
-from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.schema import Message, Trajectory, read_trajectories
 from envace.core.worldmodel import Unanswered, WorldModel
 
@@ -452,81 +442,3 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
         summary["histories"] = list(histories)
     summary.update((extra() if callable(extra) else extra) or {})
     return summary
-
-
-# ---------------------------------------------------------------- the steps of `envace probe`
-# `args` below is `envace probe`'s namespace (`envace.cli.probe`); the local and the served
-# model's runs (`envace.evaluation.model_probe`, `envace.evaluation.endpoint_probe`) share these.
-
-
-def probe_options(args: Any, progress: bool) -> AuditOptions:
-    """The `AuditOptions` of the probe's scoring, reference, cluster and limit flags."""
-    return AuditOptions(scorers=list(args.scorers), verdict_scorer=args.verdict,
-                        verdict_threshold=args.threshold, progress=progress,
-                        reference=getattr(args, "reference", None),
-                        cluster_by=getattr(args, "cluster_by", None),
-                        call_timeout_s=getattr(args, "call_timeout", 30.0) or None,
-                        call_memory_mb=int(getattr(args, "call_memory_mb", 4096)) or None)
-
-
-def load_grounding(args: Any, max_chars: int | None = None) -> MemoryOptions:
-    """The `MemoryOptions` of `--memory`, `--memory-k`, `--choose` (`--choose-among`,
-    `--choose-edits`) and `--hybrid` (inactive when no file is given); `UsageError` when a file
-    is refused."""
-    memory, hybrid = getattr(args, "memory", None), getattr(args, "hybrid", None)
-    choose = getattr(args, "choose", None)
-    k = getattr(args, "memory_k", None) or DEFAULT_K
-    return MemoryOptions(memory=ResponseMemory.from_file(memory) if memory else None, k=k,
-                         hybrid=ResponseMemory.from_file(hybrid) if hybrid else None,
-                         choose=ResponseMemory.from_file(choose) if choose else None,
-                         choose_own=getattr(args, "choose_among", "all") != "memory",
-                         choose_edits=bool(getattr(args, "choose_edits", False)),
-                         max_chars=NOTE_CHARS if max_chars is None else max_chars)
-
-
-def print_history(summary: dict[str, Any]) -> None:
-    """The real-vs-own line (`audit.stats.history.history_line`), when the probe ran both."""
-    line = history_line(summary)
-    if line is not None:
-        print(line)
-
-
-def finish(args: Any, summary: dict[str, Any], what: str = "") -> int:
-    """The closing line of a local probe (unless ``--quiet``) and its exit code."""
-    c = summary["counts"]
-    if not args.quiet:
-        rate = summary.get("divergence_rate")
-        shown = f"{rate:.1%}" if isinstance(rate, float) else "n/a"
-        print(f"probed {c['steps']} calls of {c['trajectories']} trajectories "
-              f"(skipped {c['skipped']}){what}: divergence {shown}; wrote {args.out}")
-        print_history(summary)
-    return EXIT_SKIPPED if c["skipped"] else EXIT_OK
-
-
-def run_ranker_probe(args: Any) -> int:
-    """`envace probe --ranker TRAIN.jsonl`: the audit of the learned ranker (no torch); the
-    exit code."""
-    prog = getattr(args, "prog", "envace probe")
-    try:
-        memory = ResponseMemory.from_file(args.ranker)
-        ranker = fit_ranker(memory, args.ranker)
-    except (UsageError, ValueError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    fitted = train_tasks_in(list(args.inputs))
-    if fitted:
-        print(f"{prog}: warning: {fitted} input trajectories are train-split tasks the ranker "
-              "was fitted on: their figures are in-sample (probe dev or test tasks)",
-              file=sys.stderr)
-    opts = probe_options(args, progress=not args.quiet)
-    tally: dict[str, int] = {}
-    try:
-        summary = run_probe(list(args.inputs), args.out, None, opts, args.limit,
-                            label=f"ranker(k={ranker.k})", answer_batch=ranker.batch(tally),
-                            histories=HISTORY_CHOICES[args.history], task_ids=True,
-                            extra=lambda: {"world_model": {"ranker": {
-                                **ranker.block(tally), "train_split_inputs": fitted}}})
-    except UsageError as exc:  # a refused --out: one line and 2, as documented
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
-        return EXIT_USAGE
-    return finish(args, summary, " with the ranker")

@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from audit.cli import add_cluster_by
-from audit.probe import HISTORY_CHOICES, run_ranker_probe
+from audit.probe import HISTORY_CHOICES
+from audit.probe_cli import run_ranker_probe
 from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.likelihood_probe import Scores, Scoring, run_likelihood_probe
-from audit.probe import probe_options
+from audit.probe_cli import probe_options
 from envace.core.errors import EXIT_USAGE, UsageError
 from envace.evaluation.likelihood import Passes, Window, likelihood_exit, plan_windows
 from envace.model.chat import IM_END, IM_START, marker_id

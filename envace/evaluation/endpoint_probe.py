@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from audit.probe import HISTORY_CHOICES, load_grounding, print_history, probe_options, run_probe
+from audit.probe import HISTORY_CHOICES, run_probe
+from audit.probe_cli import load_grounding, print_history, probe_options
 from audit.worlds.memory import MemoryOptions
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.layout import AUDIT

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.likelihood_probe import Scores, Scoring, run_likelihood_probe
-from audit.probe import probe_options
+from audit.probe_cli import probe_options
 from audit.stats.confidence import Rehearsal
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.model.chat import IM_END, Role, encode_text, marker_id

@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from audit.probe import HISTORY_CHOICES, finish, load_grounding, probe_options, run_probe
+from audit.probe import HISTORY_CHOICES, run_probe
+from audit.probe_cli import finish, load_grounding, probe_options
 from audit.worlds.memory import note_chars
 from envace.core.errors import EXIT_USAGE, UsageError
 from envace.evaluation.likelihood import with_confidence

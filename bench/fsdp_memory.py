@@ -53,8 +53,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     from envace.training.config import TrainConfig
     from envace.training.distributed import Dist
     from envace.training.fsdp import shard
-    from envace.training.train import update
     from envace.training.train_setup import Policy, _optim
+    from envace.training.update import update
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

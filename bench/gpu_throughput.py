@@ -12,7 +12,7 @@ downloaded), in bf16 on the GPU. Two measurements per shape, both through envace
   mixed lengths are prefilled, then every row samples ``gen_len`` tokens (no stop token, so
   every step decodes the whole batch). Generated tokens/s counts decoding only; prefill is
   timed on its own.
-- **update**: ``envace.training.train.update`` (the role-wise GRPO loss, micro-batches of the
+- **update**: ``envace.training.update.update`` (the role-wise GRPO loss, micro-batches of the
 preset's
   ``micro_batch_size`` 4, backward, AdamW step) over as many sequences as a rollout made.
   Update tokens/s counts every position of every sequence.
@@ -203,10 +203,10 @@ def _episodes(n: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> l
 
 def update(model: Any, n_seqs: int, prompt_len: int, gen_len: int, micro_batch: int,
            seed: int = 0) -> dict[str, float]:
-    """One ``envace.training.train.update`` (mode envace) over ``n_seqs`` synthetic episodes."""
+    """One ``envace.training.update.update`` (mode envace) over ``n_seqs`` synthetic episodes."""
     from envace.training.config import TrainConfig
-    from envace.training.train import update as grpo_update
     from envace.training.train_setup import Policy
+    from envace.training.update import update as grpo_update
 
     device = next(model.parameters()).device
     cfg = TrainConfig(micro_batch_size=micro_batch, lr=1e-7, mode="envace", kl_coef=0.0)

@@ -14,7 +14,7 @@ float32 on CPU, micro-batches of ``--micro-batch``.
 
 - ``ours``: ``envace.training.train.train_step``, ``mode=grpo`` (act-only), ``max_turns=1``: rollout
 (our
-  engine) -> verifier reward -> fidelity audit -> advantages -> ``envace.training.train.update``.
+  engine) -> verifier reward -> fidelity audit -> advantages -> ``envace.training.update.update``.
 - ``trl``: ``GRPOTrainer`` without vLLM, ``use_cpu``, bf16 and gradient checkpointing off,
   ``beta=0``, ``num_generations=4``, ``generation_batch_size=4P`` (one generation per optimizer
   step), ``shuffle_dataset=False``, ``scale_rewards=none``; the same prompts as text (checked to

@@ -30,8 +30,8 @@ from envace.model.models import load_model
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, RolloutConfig, run_episodes
 from envace.training import grpo
 from envace.training.config import TrainConfig
-from envace.training.train import update
 from envace.training.train_setup import Policy, _optim
+from envace.training.update import update
 
 TINY_SFT = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-sft"
 TOL = {"float32": {"max": 1e-3}, "bfloat16": {"mean": 0.05, "max": 0.5}}

@@ -146,7 +146,7 @@ def test_timed_rollouts_are_the_same_episodes_and_fill_the_rollout_sections(tiny
 
 def test_timed_update_is_the_same_update_and_fills_its_sections():
     from envace.training.config import TrainConfig
-    from envace.training.train import update
+    from envace.training.update import update
     from tests.training.test_train import _episodes, _policy, _qwen
 
     eps, adv = _episodes(5)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from envace.model.rollout import ACT, CONTEXT, REHEARSE, Episode
 from envace.training.config import TrainConfig
 from envace.training.distributed import Dist, merge_shards
-from envace.training.train import update
 from envace.training.train_setup import Policy, _optim
+from envace.training.update import update
 
 ROOT = Path(__file__).resolve().parents[2]
 

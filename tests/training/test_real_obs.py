@@ -169,7 +169,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_update_reports_the_token_mean_cross_entropy_of_the_real_tokens():
-    from envace.training.train import update
+    from envace.training.update import update
 
     eps, adv = _episodes(5)
     model = _qwen(0)
@@ -191,7 +191,7 @@ def test_update_reports_the_token_mean_cross_entropy_of_the_real_tokens():
 
 def test_zero_coefficient_leaves_the_update_bit_identical():
     """real_obs_coef=0 (the default): flagged tokens change nothing, weights or figures."""
-    from envace.training.train import update
+    from envace.training.update import update
 
     eps, adv = _episodes(5)
     plain = [copy.copy(e) for e in eps]
@@ -212,7 +212,7 @@ def test_zero_coefficient_leaves_the_update_bit_identical():
 def test_the_gradient_reaches_the_model_that_learns_the_world_only(mode):
     """Against the same update with the coefficient 0: the world learner's weights move (the
     world model in split, the policy in grpo/envace); every other trainee's are identical."""
-    from envace.training.train import update
+    from envace.training.update import update
 
     extra = {"anchor_fraction": 0.5} if training_mode(mode).rollout == "rehearse" else {}
     eps, adv = _episodes(4, rehearse=mode != "grpo")
@@ -231,7 +231,7 @@ def test_the_gradient_reaches_the_model_that_learns_the_world_only(mode):
 def test_a_world_model_with_only_real_tokens_still_learns():
     """Mode split, a batch of anchored groups only (no rehearsal to train): the world model
     steps on the real-response loss alone, with finite figures."""
-    from envace.training.train import update
+    from envace.training.update import update
 
     eps, adv = _episodes(4, rehearse=False)
     cfg = _cfg(mode="split", real_obs_coef=1.0, anchor_fraction=1.0)

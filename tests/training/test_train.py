@@ -316,7 +316,7 @@ def test_update_statistics_do_not_depend_on_the_micro_batches():
     token means, however the batch is cut (a weighted mean of per-micro-batch maxima, or role
     figures weighted by all tokens, change with the cut)."""
     from envace.training.config import TrainConfig
-    from envace.training.train import update
+    from envace.training.update import update
 
     eps, adv = _episodes(6)
     got = []
@@ -340,8 +340,8 @@ def test_a_fused_update_is_seen_by_the_weight_sync_signal():
 
     from envace.model.models import weights_version
     from envace.training.config import TrainConfig
-    from envace.training.train import update
     from envace.training.train_setup import _optim
+    from envace.training.update import update
 
     eps, adv = _episodes(4)
     for mode in ("envace", "split"):
@@ -378,7 +378,7 @@ def test_each_trainee_is_anchored_to_its_own_initial_weights():
     import copy
 
     from envace.training.config import TrainConfig
-    from envace.training.train import update
+    from envace.training.update import update
 
     eps, adv = _episodes(4)
     cfg = TrainConfig(mode="split", kl_coef=0.5, micro_batch_size=2, lr=1e-3, group_size=2,

@@ -203,6 +203,8 @@ class EndpointClient:
         except ValueError:
             shown = _short(raw.decode("utf-8", "replace")) or "(empty)"
             raise _Failure(f"answer from {url} is not JSON: {shown}", True) from None
+        except RecursionError:  # not retried: the same request would answer the same
+            raise _Failure(f"answer from {url} is nested too deeply to read", False) from None
 
     def abort(self) -> None:
         """End every request in flight now (Ctrl-C: threads must not wait for a timeout)."""

@@ -193,3 +193,52 @@ def test_an_endless_answer_is_refused_at_the_size_limit_not_held_in_memory():
         ans = EndpointClient(url, "m", timeout_s=30, retries=2).ask({"prompt": "x"})
         assert ans.text is None and f"{MAX_ANSWER_BYTES}-byte limit" in ans.error, ans.error
         assert time.monotonic() - t0 < 25  # not retried, not read to the timeout
+
+
+class _Deep(BaseHTTPRequestHandler):
+    """Answers a valid JSON body nested 100,000 levels deep (tester round 5, case 6)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"choices":[{"text":"x","extra":' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_deeply_nested_answer_leaves_its_step_unanswered(tmp_path):
+    """Before: a RecursionError from decoding the answer stopped `envace probe --endpoint` with a
+    traceback, nothing written. Now that request is unanswered (not retried), the audit written,
+    exit 3."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from envace.core.envs.bfcl.tasks import split_tasks
+    from envace.core.export import export_real
+
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(t.to_json() + "\n" for t in export_real(split_tasks("dev")[:1])))
+    for url in _serve(_Deep):
+        r = subprocess.run([sys.executable, "-m", "envace.cli", "probe", str(dev), "--endpoint",
+                            url, "--model", "m", "--retries", "2", "--out", str(tmp_path / "o")],
+                           capture_output=True, text=True, timeout=300,
+                           cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "nested too deeply" in r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "o" / "steps.jsonl").read_text().splitlines()]
+    assert rows and all(x["unanswered"] for x in rows)
+    assert all("nested too deeply" in x["unanswered_reason"] for x in rows)
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["endpoint"]["retried"] == 0  # the same request would answer the same

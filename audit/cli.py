@@ -45,6 +45,9 @@ BASELINES = ("majority", "lookup", "edit", "echo", "empty")
 
 SHOWN = 10  # skipped records and warnings printed on stderr (all are in summary.json)
 
+#: The most worker processes an audit starts (each holds its environments: ~100-300 MB).
+MAX_WORKERS = 256
+
 
 def _add_scoring(p: argparse.ArgumentParser) -> None:
     # lazy: loads rapidfuzz: kept out of --help
@@ -267,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay trajectories against the real environment")
     r.add_argument("inputs", nargs="+")
     r.add_argument("--out", required=True)
-    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--workers", type=int, default=1,
+                   help=f"worker processes replaying trajectories (1..{MAX_WORKERS}; default 1)")
     r.add_argument("--reference", help="training trajectories: audit reference world models too")
     _add_scoring(r)
     add_cluster_by(r)
@@ -280,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="lookup", choices=BASELINES,
                    help="which reference world model (audit.worlds.reference: lookup, edit, ...)")
     b.add_argument("--out", required=True)
-    b.add_argument("--workers", type=int, default=1)
+    b.add_argument("--workers", type=int, default=1,
+                   help=f"worker processes (1..{MAX_WORKERS}; default 1)")
     _add_scoring(b)
     add_cluster_by(b)
     _add_limits(b)
@@ -337,8 +342,9 @@ def _main(argv: list[str] | None) -> int:
         if err:
             print(f"envace-audit: {err}", file=sys.stderr)
             return EXIT_USAGE
-    if getattr(args, "workers", 1) < 1:
-        print("envace-audit: --workers must be at least 1", file=sys.stderr)
+    if not 1 <= getattr(args, "workers", 1) <= MAX_WORKERS:
+        print(f"envace-audit: --workers must be between 1 and {MAX_WORKERS} (worker processes, "
+              "each with its environments)", file=sys.stderr)
         return EXIT_USAGE
     try:
         return args.func(args)

@@ -11,7 +11,8 @@ from audit.cli import _alpha
 from envace.core.envs.guard import limit_arg
 
 
-@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "abc", ""])
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "abc", "", "9223372036854",
+                                  "16777217", "1e300"])
 def test_a_call_limit_must_be_finite_and_not_negative(text):
     with pytest.raises(argparse.ArgumentTypeError):
         limit_arg(text)
@@ -19,6 +20,36 @@ def test_a_call_limit_must_be_finite_and_not_negative(text):
 
 def test_a_call_limit_known_answers():
     assert limit_arg("0") == 0.0 and limit_arg("2.5") == 2.5 and limit_arg("4096") == 4096.0
+    assert limit_arg("16777216") == 2**24
+
+
+def test_a_huge_memory_limit_is_a_usage_error_not_every_record_skipped(tmp_path):
+    """Tester round 5, case 16: --call-memory-mb 9223372036854 skipped every record (the
+    child could not set its address space) or gave a traceback; now exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    r = subprocess.run([sys.executable, "-m", "audit.cli", "replay", str(src), "--out",
+                        str(tmp_path / "o"), "--call-memory-mb", "9223372036854"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "at most 16777216" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_are_bounded(tmp_path):
+    """Tester round 5, case 5: --workers 100000 started thousands of processes."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    for n in ("0", "257", "100000"):
+        r = subprocess.run([sys.executable, "-m", "audit.cli", "replay", str(src), "--out",
+                            str(tmp_path / "o"), "--workers", n], capture_output=True, text=True)
+        assert r.returncode == 2 and "between 1 and 256" in r.stderr, (n, r.stderr)
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("text", ["0", "1", "2", "nan", "-0.1", "x"])

@@ -67,9 +67,15 @@ STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
 
 
+#: The largest value of either limit: 16,777,216 (seconds: 194 days; MiB: 16 TiB). Past it a
+#: timeout overflows the pipe's wait and a memory limit the process's address space (a usage
+#: error, not a failure of every call).
+MAX_LIMIT = 2**24
+
+
 def limit_arg(text: str) -> float:
     """The value of ``--call-timeout`` / ``--call-memory-mb`` (an argparse type): a finite
-    number >= 0 (0: no limit); anything else is a usage error (exit 2)."""
+    number from 0 (no limit) to :data:`MAX_LIMIT`; anything else is a usage error (exit 2)."""
     import argparse
     import math
 
@@ -79,6 +85,8 @@ def limit_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a finite number >= 0 (0: no limit)")
+    if value > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_LIMIT} (seconds or MiB)")
     return value
 
 

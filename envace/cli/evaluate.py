@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from envace.cli.argtypes import count
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env
 from envace.core.layout import RUN
@@ -36,18 +37,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--env", default="bfcl",
                    help="environment of the tasks: bfcl (default), agentdojo or tau2")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    p.add_argument("--tasks", type=int, default=40, help="at most this many tasks (0: all)")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--tasks", type=count(0), default=40, help="at most this many tasks (0: all)")
+    p.add_argument("--seeds", type=count(1), default=1)
     p.add_argument("--unit", default="turn", choices=["turn", "task"],
                    help="BFCL: single user turns or whole multi-turn tasks; AgentDojo tasks are "
                    "single-turn (no difference)")
     p.add_argument("--rehearsal", default="none", choices=["none", "parallel", "sequential"])
-    p.add_argument("--n", type=int, default=2, help="rehearsed plans per task")
+    p.add_argument("--n", type=count(1), default=2, help="rehearsed plans per task")
     p.add_argument("--reward", default="state", choices=list(REWARDS))
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--max-memory-tokens", type=int, default=768)
-    p.add_argument("--memory-k", type=int, default=0, metavar="K",
+    p.add_argument("--max-new-tokens", type=count(1), default=128)
+    p.add_argument("--max-context", type=count(64), default=4096)
+    p.add_argument("--max-memory-tokens", type=count(0), default=768)
+    p.add_argument("--memory-k", type=count(0), default=0, metavar="K",
                    help="rehearse with a memory: before each rehearsed response, a note of "
                         "the K most similar calls of the environment's train split and their "
                         "real responses (never the task's own scenario; 0: off)")

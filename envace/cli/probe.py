@@ -37,6 +37,7 @@ from audit.probe_cli import run_ranker_probe
 from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K
+from envace.cli.argtypes import count
 from envace.core.envs.guard import limit_arg
 from envace.core.errors import EXIT_USAGE
 from envace.evaluation.endpoint_likelihood import run_endpoint_likelihood_cli
@@ -59,8 +60,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "(required unless --ranker)")
     p.add_argument("--endpoint", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--out", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=SERVED_DEFAULTS["max_new_tokens"])
-    p.add_argument("--limit", type=int, default=0, help="at most this many trajectories")
+    p.add_argument("--max-new-tokens", type=count(1), default=SERVED_DEFAULTS["max_new_tokens"])
+    p.add_argument("--limit", type=count(0), default=0, help="at most this many trajectories")
     p.add_argument("--reference", help="training trajectories: skill against reference models")
     p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS))
     p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
@@ -88,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "calls of this train-split real trajectory file (envace data export-real "
                         "--split train) and what the real environment returned; never calls of "
                         "the task's own scenario; a file with any non-train task is refused")
-    g.add_argument("--memory-k", type=int, default=None, metavar="K",
+    g.add_argument("--memory-k", type=count(1), default=None, metavar="K",
                    help=f"entries per note with --memory (default {DEFAULT_K})")
     g.add_argument("--hybrid", metavar="TRAIN.jsonl",
                    help="the hybrid world model: the lookup's exact answer where this "
@@ -125,7 +126,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                          "model: on the server, prompt_logprobs), so each step row gets "
                          "`confidence` (its mean token log-probability) and the summary a "
                          "`confidence` block (AUROC, reliability, risk-coverage)")
-    lk.add_argument("--context", type=int, default=None, metavar="N",
+    lk.add_argument("--context", type=count(1), default=None, metavar="N",
                     help="with --likelihood (or --endpoint --confidence): the context in tokens "
                          "(default: the model's fine-tuning seq_len, else 2048)")
     lk.add_argument("--tokenizer", metavar="PATH",
@@ -190,15 +191,11 @@ def _check_usage(args: argparse.Namespace) -> str | None:
                     f"{', '.join(used)}")
         if getattr(args, "endpoint", None) and getattr(args, "api", "completions") != "completions":
             return "--likelihood --endpoint uses /v1/completions: not with --api chat"
-        if (getattr(args, "context", None) or 1) < 1:
-            return "--context must be >= 1"
         if getattr(args, "confidence", False):
             return "--confidence goes with a generating probe, not --likelihood"
     elif (getattr(args, "context", None) or getattr(args, "tokenizer", None)) and not (
             getattr(args, "confidence", False) and getattr(args, "endpoint", None)):
         return "--context and --tokenizer go with --likelihood or --endpoint --confidence"
-    if (getattr(args, "context", None) or 1) < 1:
-        return "--context must be >= 1"
     if getattr(args, "confidence", False) and getattr(args, "ranker", None):
         return "--confidence needs a model (it scores the answers with it), not the ranker"
     if getattr(args, "confidence", False) and getattr(args, "endpoint", None) \

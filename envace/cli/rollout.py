@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envace.cli.argtypes import count, number
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env, env_tasks
 from envace.core.modes import ROLLOUT_MODES
@@ -47,8 +48,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--simulator-model", help="the served model's name (default: the only one)")
     p.add_argument("--simulator-api", default="completions", choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
-    p.add_argument("--simulator-timeout", type=float, default=60.0, help="seconds per attempt")
-    p.add_argument("--simulator-retries", type=int, default=3)
+    p.add_argument("--simulator-timeout", type=number(0, None, low_open=True), default=60.0,
+                   help="seconds per attempt")
+    p.add_argument("--simulator-retries", type=count(0, 100), default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--call-timeout", type=limit_arg, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                    help="mode real: wall-clock limit of every environment call, C code included "
@@ -56,18 +58,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "none): a call past it ends its episode (docs/audit.md, limits)")
     p.add_argument("--call-memory-mb", type=limit_arg, default=DEFAULT_MEMORY_MB, metavar="MB",
                    help="mode real: memory an environment call may add (0: no limit)")
-    p.add_argument("--tasks", type=int, default=0, help="at most this many tasks (0: all)")
+    p.add_argument("--tasks", type=count(0), default=0, help="at most this many tasks (0: all)")
     p.add_argument("--unit", default="turn", choices=["turn", "task"],
                    help="BFCL: single user turns or whole multi-turn tasks; AgentDojo tasks are "
                    "single-turn (no difference)")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--temperature", type=number(0, None), default=0.6)
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=0.95)
+    p.add_argument("--max-new-tokens", type=count(1), default=128)
+    p.add_argument("--max-turns", type=count(1), default=8)
+    p.add_argument("--max-context", type=count(64), default=4096)
+    p.add_argument("--batch-size", type=count(1), default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--memory-k", type=int, default=0, metavar="K",
+    p.add_argument("--memory-k", type=count(0), default=0, metavar="K",
                    help="rehearse with a memory: before each rehearsed response, a note of "
                         "the K most similar calls of the environment's train split and their "
                         "real responses (never the task's own scenario; 0: off)")

@@ -175,7 +175,7 @@ def run_endpoint_likelihood_cli(args: Any) -> int:
     code (2, one line, nothing written, when the server cannot return prompt log-probabilities)."""
     # lazy: model_probe and the model loaders load torch: kept out of the served path's import
     from envace.evaluation.model_probe import context_length
-    from envace.model.models import default_cache_dir, resolve_model
+    from envace.model.models import context_problem, default_cache_dir, resolve_model
 
     prog = getattr(args, "prog", "envace probe")
     spec = getattr(args, "tokenizer", None) or args.model
@@ -188,6 +188,10 @@ def run_endpoint_likelihood_cli(args: Any) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    why = context_problem(getattr(args, "context", None), path)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return EXIT_USAGE
     context = getattr(args, "context", None) or context_length(path)
     try:
         client = EndpointClient(args.endpoint, args.model, timeout_s=args.timeout,

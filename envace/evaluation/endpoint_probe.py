@@ -121,7 +121,7 @@ def _served_tokenizer(args: Any, prog: str) -> tuple[Any, int] | None:
     ``--model`` as a local folder or preset), or None after one line on stderr."""
     # lazy: model_probe and the model loaders load torch: only --confidence needs them
     from envace.evaluation.model_probe import context_length
-    from envace.model.models import default_cache_dir, resolve_model
+    from envace.model.models import context_problem, default_cache_dir, resolve_model
 
     spec = getattr(args, "tokenizer", None) or args.model
     try:
@@ -132,6 +132,10 @@ def _served_tokenizer(args: Any, prog: str) -> tuple[Any, int] | None:
         return None
     from transformers import AutoTokenizer
 
+    why = context_problem(getattr(args, "context", None), path)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return None
     return (AutoTokenizer.from_pretrained(path),
             getattr(args, "context", None) or context_length(path))
 

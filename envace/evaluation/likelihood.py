@@ -38,6 +38,7 @@ from envace.model.chat import IM_END, Role, encode_text, marker_id
 from envace.model.models import (
     auto_threads,
     context_length,
+    context_problem,
     default_cache_dir,
     load_model,
     resolve_model,
@@ -296,6 +297,10 @@ def run_likelihood_cli(args: Any) -> int:
         path = resolve_model(args.model, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    why = context_problem(getattr(args, "context", None), path)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_USAGE
     import torch
 

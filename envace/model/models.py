@@ -353,6 +353,27 @@ def auto_threads(requested: int = 0) -> int:
 DEFAULT_CONTEXT = 2048
 
 
+def position_limit(model_dir: str | Path) -> int | None:
+    """The model's own limit on positions (``max_position_embeddings`` of its config.json), or
+    None where the folder does not say."""
+    try:
+        with open(Path(model_dir) / "config.json", encoding="utf-8") as fh:
+            value = json.load(fh).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def context_problem(context: int | None, model_dir: str | Path) -> str | None:
+    """Why ``--context`` cannot be used with this model (it passes the model's positions: the
+    figures past them would be the model extrapolating, not the model), or None."""
+    limit = position_limit(model_dir)
+    if context is not None and limit is not None and context > limit:
+        return (f"--context {context} passes the model's {limit} positions "
+                "(max_position_embeddings in its config.json)")
+    return None
+
+
 def context_length(model_dir: str | Path, model: Any = None) -> int:
     """The prompt budget: the SFT `seq_len`, else DEFAULT_CONTEXT capped by the model's limit."""
     seq = (read_sft_meta(model_dir).get("settings") or {}).get("seq_len")

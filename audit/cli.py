@@ -37,6 +37,7 @@ from envace.core.errors import (
     UsageError,
 )
 from envace.core.layout import AUDIT
+from envace.core.outfile import input_problem
 from envace.core.text import terminal_safe
 
 #: `audit.worlds.reference.REFERENCE_NAMES`, named here so that `--help` imports no numpy (tested
@@ -164,10 +165,9 @@ def _finish(summary: dict, out: str) -> int:
 
 def _unreadable(paths: list[str]) -> str | None:
     for p in paths:
-        if not Path(p).is_file():
-            return f"no such file: {p}"
-        if not os.access(p, os.R_OK):
-            return f"cannot read {p}: permission denied"
+        why = input_problem(p)
+        if why:
+            return why
     return None
 
 

@@ -40,6 +40,7 @@ from audit.worlds.ranker import RANKER_K
 from envace.cli.argtypes import count
 from envace.core.envs.guard import limit_arg
 from envace.core.errors import EXIT_USAGE
+from envace.core.outfile import input_problem
 from envace.evaluation.endpoint_likelihood import run_endpoint_likelihood_cli
 from envace.evaluation.endpoint_probe import run_endpoint_probe
 from envace.evaluation.likelihood import run_likelihood_cli
@@ -147,14 +148,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def _check_usage(args: argparse.Namespace) -> str | None:
     """Why the arguments cannot work (one line), or None."""
-    missing = [p for p in args.inputs if not Path(p).is_file()]
-    if missing:
-        return f"no such file: {', '.join(missing)}"
+    for p in args.inputs:
+        why = input_problem(p)
+        if why:
+            return why
     if (getattr(args, "limit", 0) or 0) < 0:
         return "--limit must be >= 0 (0: every trajectory)"
     reference = getattr(args, "reference", None)
-    if reference and not Path(reference).is_file():
-        return f"no such reference file: {reference}"
+    if reference and input_problem(reference):
+        return f"--reference: {input_problem(reference)}"
     if getattr(args, "no_prefix_cache", False) and (getattr(args, "endpoint", None)
                                                     or getattr(args, "ranker", None)):
         return "--no-prefix-cache is about a local model's cache: not with --endpoint or --ranker"

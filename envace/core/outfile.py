@@ -47,6 +47,7 @@ def atomic_output(out: str | os.PathLike[str],
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, created_mode())  # mkstemp makes 0600; a written file gets the umask's mode
     try:
         yield Path(tmp)
         check_output_file(path, inputs)  # nothing took its place while it was written
@@ -54,3 +55,31 @@ def atomic_output(out: str | os.PathLike[str],
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def created_mode() -> int:
+    """The mode a file created by ``open(path, "w")`` would get here (0666 less the umask):
+    what an atomically written output file is given (``mkstemp`` makes every file 0600)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def input_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be read as an input file (one phrase), or None: it does not exist,
+    is not a regular file (a FIFO, a directory, a device: never opened, so never waited on), or
+    cannot be read."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return f"no such file: {path}"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device or socket")
+        return f"{path} is {kind}, not a regular file"
+    if not os.access(p, os.R_OK):
+        return f"cannot read {path}: permission denied"
+    return None

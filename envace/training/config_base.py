@@ -29,6 +29,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from envace.core.outfile import created_mode
+
 T = TypeVar("T")
 
 
@@ -360,6 +362,7 @@ def dump_yaml(cfg: Any, path: str | os.PathLike) -> None:
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, created_mode())  # not mkstemp's 0600
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

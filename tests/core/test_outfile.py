@@ -61,3 +61,34 @@ def test_export_real_refuses_an_unsafe_out_with_exit_2(tmp_path, kind):
     assert r.returncode == 2, r.stderr[-500:]
     assert "nothing written" in r.stderr and "Traceback" not in r.stderr
     assert target.read_text() == "keep\n"
+
+
+def test_an_atomic_output_gets_the_umasks_mode_not_mkstemps(tmp_path):
+    """Tester round 5, case 20: export-real and data record outputs were 0600 under umask 022."""
+    import os
+
+    from envace.core.outfile import atomic_output, created_mode
+
+    old = os.umask(0o022)
+    try:
+        assert created_mode() == 0o644
+        with atomic_output(tmp_path / "out.jsonl") as tmp:
+            tmp.write_text("x\n")
+        assert (tmp_path / "out.jsonl").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_an_input_that_is_not_a_regular_file_is_named_for_what_it_is(tmp_path):
+    """Tester round 5, case 20: a FIFO input was "no such file"; a FIFO is never opened."""
+    import os
+
+    from envace.core.outfile import input_problem
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "f").write_text("x")
+    assert input_problem(fifo) == f"{fifo} is a FIFO, not a regular file"
+    assert input_problem(tmp_path) == f"{tmp_path} is a directory, not a regular file"
+    assert input_problem(tmp_path / "nope") == f"no such file: {tmp_path / 'nope'}"
+    assert input_problem(tmp_path / "f") is None

@@ -217,8 +217,9 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     from audit.rescore import rescore
 
     src = Path(args.dir)
-    if not (src / AUDIT.steps).is_file():
-        print(f"envace-audit: {src} has no steps.jsonl (not an audit directory)", file=sys.stderr)
+    why = input_problem(src / AUDIT.steps)
+    if why:
+        print(f"envace-audit: {src} is not an audit directory ({why})", file=sys.stderr)
         return EXIT_USAGE
     out = args.dir if args.out is None else args.out
     return _finish(rescore(src, Path(out), _options(args)), out)
@@ -229,9 +230,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from audit.compare import compare_audits, render_compare
 
     for d in (args.a, args.b):
-        if not (Path(d) / AUDIT.steps).is_file():
-            print(f"envace-audit: {d} is not an audit directory (no steps.jsonl)",
-                  file=sys.stderr)
+        why = input_problem(Path(d) / AUDIT.steps)
+        if why:
+            print(f"envace-audit: {d} is not an audit directory ({why})", file=sys.stderr)
             return EXIT_USAGE
     if args.out is not None:
         # lazy: loads pydantic: kept out of --help

@@ -51,6 +51,7 @@ from audit.store.models import place
 from audit.store.records import read_steps, read_summary
 from envace.core.errors import UsageError
 from envace.core.layout import AUDIT
+from envace.core.outfile import input_problem
 
 PAIRED = "paired_by_trajectory"
 INDEPENDENT = "independent"
@@ -59,8 +60,9 @@ INDEPENDENT = "independent"
 def _load(dir_: Path, skipped: list[dict[str, Any]]) -> tuple[dict, list[dict]]:
     """An audit's usable summary fields and step records; what is not usable goes to
     ``skipped`` (file, line, reason). Raises UsageError when nothing in it is usable."""
-    if not (dir_ / AUDIT.steps).is_file():
-        raise UsageError(f"{dir_} is not an audit directory (no {AUDIT.steps})")
+    why = input_problem(dir_ / AUDIT.steps)
+    if why:
+        raise UsageError(f"{dir_} is not an audit directory ({why})")
     try:
         steps = read_steps(dir_)
     except OSError as exc:

@@ -170,29 +170,39 @@ def probe_endpoint_likelihood(
                                 extra=lambda: {"likelihood_scorer": scorer.block()})
 
 
-def run_endpoint_likelihood_cli(args: Any) -> int:
-    """`envace probe --likelihood --endpoint URL --model NAME [--tokenizer PATH]`; the exit
-    code (2, one line, nothing written, when the server cannot return prompt log-probabilities)."""
+def served_tokenizer(args: Any, prog: str, flag: str) -> tuple[Any, int] | None:
+    """``(tokenizer, context)`` of a served model (``--tokenizer``, else ``--model`` as a local
+    folder or preset; ``--context`` checked against the model's positions), or None after one
+    line on stderr. ``flag``: the option that needs it, for that line."""
     # lazy: model_probe and the model loaders load torch: kept out of the served path's import
     from envace.evaluation.model_probe import context_length
     from envace.model.models import context_problem, default_cache_dir, resolve_model
 
-    prog = getattr(args, "prog", "envace probe")
     spec = getattr(args, "tokenizer", None) or args.model
     try:
         path = resolve_model(spec, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
-        print(f"{prog}: --likelihood --endpoint needs the served model's tokenizer (the "
-              f"scored tokens are sent as ids): give --tokenizer PATH ({exc})", file=sys.stderr)
-        return EXIT_USAGE
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
+        print(f"{prog}: {flag} --endpoint needs the served model's tokenizer (the scored tokens "
+              f"are sent as ids): give --tokenizer PATH ({exc})", file=sys.stderr)
+        return None
     why = context_problem(getattr(args, "context", None), path)
     if why:
         print(f"{prog}: {why}", file=sys.stderr)
+        return None
+    from transformers import AutoTokenizer
+
+    return (AutoTokenizer.from_pretrained(path),
+            getattr(args, "context", None) or context_length(path))
+
+
+def run_endpoint_likelihood_cli(args: Any) -> int:
+    """`envace probe --likelihood --endpoint URL --model NAME [--tokenizer PATH]`; the exit
+    code (2, one line, nothing written, when the server cannot return prompt log-probabilities)."""
+    prog = getattr(args, "prog", "envace probe")
+    served = served_tokenizer(args, prog, "--likelihood")
+    if served is None:
         return EXIT_USAGE
-    context = getattr(args, "context", None) or context_length(path)
+    tokenizer, context = served
     try:
         client = EndpointClient(args.endpoint, args.model, timeout_s=args.timeout,
                                 retries=args.retries)

@@ -28,7 +28,7 @@ from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.layout import AUDIT
 from envace.core.worldmodel import Unanswered
 from envace.evaluation.endpoint_confidence import ServedConfidence
-from envace.evaluation.endpoint_likelihood import check_prompt_logprobs
+from envace.evaluation.endpoint_likelihood import check_prompt_logprobs, served_tokenizer
 from envace.model.endpoint import Answer, EndpointClient, EndpointError, request_for
 
 
@@ -116,30 +116,6 @@ def _progress(done: int, total: int) -> None:
               flush=True)
 
 
-def _served_tokenizer(args: Any, prog: str) -> tuple[Any, int] | None:
-    """``(tokenizer, context)`` of the served model for ``--confidence`` (``--tokenizer`` or
-    ``--model`` as a local folder or preset), or None after one line on stderr."""
-    # lazy: model_probe and the model loaders load torch: only --confidence needs them
-    from envace.evaluation.model_probe import context_length
-    from envace.model.models import context_problem, default_cache_dir, resolve_model
-
-    spec = getattr(args, "tokenizer", None) or args.model
-    try:
-        path = resolve_model(spec, default_cache_dir())
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"{prog}: --confidence --endpoint needs the served model's tokenizer (its answers "
-              f"are scored as token ids): give --tokenizer PATH ({exc})", file=sys.stderr)
-        return None
-    from transformers import AutoTokenizer
-
-    why = context_problem(getattr(args, "context", None), path)
-    if why:
-        print(f"{prog}: {why}", file=sys.stderr)
-        return None
-    return (AutoTokenizer.from_pretrained(path),
-            getattr(args, "context", None) or context_length(path))
-
-
 def run_endpoint_probe(args: Any) -> int:
     """`envace probe --endpoint URL --model NAME` (`args`: its namespace, `envace.cli.probe`):
     the audit of a served model; the exit code."""
@@ -160,7 +136,7 @@ def run_endpoint_probe(args: Any) -> int:
     opts = probe_options(args, progress=False)
     confidence = None
     if getattr(args, "confidence", False):
-        confidence = _served_tokenizer(args, prog)
+        confidence = served_tokenizer(args, prog, "--confidence")
         if confidence is None:
             return EXIT_USAGE
     try:

@@ -86,15 +86,10 @@ def dev(tmp_path_factory) -> Path:
     return path
 
 
-def _rows(out: Path) -> dict[tuple[str, int], dict]:
-    rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
-    return {(r["trajectory_id"], r["step"]): r["likelihood"] for r in rows}
-
-
-@pytest.mark.parametrize("context", [2048, 500])
-def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
-    base = [sys.executable, "-m", "envace.cli", "probe", "--likelihood", str(dev), "--quiet",
-            "--context", str(context)]
+def _probe_both(server: str, tmp_path: Path, args: list[str]) -> None:
+    """`envace probe ARGS` on the served model (tmp_path/served) and in process
+    (tmp_path/local), each expected to exit 0."""
+    base = [sys.executable, "-m", "envace.cli", "probe", "--quiet", *args]
     served = subprocess.run(base + ["--endpoint", server, "--model", NAME, "--tokenizer",
                                     str(TINY), "--out", str(tmp_path / "served")],
                             capture_output=True, text=True, cwd=ROOT)
@@ -102,6 +97,16 @@ def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
     local = subprocess.run(base + ["--model", str(TINY), "--out", str(tmp_path / "local")],
                            capture_output=True, text=True, cwd=ROOT)
     assert local.returncode == 0, local.stderr[-3000:]
+
+
+def _rows(out: Path) -> dict[tuple[str, int], dict]:
+    rows = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    return {(r["trajectory_id"], r["step"]): r["likelihood"] for r in rows}
+
+
+@pytest.mark.parametrize("context", [2048, 500])
+def test_served_likelihood_equals_in_process(server, dev, tmp_path, context):
+    _probe_both(server, tmp_path, [str(dev), "--likelihood", "--context", str(context)])
     a, b = _rows(tmp_path / "served"), _rows(tmp_path / "local")
     assert a.keys() == b.keys() and len(a) >= 8
     worst = 0.0
@@ -124,15 +129,7 @@ def test_served_confidence_equals_in_process(server, dev, tmp_path):
     """`envace probe --endpoint --confidence` scores each served answer on the server
     (prompt_logprobs); where the server and the local greedy probe wrote the same answer, the
     confidence (mean token log-probability, end marker included) and its minimum agree."""
-    base = [sys.executable, "-m", "envace.cli", "probe", str(dev), "--quiet", "--confidence",
-            "--max-new-tokens", "64"]
-    served = subprocess.run(base + ["--endpoint", server, "--model", NAME, "--tokenizer",
-                                    str(TINY), "--out", str(tmp_path / "served")],
-                            capture_output=True, text=True, cwd=ROOT)
-    assert served.returncode == 0, (served.stderr[-3000:], _log_tail())
-    local = subprocess.run(base + ["--model", str(TINY), "--out", str(tmp_path / "local")],
-                           capture_output=True, text=True, cwd=ROOT)
-    assert local.returncode == 0, local.stderr[-3000:]
+    _probe_both(server, tmp_path, [str(dev), "--confidence", "--max-new-tokens", "64"])
     a, b = _answers(tmp_path / "served"), _answers(tmp_path / "local")
     assert a.keys() == b.keys()
     same = [k for k in a if a[k]["rehearsed"] == b[k]["rehearsed"]]

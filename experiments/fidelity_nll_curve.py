@@ -56,14 +56,15 @@ def curve_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "generation_exact": exact}
 
 
-def train_run(runs_dir: Path, mode: str, seed: int, steps: int, every: int, batch: int
-              ) -> dict[str, Any]:
-    """One training run as a subprocess; its curve, wall time and load average around it."""
-    name = f"nll-{mode}-s{seed}"
+def train_run(runs_dir: Path, mode: str, seed: int, steps: int, every: int, batch: int,
+              extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One training run as a subprocess; its curve, wall time and load average around it
+    (``extra``: more ``key=value`` settings, e.g. ``rehearse_trust=-0.2``, named in the run)."""
+    name = f"nll-{mode}-s{seed}" + "".join(f"-{x.replace('=', '')}" for x in extra)
     cmd = [sys.executable, "-m", "envace.cli", "train", "--config", "configs/tiny.yaml",
            f"output_dir={runs_dir}", f"run_name={name}", f"mode={mode}", f"seed={seed}",
            f"steps={steps}", f"fidelity_nll_every={every}", f"fidelity_nll_batch={batch}",
-           *RECIPE, "--quiet"]
+           *RECIPE, *extra, "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     load0, t0 = os.getloadavg(), time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -71,10 +72,20 @@ def train_run(runs_dir: Path, mode: str, seed: int, steps: int, every: int, batc
     if r.returncode != 0:
         raise SystemExit(f"{name} failed ({r.returncode}): {r.stderr[-2000:]}")
     rows = [json.loads(x) for x in (runs_dir / name / RUN.metrics).read_text().splitlines()]
-    return {"mode": mode, "seed": seed, "run_dir": str(runs_dir / name),
+    return {"mode": mode, "seed": seed, "extra": list(extra), "run_dir": str(runs_dir / name),
+            "calls": calls_of(rows),
             "command": " ".join(cmd[1:]), "wall_s": round(wall, 1),
             "load_average": {"start": list(load0), "end": list(os.getloadavg())},
             **curve_of(rows)}
+
+
+def calls_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run's rollouts cost and earned, per step: mean reward, rehearsed calls and
+    calls the confidence gate sent to reality (``calls/gated_real``; absent: no gate)."""
+    return {"reward_mean": [r.get("reward/mean") for r in rows],
+            "rehearsed": [r.get("calls/rehearsed") for r in rows],
+            "gated_real": [r.get("calls/gated_real") for r in rows],
+            "per_episode": [r.get("calls/per_episode") for r in rows]}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,13 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["grpo", "envace"])
     ap.add_argument("--runs-dir", default="runs/nll")
     ap.add_argument("--name", default="fidelity_nll_tiny")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more training settings for every run (e.g. rehearse_trust=-0.214)")
     args = ap.parse_args(argv)
     load = os.getloadavg()
     runs_dir = Path(args.runs_dir)
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
         for mode in args.modes:
-            runs.append(train_run(runs_dir, mode, seed, args.steps, args.every, args.batch))
+            runs.append(train_run(runs_dir, mode, seed, args.steps, args.every, args.batch,
+                                  tuple(args.set)))
             r = runs[-1]
             print(f"{mode} seed {seed}: {r['start']:.4f} -> {r['end']:.4f} bits per byte "
                   f"({r['wall_s']:.0f} s, load {r['load_average']['start'][0]:.1f}-"
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             write_result(args.name, {
                 **run_record("experiments.fidelity_nll_curve", argv, load),
                 "settings": {"steps": args.steps, "every": args.every, "batch": args.batch,
-                             "recipe": list(RECIPE), "config": "configs/tiny.yaml",
+                             "recipe": [*RECIPE, *args.set], "config": "configs/tiny.yaml",
                              "threads": 1},
                 "finished": f"{len(runs)} of {len(args.seeds) * len(args.modes)} runs",
                 "runs": runs, "summary": summarise(runs)})

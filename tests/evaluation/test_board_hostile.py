@@ -118,3 +118,14 @@ def test_a_finished_cell_whose_summary_became_a_fifo_fails_without_waiting(small
     stored.unlink()  # the directory is the board's again: the next run computes the cell
     third = run_board(models, ["bfcl"], small, BoardOptions(quiet=True)).cell("lookup", "bfcl")
     assert third.status == "done" and third.exact == first.exact
+
+
+def test_a_model_named_twice_is_refused_naming_it_and_its_lines(tmp_path):
+    """Tester round 5: `a` defined twice in models.yaml silently kept the last."""
+    (tmp_path / "m.yaml").write_text("models:\n  a: {reference: lookup}\n  a: {reference: edit}\n")
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--out", "b")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "envace board: --models m.yaml: the key 'a' is given twice (lines 2 and 3): keep one")
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "b").exists()

@@ -6,7 +6,9 @@ directory, never over an input, and whole or not at all (a temporary file rename
         ...
 
 Used by the commands that write one trajectory file (``envace data export-real``, ``envace
-data record``); audit directories have their own writer (``audit.store.output``).
+data record``) and by ``envace board`` for each of its files (``write_text``: any text, a lone
+surrogate written as its escape); audit directories have their own writer
+(``audit.store.output``).
 """
 
 from __future__ import annotations
@@ -54,3 +56,14 @@ def atomic_output(out: str | os.PathLike[str],
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def write_text(out: str | os.PathLike[str], text: str,
+               inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """Write ``text`` to ``out`` through :func:`atomic_output` (never through a link, whole or
+    not at all) as UTF-8; a lone surrogate (``"\\ud800"`` decoded from JSON, a non-UTF-8 file
+    name) is written as its ``\\ud800`` escape instead of failing the write."""
+    path = Path(out)
+    with atomic_output(path, inputs) as tmp:
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+    return path

@@ -17,6 +17,9 @@ The board directory holds:
 - ``board.json`` (``envace.core.board``, docs/spec/board.md), ``board.md``, ``charts/<env>.png``
   and ``board.log`` (one line per event, appended).
 
+``--out`` is new, empty or a board this command made; nothing in it is written through a link
+and no input is written over (``board_out.check_out``, checked before anything is written).
+
 A cell is finished when its key (``board_models.cell_key``: model spec, options, input file
 hashes, a model folder's files) matches the one recorded and its ``summary.json`` reads: it is
 never recomputed. A changed model, option or input changes the keys of exactly its cells. A cell

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
-import yaml
 
 from dashboard.runs import Audit, OutsideRoot, Run, describe, discover, resolve_inside
 from dashboard.safe import code, md
 from envace.core.modes import ROLLOUT_MODES, TRAINING_MODES
+from envace.core.yaml_load import YamlError, load_yaml
 
 __all__ = ["code", "md"]  # re-exported for the pages
 
@@ -190,8 +190,8 @@ def mode_line(config_text: str | None) -> str | None:
     """What a training run's mode means (envace.core.modes), from its config.yaml text, as
     escaped markdown; None when the text names no known mode."""
     try:
-        mode = (yaml.safe_load(config_text or "") or {}).get("mode")
-    except (yaml.YAMLError, AttributeError):
+        mode = (load_yaml(config_text or "") or {}).get("mode")
+    except (YamlError, AttributeError):
         return None
     m = TRAINING_MODES.get(mode) if isinstance(mode, str) else None
     if m is None:

@@ -6,17 +6,21 @@
 Each cell (model x environment) is an ordinary audit directory under `OUT/cells/`; the board is
 `OUT/board.json` (docs/spec/board.md), `OUT/board.md` and a chart per environment. Run it again
 to resume: a finished cell is never recomputed, a changed model, option or input recomputes
-exactly its cells (`envace.evaluation.board`). Exit 0 when every cell is done, 3 when a cell
-failed (the board holds the others), 2 for a usage error (nothing run).
+exactly its cells (`envace.evaluation.board`). `--out` is new, empty or a board this command
+made; nothing in it is written through a link, and no input is written over
+(`envace.evaluation.board_out`). Exit 0 when every cell is done, 3 when a cell failed (the board
+holds the others), 2 for a usage error (nothing run, nothing written).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
 from envace.core.envs.family import family
+from envace.core.envs.mcp.options import OPTIONS
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.evaluation.board import BoardOptions, run_board
 from envace.evaluation.board_models import read_models
@@ -30,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    help="environments: bfcl agentdojo tau2 mcp:<profile> ... (an MCP profile with "
                         "--mcp-config FILE --mcp-tasks FILE, docs/mcp.md)")
     p.add_argument("--split", default="dev", help="the split scored (default dev; never train)")
-    p.add_argument("--out", required=True, help="the board's directory (resumed when it exists)")
+    p.add_argument("--out", required=True,
+                   help="the board's directory: new, empty, or a board this command made "
+                        "(resumed)")
     p.add_argument("--limit", type=int, default=0,
                    help="at most this many trajectories per environment (0: all)")
     p.add_argument("--history", choices=["real", "both"], default="real",
@@ -53,6 +59,12 @@ def check_split(env: str, split: str) -> None:
         fam.split_tasks(split, "task")
     except (ValueError, OSError) as exc:  # TaskFileError is a ValueError
         raise UsageError(f"{env}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+
+def _inputs(models: str) -> list[str]:
+    """The files this board reads that a person gave: the models file and the MCP config and
+    task file (``--mcp-config``/``--mcp-tasks``, in the environment by now): never written."""
+    return [models, *(os.environ[v] for v in OPTIONS.values() if os.environ.get(v))]
 
 
 def run_board_cli(args: argparse.Namespace) -> int:
@@ -86,7 +98,7 @@ def run_board_cli(args: argparse.Namespace) -> int:
         board = run_board(models, list(args.envs), args.out,
                           BoardOptions(split=args.split, limit=args.limit, plots=args.plots,
                                        quiet=args.quiet, history=args.history),
-                          command=command)
+                          command=command, inputs=_inputs(args.models))
     except UsageError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,6 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from envace.core.outfile import atomic_output
+from envace.core.schema import json_text
+
 BOARD_VERSION = "envace.board/1"
 BOARD_FILE = "board.json"
 _MODEL = ConfigDict(extra="allow")
@@ -135,8 +138,7 @@ def read_board(path: str | os.PathLike[str]) -> Board:
 def write_board(path: str | os.PathLike[str], board: Board) -> Path:
     """Write ``board`` as ``path/board.json`` (atomically: a reader sees the old or the new)."""
     out = Path(path) / BOARD_FILE
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(board.dump(), indent=1, ensure_ascii=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, out)
+    with atomic_output(out) as tmp:  # never through a link; no temporary left on a failure
+        # a lone surrogate (a model path "/tmp/x\ud800y") as its \\ud800 escape
+        tmp.write_text(json_text(board.dump(), indent=1) + "\n", encoding="utf-8")
     return out

@@ -6,7 +6,9 @@ directory, never over an input, and whole or not at all (a temporary file rename
         ...
 
 Used by the commands that write one trajectory file (``envace data export-real``, ``envace
-data record``); audit directories have their own writer (``audit.store.output``).
+data record``) and by ``envace board`` for each of its files (``write_text``: any text, a lone
+surrogate written as its escape); audit directories have their own writer
+(``audit.store.output``).
 """
 
 from __future__ import annotations
@@ -83,3 +85,14 @@ def input_problem(path: str | os.PathLike[str]) -> str | None:
     if not os.access(p, os.R_OK):
         return f"cannot read {path}: permission denied"
     return None
+
+
+def write_text(out: str | os.PathLike[str], text: str,
+               inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """Write ``text`` to ``out`` through :func:`atomic_output` (never through a link, whole or
+    not at all) as UTF-8; a lone surrogate (``"\\ud800"`` decoded from JSON, a non-UTF-8 file
+    name) is written as its ``\\ud800`` escape instead of failing the write."""
+    path = Path(out)
+    with atomic_output(path, inputs) as tmp:
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+    return path

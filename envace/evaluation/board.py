@@ -17,6 +17,9 @@ The board directory holds:
 - ``board.json`` (``envace.core.board``, docs/spec/board.md), ``board.md``, ``charts/<env>.png``
   and ``board.log`` (one line per event, appended).
 
+``--out`` is new, empty or a board this command made; nothing in it is written through a link
+and no input is written over (``board_out.check_out``, checked before anything is written).
+
 A cell is finished when its key (``board_models.cell_key``: model spec, options, input file
 hashes, a model folder's files) matches the one recorded and its ``summary.json`` reads: it is
 never recomputed. A changed model, option or input changes the keys of exactly its cells. A cell
@@ -50,12 +53,13 @@ from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.infile import read_small_bytes
 from envace.core.layout import AUDIT
-from envace.core.outfile import atomic_output
-from envace.core.schema import TrajectoryWriter, read_trajectories
+from envace.core.outfile import atomic_output, write_text
+from envace.core.schema import TrajectoryWriter, json_text, read_trajectories
 from envace.core.worldmodel import from_lookup
 from envace.evaluation import likelihood
 from envace.evaluation.board_figures import cell_figures
 from envace.evaluation.board_models import ModelSpec, cell_key, file_hash, uses_history
+from envace.evaluation.board_out import LOCK_FILE, check_out
 from envace.evaluation.board_report import write_report
 from envace.evaluation.endpoint_probe import probe_endpoint
 from envace.evaluation.likelihood import probe_likelihood
@@ -69,7 +73,6 @@ from envace.model.models import (
 )
 
 TRAIN = "train"
-LOCK_FILE = ".board.lock"  #: held by the one envace board writing a directory
 
 
 @dataclass
@@ -108,7 +111,9 @@ class Progress:
 
     def line(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.log, "a", encoding="utf-8") as f:
+        # never through a link; a lone surrogate (a model path "/tmp/x\ud800y") as its escape
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with open(fd, "a", encoding="utf-8", errors="backslashreplace") as f:
             f.write(f"{stamp} {text}\n")
         if not self.quiet:
             print(text, file=sys.stderr, flush=True)
@@ -297,14 +302,18 @@ def _read_sidecar(path: Path) -> dict[str, Any] | None:
 
 
 def run_board(models: dict[str, ModelSpec], envs: Sequence[str], out: str | os.PathLike[str],
-              opts: BoardOptions | None = None, command: str | None = None) -> Board:
+              opts: BoardOptions | None = None, command: str | None = None,
+              inputs: Sequence[str | os.PathLike[str]] = ()) -> Board:
     """Score every model on every environment into ``out`` (see the module docstring); the
-    board. Raises UsageError before anything runs for a model this build cannot score."""
+    board. Raises UsageError before anything is written for a model this build cannot score,
+    or an ``out`` the board may not write (``board_out.check_out``: not new, empty or a board
+    of its own; a link where it writes; one of ``inputs``, the files the caller read)."""
     opts = opts or BoardOptions()
     check_models(models)
-    root = Path(out)
+    root = check_out(out, models, envs, inputs)
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root):  # one board at a time in a directory (tester B24)
+        check_out(root, models, envs, inputs)  # as found once the lock is held
         return _run_board(models, envs, root, opts, command)
 
 
@@ -312,21 +321,45 @@ def run_board(models: dict[str, ModelSpec], envs: Sequence[str], out: str | os.P
 def _locked(root: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``root/.board.lock`` while a board runs there: a second
     ``envace board`` into the same ``--out`` is refused (UsageError) before it writes; the
-    kernel drops the lock when the process dies. The file is kept (deleting it would race)."""
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
+    kernel drops the lock when the process dies. The file is removed when the board ends, done
+    or failed (only a ``kill -9`` leaves it, which the next run reuses). Removing it is safe
+    because a lock is only taken on the file the path names once it is held: a run that
+    locked a file another had just removed tries again on the new one."""
+    path = root / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        fd = os.open(path, flags, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(fd)
             raise UsageError(f"{root} is being written by another envace board: wait for it "
                              "to end (or stop it), then run again") from None
+        held = os.fstat(fd)
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the file was removed by the run that held it: lock the new one
+    else:
+        raise UsageError(f"{root}: cannot hold {LOCK_FILE} (another envace board keeps "
+                         "replacing it)")
+    try:
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # while still held: no one locks this file after it is gone
         os.close(fd)
 
 
 def _run_board(models: dict[str, ModelSpec], envs: Sequence[str], root: Path,
                opts: BoardOptions, command: str | None) -> Board:
+    if not (root / "board.json").exists():  # the mark of a board of its own, from the start
+        write_board(root, Board(split=opts.split, envs=list(envs),
+                                models={n: s.given() for n, s in models.items()}, cells=[],
+                                command=command))
     progress = Progress(root / "board.log", opts.quiet)
     progress.line(f"board: {len(models)} model(s) x {len(envs)} environment(s), split "
                   f"{opts.split}" + (f", at most {opts.limit} trajectories each"
@@ -402,14 +435,13 @@ def _cell(i: int, total: int, name: str, spec: ModelSpec, env: str, paths: dict[
     except Exception as exc:  # noqa: BLE001 - one cell's failure is its record, not the board's
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         progress.line(f"{tag}: FAILED ({why}); it is tried again next time")
-        sidecar.parent.mkdir(parents=True, exist_ok=True)
-        sidecar.write_text(json.dumps({"key": key, "status": "failed", "error": why}) + "\n")
+        write_text(sidecar, json_text({"key": key, "status": "failed", "error": why}) + "\n")
         return Cell(model=name, env=env, dir=str(rel), key=key, status="failed", error=why)
     seconds = time.perf_counter() - t0
     if calls:
         progress.per_call[name] = seconds / calls
     figures = cell_figures(summary)
-    sidecar.write_text(json.dumps({"key": key, "status": "done", "command": command,
+    write_text(sidecar, json_text({"key": key, "status": "done", "command": command,
                                    "seconds": seconds}) + "\n")
     ex = figures["exact"]
     shown = "n/a" if ex.point is None else (

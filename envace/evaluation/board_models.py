@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envace.core.errors import UsageError
 from envace.core.infile import MAX_SMALL_BYTES, read_small_text
+from envace.core.yaml_load import YamlError, load_yaml
 
 #: a model folder with more files than this is refused (``model: /`` would walk the disk)
 MAX_MODEL_FILES = 10_000
@@ -109,13 +110,11 @@ def parse_models(data: Any, where: str = "models file") -> dict[str, ModelSpec]:
 
 def read_models(path: str | os.PathLike[str]) -> dict[str, ModelSpec]:
     """The models of a YAML file (see the module docstring)."""
-    import yaml
-
     text = read_small_text(path, MAX_SMALL_BYTES, "--models")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"--models {path} is not YAML: {str(exc).splitlines()[0]}") from None
+        data = load_yaml(text, f"--models {path}")
+    except YamlError as exc:  # not YAML, nested too deeply, a model named twice
+        raise UsageError(str(exc)) from None
     return parse_models(data, str(path))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from envace.core.board import Board, Cell, Interval, env_dirname
 from envace.core.envs.statediff import BUCKETS
+from envace.core.outfile import atomic_output, write_text
 from envace.core.text import markdown_safe as md
 
 
@@ -101,9 +102,11 @@ def chart(board: Board, env: str, out: Path) -> bool:
     ax.set_xlabel("exact (mean score, 95% cluster-bootstrap interval)")
     ax.set_title(f"{env} — split {board.split}")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_output(out) as tmp:  # never through a link, never half written
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -114,5 +117,5 @@ def write_report(root: Path, board: Board) -> dict[str, Any]:
         rel = f"charts/{env_dirname(env)}.png"
         if chart(board, env, root / rel):
             charts[env] = rel
-    (root / "board.md").write_text(render(board, charts), encoding="utf-8")
+    write_text(root / "board.md", render(board, charts))
     return charts

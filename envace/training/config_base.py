@@ -9,9 +9,9 @@ combinations with a message that says what to change:
     dump_yaml(cfg, "runs/x/config.yaml")            # atomic; loads back to an equal config
     print(config_help(TrainConfig))
 
-Overrides are parsed with yaml.safe_load (`lr=1e-6`, `flag=true`, `scorers=[exact,json_f1]`,
-`simulator_model=null`); dotted keys reach nested dataclasses (`optim.lr=1e-6`). Precedence:
-field defaults < YAML file < overrides, in order.
+Overrides are parsed as YAML (`lr=1e-6`, `flag=true`, `scorers=[exact,json_f1]`,
+`simulator_model=null`; envace.core.yaml_load); dotted keys reach nested dataclasses
+(`optim.lr=1e-6`). Precedence: field defaults < YAML file < overrides, in order.
 """
 
 import copy
@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from envace.core.outfile import created_mode
+from envace.core.yaml_load import YamlError, load_yaml
 
 T = TypeVar("T")
 
@@ -289,7 +290,7 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
     if yaml_path is not None:
         source = str(yaml_path)
         try:
-            data = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8")) or {}
+            data = load_yaml(Path(yaml_path).read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
             raise ConfigError(f"cannot read config file {source}: it is not UTF-8 text (byte "
                               f"{e.object[e.start:e.start + 1]!r} at position {e.start}); give a "
@@ -311,8 +312,8 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
             raise ConfigError(f"{source} is not of the form key=value")
         key, raw = key.strip(), raw.strip()
         try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
+            value = load_yaml(raw) if raw else ""
+        except YamlError:
             value = raw
         _set(values, cls, key, value, source, raw=raw)
         sources[key] = source

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.guard import CallLimits
@@ -26,6 +25,7 @@ from envace.core.envs.task_envs import env_tasks
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.core.text import terminal_safe
+from envace.core.yaml_load import load_yaml
 from envace.model.endpoint import EndpointError
 from envace.model.models import default_cache_dir, load_model, mark_weights_changed, resolve_model
 from envace.model.simulators import connect_endpoint, local_simulator, split_endpoint_spec
@@ -353,8 +353,11 @@ def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run directory made by a different configuration."""
     new = to_dict(cfg)
     # a key the old config lacks (added to the trainer since) had its default value then
-    old = {**to_dict(TrainConfig()), **(yaml.safe_load((run_dir / RUN.config).read_text())
-                                        or {})}
+    stored = run_dir / RUN.config
+    try:
+        old = {**to_dict(TrainConfig()), **(load_yaml(stored.read_text(), str(stored)) or {})}
+    except (ValueError, TypeError) as exc:  # YamlError, or a file that is not a mapping
+        raise ConfigError(f"cannot resume {run_dir}: {exc}") from None
     # output_dir is where the run is, named by the --resume path itself: "runs", "./runs" and
     # "/abs/runs" (or the same from another directory) are one run
     diff = sorted(k for k in set(old) | set(new)

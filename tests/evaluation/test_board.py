@@ -33,7 +33,11 @@ TINY = str(ROOT / "data" / "models" / "tiny-sft")
 
 
 def seed_inputs(out: Path, env: str, n_dev: int, n_train: int) -> None:
-    """Small inputs where the board looks for them (it keeps existing files): fast cells."""
+    """Small inputs where the board looks for them (it keeps existing files): fast cells. The
+    directory gets a board.json with no cells, as a board stopped during its export leaves it:
+    the board writes only into a new or empty directory or one of its own boards."""
+    if not (out / "board.json").exists():
+        write_board(out, Board(split="dev", envs=[], models={}, cells=[]))
     folder = out / "inputs" / env
     folder.mkdir(parents=True, exist_ok=True)
     fam = family(env)

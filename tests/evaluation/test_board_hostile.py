@@ -118,3 +118,138 @@ def test_a_finished_cell_whose_summary_became_a_fifo_fails_without_waiting(small
     stored.unlink()  # the directory is the board's again: the next run computes the cell
     third = run_board(models, ["bfcl"], small, BoardOptions(quiet=True)).cell("lookup", "bfcl")
     assert third.status == "done" and third.exact == first.exact
+
+
+def test_a_model_named_twice_is_refused_naming_it_and_its_lines(tmp_path):
+    """Tester round 5: `a` defined twice in models.yaml silently kept the last."""
+    (tmp_path / "m.yaml").write_text("models:\n  a: {reference: lookup}\n  a: {reference: edit}\n")
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--out", "b")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "envace board: --models m.yaml: the key 'a' is given twice (lines 2 and 3): keep one")
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+# ------------------------------------------------- round 5: what --out may be, what it writes
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def test_an_out_that_is_a_file_is_refused_and_kept(tmp_path):
+    """Tester round 5: `--out FILE` (an existing regular file) was a FileExistsError traceback."""
+    (tmp_path / "f").write_text("mine\n")
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--limit", "1", "--out", "f")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("envace board: --out f exists and is "
+                                                        "not a directory")
+    assert (tmp_path / "f").read_text() == "mine\n"
+
+
+def test_the_models_file_inside_out_is_never_written_over(tmp_path):
+    """Tester round 5 (a): `--models ov/board.md --out ov` replaced the models file with the
+    report."""
+    (tmp_path / "ov").mkdir()
+    models = tmp_path / "ov" / "board.md"
+    models.write_text("models:\n  lookup: {reference: lookup}\n")
+    r = board(tmp_path, "--models", "ov/board.md", "--envs", "bfcl", "--limit", "1",
+              "--out", "ov")
+    assert r.returncode == 2 and "ov/board.md is an input" in r.stderr, r.stderr
+    assert sorted(p.name for p in (tmp_path / "ov").iterdir()) == ["board.md"]
+    assert models.read_text() == "models:\n  lookup: {reference: lookup}\n"
+
+
+def test_a_models_file_beside_a_board_is_fine(small):
+    """The rule is about the board's own files: a models file elsewhere in --out is read."""
+    (small / "m.yaml").unlink(missing_ok=True)
+    r = board(small, "--models", "m.yaml", "--envs", "bfcl", "--limit", "1", "--out", ".")
+    assert r.returncode == 0, r.stderr
+    assert (small / "m.yaml").read_text().startswith("models:")
+
+
+@pytest.mark.parametrize("content", ['{"x": 1}\n', '{"schema": "envace.board/1", "spl', ""],
+                         ids=["foreign", "truncated", "empty"])
+def test_a_foreign_board_json_is_refused_and_kept(tmp_path, content):
+    """Tester round 5 (b): an --out holding a board.json that is not a board was overwritten."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "board.json").write_text(content)
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--limit", "1", "--out", "o")
+    assert r.returncode == 2 and "not a board of envace board" in r.stderr, r.stderr
+    assert _tree(out) == {"board.json": content.encode()}
+
+
+def test_a_directory_of_other_files_is_refused(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--limit", "1", "--out", "o")
+    assert r.returncode == 2 and "notes.txt" in r.stderr and "no board.json" in r.stderr
+    assert _tree(out) == {"notes.txt": b"mine"}
+
+
+@pytest.mark.parametrize("where", ["cells/lookup/bfcl", "cells/lookup/bfcl.cell.json",
+                                   "cells/lookup", "board.md", "board.log", "charts"])
+def test_a_link_where_the_board_writes_is_refused_and_what_it_points_to_is_kept(
+        small, tmp_path, where):
+    """Tester round 5 (c): a cell directory that was a link to another audit (its .cell.json
+    marked failed) made the rerun replace that other audit."""
+    models = parse_models({"models": {"lookup": {"reference": "lookup"}}})
+    run_board(models, ["bfcl"], small, BoardOptions(quiet=True))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.json").write_text('{"another": "audit"}')
+    link = small / where
+    moved = tmp_path / "moved"
+    os.rename(link, moved)  # the board's own, put aside; the link takes its place
+    link.symlink_to(other, target_is_directory=True)
+    before = _tree(small)
+    try:
+        with pytest.raises(UsageError, match=f"{where} is a symbolic link"):
+            run_board(models, ["bfcl"], small, BoardOptions(quiet=True))
+        assert _tree(other) == {"summary.json": b'{"another": "audit"}'}
+        assert _tree(small) == before and link.is_symlink()
+    finally:
+        link.unlink()
+        os.rename(moved, link)
+
+
+def test_a_lone_surrogate_in_a_model_path_is_written_as_its_escape(tmp_path):
+    """Tester round 5: `model: "/tmp/x\\ud800y"` was a UnicodeEncodeError traceback in
+    write_board that left board.json.tmp and .board.lock behind."""
+    seed_inputs(tmp_path / "b", "bfcl", 1, 4)
+    (tmp_path / "m.yaml").write_text('models:\n  s: {model: "/tmp/x\\ud800y"}\n'
+                                     '  lookup: {reference: lookup}\n')
+    r = board(tmp_path, "--models", "m.yaml", "--envs", "bfcl", "--limit", "1", "--out", "b")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr  # the model's cell fails
+    out = tmp_path / "b"
+    data = json.loads((out / "board.json").read_text(encoding="utf-8"))
+    assert data["models"]["s"] == {"model": "/tmp/x\ud800y"}  # the same text read back
+    assert "\\ud800" in (out / "board.md").read_text(encoding="utf-8")
+    assert "\\ud800" in (out / "board.log").read_text(encoding="utf-8")
+    assert json.loads((out / "cells" / "s" / "bfcl.cell.json").read_text())["status"] == "failed"
+    left = [p.name for p in out.iterdir() if p.name.endswith((".tmp", ".partial"))]
+    assert left == [] and not (out / LOCK_FILE).exists()
+
+
+def test_a_failure_while_writing_leaves_no_temporary_and_no_lock(small, monkeypatch):
+    """Fault injection (a fake encoder, this test only): whatever fails while the board file is
+    written, neither its temporary nor the lock stays behind, and the old board.json is kept."""
+    import envace.core.board as core_board
+
+    models = parse_models({"models": {"lookup": {"reference": "lookup"}}})
+    run_board(models, ["bfcl"], small, BoardOptions(quiet=True))
+    kept = (small / "board.json").read_bytes()
+
+    def broken(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(core_board, "json_text", broken)
+    with pytest.raises(OSError, match="No space"):
+        run_board(models, ["bfcl"], small, BoardOptions(quiet=True))
+    assert (small / "board.json").read_bytes() == kept
+    assert [p.name for p in small.iterdir() if p.name.endswith((".tmp", ".partial"))] == []
+    assert not (small / LOCK_FILE).exists()

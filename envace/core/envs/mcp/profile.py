@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from envace.core.yaml_load import load_yaml
+
 CONFIG_ENV = "ENVACE_MCP_CONFIG"
 PREFIX = "mcp:"
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -158,7 +160,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Profile]:
     """Every profile of a config file."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = load_yaml(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ProfileError(f"cannot read the MCP config {p}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

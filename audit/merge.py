@@ -12,7 +12,9 @@ each figure and interval, with its seed, is the single run's. ``seconds`` is the
 Refused with a :class:`envace.core.errors.UsageError` (exit 2, nothing written, the file and
 line named): a directory that is no shard of an audit, shards of different inputs (sizes and
 digests) or settings, of different counts, a missing or a repeated index, a shard whose files
-disagree with each other, a shard ``summary.json`` that is not of the types the audit writes
+disagree with each other or with its summary's counts (trajectories, steps, skipped), a
+trajectory row that is not its shard's (``audit.shard.shard_of``: a relabelled copy) or whose id
+was given before, a shard ``summary.json`` that is not of the types the audit writes
 (:class:`audit.store.models.AuditSummary` and the shard block, checked before anything is read
 further), a line of ``steps.jsonl`` that is no step row or of ``trajectories.jsonl`` that is no
 trajectory row, a file that is not a regular file (a FIFO is never waited on) and a summary over
@@ -36,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 from audit.pipeline import input_order
 from audit.scoring.scorers import list_scorers
 from audit.scoring.settings import AuditOptions
-from audit.shard import MAX_SHARDS, SHARD_SCHEMA
+from audit.shard import MAX_SHARDS, SHARD_SCHEMA, shard_of
 from audit.stats.clusters import check_unit
 from audit.stats.summary import build_summary, compact
 from audit.store.models import AuditSummary
@@ -48,11 +50,15 @@ from envace.core.infile import read_small_text
 from envace.core.layout import AUDIT
 from envace.core.schema import MAX_LINE_BYTES, bounded_lines
 
-__all__ = ["MAX_SUMMARY_BYTES", "merge_shards", "read_shards"]
+__all__ = ["MAX_COUNT", "MAX_SUMMARY_BYTES", "merge_shards", "read_shards"]
 
 _SAME = ("count", "inputs", "settings")
 _SHOWN = 10  # missing shards named in a refusal
 _STRICT = ConfigDict(strict=True, extra="allow")
+#: the largest count or line number a shard's summary may state (int64, as every reader of an
+#: audit holds it); the counts must also be what the shard's files hold
+MAX_COUNT = 2**63 - 1
+_COUNTED = ("trajectories", "records_read", "skipped", "steps")
 
 
 class _Digest(BaseModel):
@@ -151,13 +157,7 @@ def _check(path: Path, data: dict[str, Any]) -> None:
     if block.index >= block.count:
         raise UsageError(f"{path}: shard.index {block.index} is not below shard.count "
                          f"{block.count}")
-    counts = summary.counts
-    if counts is None:
-        raise UsageError(f"{path}: counts is missing")
-    for k in ("trajectories", "records_read"):
-        value = getattr(counts, k)
-        if value is None or value < 0:
-            raise UsageError(f"{path}: counts.{k} is missing or negative")
+    _check_counts(path, data, summary)
     if summary.inputs != [i.file for i in block.inputs]:
         raise UsageError(f"{path}: inputs disagree with shard.inputs")
     try:
@@ -175,6 +175,36 @@ def _check(path: Path, data: dict[str, Any]) -> None:
         raise UsageError(f"{path}: shard.settings: {exc}") from None
     if cfg.cluster_by is not None and (err := check_unit(cfg.cluster_by)):
         raise UsageError(f"{path}: shard.settings.cluster_by: {err}")
+
+
+def _check_counts(path: Path, data: dict[str, Any], summary: AuditSummary) -> None:
+    """The counts merge adds up, bounded, and agreeing with the summary's own lists: as many
+    skipped as ``skipped_records`` lists, and between ``trajectories`` and ``trajectories +
+    skipped`` records read (a record read is audited or skipped; an input that is missing or
+    unreadable is skipped unread). That they are what the shard's files hold is checked as the
+    files are read (:func:`_trajectory_lines`, :meth:`_Steps.check_done`)."""
+    counts = summary.counts
+    if counts is None:
+        raise UsageError(f"{path}: counts is missing")
+    for k in _COUNTED:
+        value = getattr(counts, k)
+        if value is None or not 0 <= value <= MAX_COUNT:
+            raise UsageError(f"{path}: counts.{k} is missing, negative or past {MAX_COUNT} "
+                             "(a damaged or edited shard: audit it again)")
+    for k in ("skipped_records", "warnings"):
+        for n, rec in enumerate(data.get(k) or []):
+            line = rec.get("line") if isinstance(rec, dict) else None
+            if line is not None and not 0 <= line <= MAX_COUNT:
+                raise UsageError(f"{path}: {k}.{n}.line is no line number")
+    listed = len(data.get("skipped_records") or [])
+    if counts.skipped != listed:
+        raise UsageError(f"{path}: counts.skipped is {counts.skipped} but skipped_records lists "
+                         f"{listed} (a damaged or edited shard: audit it again)")
+    if not counts.trajectories <= counts.records_read <= counts.trajectories + counts.skipped:
+        raise UsageError(f"{path}: counts.records_read {counts.records_read} is not between "
+                         f"counts.trajectories {counts.trajectories} and that plus "
+                         f"counts.skipped {counts.skipped} (a damaged or edited shard: audit "
+                         "it again)")
 
 
 def _summary(d: Path) -> dict[str, Any]:
@@ -259,6 +289,9 @@ def _row_problem(row: Any) -> str | None:
     """Why a decoded ``trajectories.jsonl`` line cannot be merged, or None."""
     if not isinstance(row, dict):
         return f"a trajectory row must be a JSON object, got {type(row).__name__}"
+    tid = row.get("trajectory_id")
+    if not isinstance(tid, str):
+        return f"trajectory_id must be a string, got {type(tid).__name__}"
     steps, line = row.get("steps"), row.get("line")
     if steps is not None and (type(steps) is not int or steps < 0):
         return f"steps must be a count of steps, got {steps!r}"[:200]
@@ -267,10 +300,14 @@ def _row_problem(row: Any) -> str | None:
     return None
 
 
-def _trajectory_lines(d: Path, i: int, key: Any
+def _trajectory_lines(d: Path, shard: dict[str, Any], key: Any, seen: set[str]
                       ) -> Iterator[tuple[tuple, str, dict[str, Any]]]:
-    """Shard ``i``'s trajectory rows with their merge key (input, line; shard, line)."""
+    """A shard's trajectory rows with their merge key (input, line; shard, line), each checked
+    to be the shard's own (``audit.shard.shard_of``) and not given before (``seen``: the ids of
+    every shard so far), and as many as its ``counts.trajectories``."""
     path = d / AUDIT.trajectories
+    i, count = shard["shard"]["index"], shard["shard"]["count"]
+    rows = 0
     with _open_regular(path) as fh:
         for n, raw, too_long in bounded_lines(fh):
             where = f"{path}:{n}"
@@ -280,16 +317,32 @@ def _trajectory_lines(d: Path, i: int, key: Any
             why = _row_problem(row)
             if why:
                 raise UsageError(f"{where}: {why}")
+            tid = row["trajectory_id"]
+            if (owner := shard_of(tid, count)) != i:
+                raise UsageError(f"{where}: trajectory {tid!r:.80} is shard {owner}/{count}'s, "
+                                 f"not {i}/{count}'s (a relabelled or edited shard: audit it "
+                                 "again)")
+            if tid in seen:
+                raise UsageError(f"{where}: trajectory {tid!r:.80} is given twice (a damaged "
+                                 "or edited shard: audit it again)")
+            seen.add(tid)
+            rows += 1
             yield (key(row), i, n), text, row
+    said = shard["counts"]["trajectories"]
+    if rows != said:
+        raise UsageError(f"{path} holds {rows} trajectory rows but its {AUDIT.summary} "
+                         f"counts.trajectories is {said} (a damaged or edited shard: audit it "
+                         "again)")
 
 
 class _Steps:
     """A shard's ``steps.jsonl``, read a trajectory's steps at a time, every line checked."""
 
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, said: int) -> None:
         self.path = d / AUDIT.steps
         self.fh = _open_regular(self.path)
         self.n = 0
+        self.said = said  # its summary's counts.steps
 
     def take(self, row: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
         """The step lines (texts, records) of trajectory ``row``."""
@@ -318,6 +371,10 @@ class _Steps:
         if self.fh.readline(1):
             raise UsageError(f"{self.path} holds more steps than its {AUDIT.trajectories} "
                              "counts")
+        if self.n != self.said:
+            raise UsageError(f"{self.path} holds {self.n} step rows but its {AUDIT.summary} "
+                             f"counts.steps is {self.said} (a damaged or edited shard: audit "
+                             "it again)")
 
 
 def _seconds(summaries: list[dict[str, Any]]) -> float:
@@ -341,10 +398,10 @@ def merge_shards(dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     with AuditWriter(out, [d for d, _ in shards]) as w:
         steps: list[_Steps] = []
         try:
-            for d, _ in shards:
-                steps.append(_Steps(d))
-            merged = heapq.merge(*[_trajectory_lines(d, i, key)
-                                   for i, (d, _) in enumerate(shards)])
+            for d, s in shards:
+                steps.append(_Steps(d, s["counts"]["steps"]))
+            seen: set[str] = set()
+            merged = heapq.merge(*[_trajectory_lines(d, s, key, seen) for d, s in shards])
             for (_, i, _), text, row in merged:
                 lines, recs = steps[i].take(row)
                 rows.extend(compact(rec) for rec in recs)

@@ -13,9 +13,11 @@ the second skipped exactly as in a single run.
 A shard's ``summary.json`` is an audit of its part and carries a ``shard`` block
 (:func:`shard_block`): its index and count, the inputs' sizes and BLAKE2b digests and every
 setting that changes a step row or a figure. ``audit.merge`` refuses shards whose blocks
-disagree, a missing or a repeated index, and recomputes every statistic from the merged step
-rows, so the merged intervals are a single run's whatever the split (the split is by
-trajectory, not by resampling cluster: no figure is combined from per-shard figures).
+disagree, a missing or a repeated index, a row whose id is another shard's (:func:`shard_of`)
+or given twice, and counts that are not what the shard's files hold, and recomputes every
+statistic from the merged step rows, so the merged intervals are a single run's whatever the
+split (the split is by trajectory, not by resampling cluster: no figure is combined from
+per-shard figures).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 No Streamlit here (``dashboard/data.py`` wraps these in ``st.cache_data``), so the benchmark and
 the tests call them directly. Every reader returns data plus *notes*: sentences a page shows the
 user (a truncated last line, bad lines, a missing file), never an exception for bad content.
+Text is handed on as it can be shown: a lone surrogate (valid JSON ``"\\ud800"``) becomes U+FFFD
+(:func:`shown`); a row holding a number a frame cannot (an integer past int64) is left out and
+named.
 
 - :func:`read_jsonl` — records, bad lines, truncated last line.
 - :func:`metrics_frame` — ``metrics.jsonl`` as a numeric DataFrame indexed by row; a row
@@ -37,6 +40,12 @@ from audit.store.step_rows import STAT_FIELDS, StepStats, problem
 from envace.core.layout import AUDIT, RUN
 from envace.core.schema import MAX_LINE_BYTES
 
+#: The range of an integer a frame holds (int64); a row with an integer outside it is skipped.
+INT64 = (-(2**63), 2**63 - 1)
+#: Where a JSON line may hold a lone surrogate: a ``\\uD800``-``\\uDFFF`` escape, or the
+#: UTF-8-style bytes of one (``json.loads`` reads bytes with ``surrogatepass``).
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: The most of one file a reader takes in (a steps file of a 462,500-step audit is ~200 MB).
 MAX_FILE_BYTES = 4 << 30
 STEP_FIELDS = ("trajectory_id", "task_id", "step", "depth", "tool", "diverged", "mutates_state",
@@ -75,6 +84,54 @@ class JsonlData:
         return out
 
 
+def shown_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD. Valid JSON may hold one
+    (``"\\ud800"``), but no UTF-8 encoder takes it (pandas' hashing, Arrow, the browser), so a
+    reader hands on what can be shown."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def shown(value: Any) -> Any:
+    """A decoded JSON value with :func:`shown_text` applied to every string in it, keys too
+    (``RecursionError`` for a value nested past the interpreter's limit)."""
+    if isinstance(value, str):
+        return shown_text(value)
+    if isinstance(value, dict):
+        return {shown_text(k) if isinstance(k, str) else k: shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value
+
+
+def _may_hold_surrogate(raw: bytes) -> bool:
+    """Whether JSON text may decode to a lone surrogate (plain substring searches first: the
+    pattern's scan is slower, and a file rarely holds any ``\\ud``)."""
+    return ((b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw)
+            and _MAY_HOLD_SURROGATE.search(raw) is not None)
+
+
+def _loads_shown(raw: bytes, check: bool = True) -> Any:
+    """``json.loads`` with lone surrogates replaced (:func:`shown`) where the line may hold one
+    (``check`` False: the caller knows it cannot)."""
+    rec = json.loads(raw)
+    if check and _may_hold_surrogate(raw):
+        rec = shown(rec)
+    return rec
+
+
+def _outside_int64(rec: dict[str, Any]) -> str | None:
+    """The first top-level field of ``rec`` holding an integer a frame cannot (past int64)."""
+    lo, hi = INT64
+    for k, v in rec.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:
+            return str(k)
+    return None
+
+
 def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None) -> JsonlData:
     """Every JSON object of a file, one a line; bad lines and a truncated tail are reported.
 
@@ -91,7 +148,7 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
         out.missing = True
         return out
     pos, lineno, n = 0, 0, len(data)
-    loads = json.loads
+    may_hold = _may_hold_surrogate(data)  # one pass; then line by line where it may
     while pos < n:
         end = data.find(b"\n", pos)
         ended = end != -1
@@ -106,9 +163,9 @@ def read_jsonl(path: str | os.PathLike[str], keep: tuple[str, ...] | None = None
             out.bad_lines.append((lineno, f"line longer than {MAX_LINE_BYTES} bytes"))
             continue
         try:
-            rec = loads(raw)
+            rec = _loads_shown(raw, may_hold)
         except (ValueError, RecursionError) as exc:
-            reason = f"invalid JSON: {exc}"[:120]
+            reason = f"invalid JSON: {shown_text(str(exc))}"[:120]
             out.bad_lines.append((lineno, reason))
             if not ended:
                 out.truncated = True
@@ -133,7 +190,7 @@ def read_json(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str 
     try:
         if not is_regular(path):
             return None, f"{Path(path).name} is not a regular file"
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = _loads_shown(Path(path).read_bytes())
     except FileNotFoundError:
         return None, f"{Path(path).name} does not exist yet"
     except (OSError, ValueError, RecursionError) as exc:
@@ -202,11 +259,15 @@ def _number(v: Any) -> float | None:
 
 
 def _step(v: Any) -> int | None:
-    """A row's step: a non-negative integer (``3`` or ``3.0``), else None."""
-    x = _number(v)
-    if x is None or isinstance(v, bool) or x < 0 or not x.is_integer():
+    """A row's step: a non-negative integer (``3`` or ``3.0``) a frame holds (int64), else
+    None."""
+    if isinstance(v, bool):
         return None
-    return int(x)
+    if isinstance(v, int):
+        return v if 0 <= v <= INT64[1] else None
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and 0 <= v < 2.0**63:
+        return int(v)
+    return None
 
 
 def metrics_frame(path: str | os.PathLike[str]) -> Frame:
@@ -273,7 +334,15 @@ def steps_frame(path: str | os.PathLike[str]) -> Frame:
         except ValidationError as exc:
             bad.append(f"line {line} ({problem(exc)})")
             continue
+        # the audit's own rule (StepRow): depth counts answered rehearsed calls, never past
+        # the call's index; and no integer a frame cannot hold
+        if s.depth is not None and s.depth > s.step:
+            bad.append(f"line {line} (depth {str(s.depth)[:20]} is past the step {s.step})")
+            continue
         row = {k: getattr(s, k) for k in STEP_FIELDS}
+        if (k := _outside_int64(row)) is not None:
+            bad.append(f"line {line} ({k} is an integer past int64)")
+            continue
         row["malformed"] = s.malformed is not None
         row["offset"] = off
         for name, v in s.scores.items():
@@ -303,7 +372,7 @@ def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict
             fh.seek(int(off))
             try:
                 line = fh.readline(MAX_LINE_BYTES + 1)
-                rec = json.loads(line) if len(line) <= MAX_LINE_BYTES else {}
+                rec = _loads_shown(line) if len(line) <= MAX_LINE_BYTES else {}
             except (ValueError, RecursionError):
                 rec = {}
             out.append(rec if isinstance(rec, dict) else {})
@@ -311,10 +380,21 @@ def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict
 
 
 def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
-    """An audit's ``trajectories.jsonl`` (one row per audited trajectory)."""
+    """An audit's ``trajectories.jsonl`` (one row per audited trajectory); a row holding an
+    integer a frame cannot (past int64) is left out and named."""
     data = read_jsonl(path)
-    frame = pd.DataFrame(data.records)
-    return Frame(frame, data.notes(AUDIT.trajectories))
+    rows, bad = [], []
+    for rec, line in zip(data.records, data.lines, strict=True):
+        if (k := _outside_int64(rec)) is not None:
+            bad.append(f"line {line} ({k} is an integer past int64)")
+            continue
+        rows.append(rec)
+    notes = data.notes(AUDIT.trajectories)
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        notes.append(f"{AUDIT.trajectories}: skipped {len(bad)} line(s) a table cannot hold: "
+                     f"{', '.join(bad[:5])}{more}.")
+    return Frame(pd.DataFrame(rows), notes)
 
 
 def line_offsets(path: str | os.PathLike[str]) -> list[int]:

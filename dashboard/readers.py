@@ -365,11 +365,21 @@ def steps_frame(path: str | os.PathLike[str]) -> Frame:
 
 
 def read_lines_at(path: str | os.PathLike[str], offsets: list[int]) -> list[dict[str, Any]]:
-    """The JSON records starting at these byte offsets (a bad one becomes ``{}``)."""
-    out = []
+    """The JSON records starting at these byte offsets (a bad one, a negative offset or a file
+    that is gone becomes ``{}``)."""
+    out: list[dict[str, Any]] = []
+    try:
+        regular = is_regular(path)
+    except OSError:
+        regular = False
+    if not regular:
+        return [{} for _ in offsets]
     with open(path, "rb") as fh:
         for off in offsets:
-            fh.seek(int(off))
+            if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+                out.append({})
+                continue
+            fh.seek(off)
             try:
                 line = fh.readline(MAX_LINE_BYTES + 1)
                 rec = _loads_shown(line) if len(line) <= MAX_LINE_BYTES else {}
@@ -400,10 +410,13 @@ def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
 def line_offsets(path: str | os.PathLike[str]) -> list[int]:
     """Byte offset of the start of every line (for random access to a trajectory file)."""
     offsets = [0]
-    if not is_regular(path):
+    try:
+        if not is_regular(path):
+            return []
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES)
+    except OSError:  # gone or unreadable (since it was listed)
         return []
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_FILE_BYTES)
     pos = data.find(b"\n")
     while pos != -1:
         offsets.append(pos + 1)

@@ -188,3 +188,15 @@ def test_any_value_in_a_trajectory_row_keeps_the_frame(tmp_path_factory, key, va
     got = readers.trajectories_frame(p)
     _kept_or_named(got, 2, 2)
     assert len(got.frame) >= 2
+
+
+def test_random_access_survives_a_gone_file_and_bad_offsets(tmp_path):
+    """Tester round 5: a negative offset raised OSError, a missing file FileNotFoundError."""
+    from dashboard.readers import line_offsets, read_lines_at
+
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"a": 1}\n{"b": 2}\n')
+    assert line_offsets(f) == [0, 9]
+    assert read_lines_at(f, [9, -1, 0]) == [{"b": 2}, {}, {"a": 1}]
+    assert line_offsets(tmp_path / "gone.jsonl") == []
+    assert read_lines_at(tmp_path / "gone.jsonl", [0]) == [{}]

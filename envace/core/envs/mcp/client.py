@@ -12,9 +12,14 @@ first use) and synchronous callers wait on it with a deadline:
 Every wait is bounded: a server that does not answer ``initialize`` within the startup timeout, or
 a call within its timeout, raises :class:`ServerError` with the reason, and the server is stopped
 (its state is unknown after a hung call). A JSON-RPC error answer to a call is
-:class:`ServerAnswer`: the server goes on. The SDK's own shutdown closes stdin, waits, then kills
-the process tree; :func:`close_all` (run at exit, also in multiprocessing workers and after
-Ctrl-C) stops every server this process started, so none is left behind.
+:class:`ServerAnswer`, whatever its code: the server goes on. A call counts as crashed only when
+the connection really ended (the transport closed our read stream, or the process exited) and
+as timed out only when our own deadline passed: the SDK uses the codes -32000 / -32001 for
+those, but a server may answer with them too. The SDK's own shutdown closes stdin, waits, then
+kills the process tree; what is left of the server's process group is killed after it
+(:mod:`envace.core.envs.mcp.group`: forked children included); :func:`close_all` (run at exit,
+also in multiprocessing workers and after Ctrl-C) stops every server this process started, so
+none is left behind.
 """
 
 from __future__ import annotations

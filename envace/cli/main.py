@@ -58,7 +58,7 @@ def _cmd_export_real(args: argparse.Namespace) -> int:
         try:
             tasks = [get_task(t) for t in args.tasks]
         except UnknownTask as exc:
-            print(f"envace: {exc}", file=sys.stderr)
+            print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
             return 2
     elif args.split == "all":
         tasks = [t for t in load_tasks().values() if t.category in args.categories]
@@ -152,7 +152,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     try:
         return run(args.env, args.tasks, args.out, turn_end=not args.no_turn_end)
     except (ProfileError, TaskFileError, OSError) as exc:
-        print(f"envace data record: {exc}", file=sys.stderr)
+        print(f"envace data record: {terminal_safe(exc)}", file=sys.stderr)
         return 2
 
 
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print("envace: interrupted", file=sys.stderr)
         return 130
     except UsageError as exc:  # bad input found deep in a command: one line, exit 2
-        print(f"envace: {exc}", file=sys.stderr)
+        print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
         return 2
 
 
@@ -269,7 +269,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         argv = take_mcp_options(sys.argv[1:] if argv is None else list(argv))
     except McpOptionError as exc:
-        print(f"envace: {exc}", file=sys.stderr)
+        print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

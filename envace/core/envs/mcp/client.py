@@ -12,9 +12,14 @@ first use) and synchronous callers wait on it with a deadline:
 Every wait is bounded: a server that does not answer ``initialize`` within the startup timeout, or
 a call within its timeout, raises :class:`ServerError` with the reason, and the server is stopped
 (its state is unknown after a hung call). A JSON-RPC error answer to a call is
-:class:`ServerAnswer`: the server goes on. The SDK's own shutdown closes stdin, waits, then kills
-the process tree; :func:`close_all` (run at exit, also in multiprocessing workers and after
-Ctrl-C) stops every server this process started, so none is left behind.
+:class:`ServerAnswer`, whatever its code: the server goes on. A call counts as crashed only when
+the connection really ended (the transport closed our read stream, or the process exited) and
+as timed out only when our own deadline passed: the SDK uses the codes -32000 / -32001 for
+those, but a server may answer with them too. The SDK's own shutdown closes stdin, waits, then
+kills the process tree; what is left of the server's process group is killed after it
+(:mod:`envace.core.envs.mcp.group`: forked children included); :func:`close_all` (run at exit,
+also in multiprocessing workers and after Ctrl-C) stops every server this process started, so
+none is left behind.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ import mcp_types as types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 
-from envace.core.envs.mcp.lines import REFUSED_ANSWER, install
+from envace.core.envs.mcp import group, lines
+from envace.core.envs.mcp.lines import REFUSED_ANSWER
 
 # stdout read as bounded lines: an answer too long, not text, or with a lone surrogate is that
 # call's own clear error at once, never a timeout (envace/core/envs/mcp/lines.py)
-install()
+lines.install()
+# the server's process group ended whole after the SDK's shutdown (envace/core/envs/mcp/group.py)
+group.install()
 
 #: Extra seconds the synchronous side waits beyond a request's own timeout before giving up on
 #: the event loop itself (only a stuck loop runs this out).
@@ -101,6 +109,8 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.label = label
         self._session: ClientSession | None = None
+        self._read: Any = None  # the transport's read stream: closed once the connection ended
+        self._spawned: list[Any] = []
         self._stop: asyncio.Event | None = None
         self._main: concurrent.futures.Future[None] | None = None
         self._dead: str | None = None  # why the server is gone, once it is
@@ -126,6 +136,7 @@ class ServerProcess:
     async def _run(self, ready: concurrent.futures.Future[list[types.Tool]]) -> None:
         stop = self._stop
         assert stop is not None
+        self._spawned = group.watch()
         try:
             with open(self.errlog or "/dev/null", "w", encoding="utf-8") as err:
                 async with stdio_client(self.params, errlog=err) as (read, write), \
@@ -133,6 +144,7 @@ class ServerProcess:
                     with anyio.fail_after(self.startup_timeout):
                         await session.initialize()
                         tools = await self._list_tools(session)
+                    self._read = read
                     self._session = session
                     ready.set_result(tools)
                     await stop.wait()
@@ -145,6 +157,7 @@ class ServerProcess:
                 raise
         finally:
             self._session = None
+            group.kill_group(self._spawned)  # its forked children too, once the SDK is done
 
     @staticmethod
     async def _list_tools(session: ClientSession) -> list[types.Tool]:
@@ -207,22 +220,35 @@ class ServerProcess:
         session = self._session
         if session is None:
             raise ServerError(f"{self.label} is not running ({self._dead or 'exited'})")
-        try:
+        try:  # our own deadline only: an MCPError is then never the SDK's read timeout
             with anyio.fail_after(timeout):
-                return await session.call_tool(name, arguments, read_timeout_seconds=timeout)
+                return await session.call_tool(name, arguments)
         except MCPError as exc:
             if exc.code == REFUSED_ANSWER:  # refused by envace's reader, not the server's error
                 raise ServerAnswer(f"{self.label} on {name}: {exc.message[:300]}") from None
-            if exc.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            if exc.code != CONNECTION_CLOSED or not self._connection_ended():
+                # the server's own error answer, whatever its code (-32000 and -32001 are
+                # generic server errors too): that call's error, the server goes on
                 raise ServerAnswer(f"{self.label} answered {name} with JSON-RPC error "
                                    f"{exc.code}: {exc.message[:300]}") from None
             err = ServerError(_reason(exc, f"{self.label} on {name}", timeout))
-            err.kind = "crashed" if exc.code == CONNECTION_CLOSED else "timeout"
+            err.kind = "crashed"
             raise err from None
         except Exception as exc:
             err = ServerError(_reason(exc, f"{self.label} on {name}", timeout))
             err.kind = "timeout" if isinstance(exc, TimeoutError) else None
             raise err from None
+
+    def _connection_ended(self) -> bool:
+        """Whether the transport ended (its stdout closed, its stdin broke: the SDK closes the
+        read stream's sending side then) or the server process exited."""
+        read = self._read
+        try:
+            if read is not None and read.statistics().open_send_streams == 0:
+                return True
+        except Exception:  # noqa: BLE001 - a stream without statistics: ask the process
+            pass
+        return any(getattr(p, "returncode", None) is not None for p in self._spawned)
 
 
 def _reason(exc: BaseException, what: str, timeout: float) -> str:

@@ -30,13 +30,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 
 from envace.core.envs.base import ToolKind, ToolResult, hash_state
 from envace.core.envs.mcp.client import ServerError, ServerProcess
 from envace.core.envs.mcp.content import fill_workdir, function_schema, result_text
 from envace.core.envs.mcp.profile import Profile, load_profile
+from envace.core.envs.mcp.schema_check import SCHEMA_CHECK_S, check_arguments, compile_schema
 from envace.core.envs.mcp.taskfile import read_task_file
 from envace.core.envs.mcp.workdir import check_files, read_state, write_files
 from envace.core.envs.task_common import UnknownTask
@@ -135,13 +135,7 @@ class McpEnv:
         self._held[0] = self._server
         tools = self._server.start()
         self._schemas = [function_schema(t) for t in tools]
-        self._validators = {}
-        for t in tools:
-            try:
-                self._validators[t.name] = jsonschema.validators.validator_for(
-                    t.input_schema)(t.input_schema)
-            except Exception:  # noqa: BLE001 - a schema jsonschema cannot read: no check
-                self._validators[t.name] = None
+        self._validators = {t.name: compile_schema(t.input_schema) for t in tools}
         self._read_only = {t.name for t in tools
                            if t.annotations is not None and t.annotations.read_only_hint}
 
@@ -195,17 +189,14 @@ class McpEnv:
         schema = next(s["function"]["parameters"] for s in self._schemas
                       if s["function"]["name"] == tool)
         props = schema.get("properties")
-        if isinstance(props, dict) and schema.get("additionalProperties") is not True:
+        if (isinstance(props, dict) and schema.get("additionalProperties") is not True
+                and "patternProperties" not in schema):  # names there: the validator's to judge
             unknown = sorted(set(arguments) - set(props))
             if unknown:
                 return f"unexpected argument(s) {', '.join(unknown)}"
-        validator = self._validators.get(tool)
-        if validator is not None:
-            error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-            if error is not None:
-                where = "/".join(map(str, error.absolute_path))
-                return f"{where + ': ' if where else ''}{error.message}"[:300]
-        return None
+        # bounded: a catastrophic pattern or a self-referring schema is this call's error
+        return check_arguments(self._validators.get(tool), arguments,
+                               min(self.timeout(), SCHEMA_CHECK_S))
 
     def state(self) -> dict[str, Any]:
         if self._root is None:

@@ -19,6 +19,7 @@ from envace.core.envs.mcp.tasks import load_tasks
 from envace.core.errors import UsageError
 from envace.core.outfile import atomic_output, check_output_file
 from envace.core.schema import TrajectoryWriter
+from envace.core.text import terminal_safe
 
 EXIT_OK, EXIT_USAGE, EXIT_SKIPPED = 0, 2, 3
 
@@ -45,18 +46,21 @@ def run(env_name: str, tasks_file: str, out: str, turn_end: bool = True) -> int:
     """The command: messages on stderr, the exit code."""
     if not env_name.startswith("mcp:"):
         print(f"envace data record: --env must name an MCP profile (mcp:<name>), not "
-              f"{env_name!r}; built-in families export with `envace data export-real`",
+              f"{terminal_safe(repr(env_name))}; built-in families export with "
+              "`envace data export-real`",
               file=sys.stderr)
         return EXIT_USAGE
     try:
         check_output_file(out, [tasks_file])
         n, problems = record(env_name, tasks_file, out, turn_end)
     except UsageError as exc:
-        print(f"envace data record: {exc}; nothing written", file=sys.stderr)
+        print(f"envace data record: {terminal_safe(exc)}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     for p in problems[:10]:
         where = f"line {p['line']}" if "line" in p else f"task {p['task']}"
-        print(f"envace data record: skipped {p['file']} {where}: {p['reason']}", file=sys.stderr)
-    print(f"wrote {n} real trajectories to {out}" + (
+        # a server's stderr and error text, a task id, a file name: data, escaped for the tty
+        print(f"envace data record: skipped {terminal_safe(p['file'])} {terminal_safe(where)}: "
+              f"{terminal_safe(p['reason'])}", file=sys.stderr)
+    print(f"wrote {n} real trajectories to {terminal_safe(out)}" + (
         f" ({len(problems)} task(s) skipped)" if problems else ""))
     return EXIT_SKIPPED if problems else EXIT_OK

@@ -331,7 +331,7 @@ def _main(argv: list[str] | None) -> int:
     try:  # --mcp-config FILE: the MCP server profiles that mcp:<profile> trajectories name
         argv = take_mcp_options(argv)
     except McpOptionError as exc:
-        print(f"envace-audit: {exc}", file=sys.stderr)
+        print(f"envace-audit: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     if [a for a in argv if a != "--quiet"][:1] == ["probe"] and not {"-h", "--help"} & set(argv):
         return cmd_probe(argparse.Namespace())  # moved: one line, whatever its arguments

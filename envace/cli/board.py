@@ -22,6 +22,7 @@ import sys
 from envace.core.envs.family import family
 from envace.core.envs.mcp.options import OPTIONS
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
+from envace.core.text import terminal_safe
 from envace.evaluation.board import BoardOptions, run_board
 from envace.evaluation.board_models import read_models
 
@@ -85,7 +86,7 @@ def run_board_cli(args: argparse.Namespace) -> int:
         for env in args.envs:  # refused before anything runs: an unknown environment or split
             check_split(env, args.split)
     except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyError as exc:
         print(f"{prog}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
@@ -100,7 +101,7 @@ def run_board_cli(args: argparse.Namespace) -> int:
                                        quiet=args.quiet, history=args.history),
                           command=command, inputs=_inputs(args.models))
     except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     failed = [c for c in board.cells if c.status != "done"]
     if not args.quiet:

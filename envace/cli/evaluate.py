@@ -27,6 +27,7 @@ from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, li
 from envace.core.envs.task_envs import check_task_env
 from envace.core.layout import RUN
 from envace.core.rewards import REWARDS
+from envace.core.text import terminal_safe
 from envace.model.models import default_cache_dir, load_model, resolve_model
 
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             settings.memory = ResponseMemory.from_train_split(args.env)
             settings.memory_k = args.memory_k
     except ValueError as exc:
-        print(f"envace eval: {exc}", file=sys.stderr)
+        print(f"envace eval: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     env = "" if args.env == "bfcl" else f"{args.env}-"
     world = "" if args.world == "self" else f"-{args.world}"

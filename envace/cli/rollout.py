@@ -28,6 +28,7 @@ from envace.cli.argtypes import count, number
 from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env, env_tasks
 from envace.core.modes import ROLLOUT_MODES
+from envace.core.text import terminal_safe
 from envace.model.endpoint import EndpointError
 from envace.model.models import default_cache_dir, load_model, resolve_model
 from envace.model.simulators import connect_endpoint, local_simulator
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--memory-k K (K >= 1) is shown when the policy rehearses: "
                              "--mode rehearse")
     except ValueError as exc:
-        print(f"envace rollout: {exc}", file=sys.stderr)
+        print(f"envace rollout: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     endpoint = args.simulator_endpoint or (
         args.simulator if (args.simulator or "").startswith(("http://", "https://")) else None)
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             sim = endpoint_simulator(endpoint, args, DESC_CHARS)
         except (ValueError, EndpointError) as exc:
-            print(f"envace rollout: {exc}", file=sys.stderr)
+            print(f"envace rollout: {terminal_safe(str(exc))}", file=sys.stderr)
             return 2
     # the model side (torch) only once the simulator is known to answer
     # lazy: loads numpy: kept out of --help
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         path = resolve_model(args.model, default_cache_dir()) if args.model != "tiny" else None
     except ValueError as exc:
-        print(f"envace rollout: {exc}", file=sys.stderr)
+        print(f"envace rollout: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     if path is None:
         print("envace rollout: give a trained model folder (e.g. runs/<run>/checkpoints/...)",

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from envace.core.text import terminal_safe
+
 # flag -> SFTSettings field
 _FLAGS = {
     "preset": "preset", "out": "out", "roles": "roles", "max_minutes": "max_minutes",
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_config(SFTSettings, args.config, overrides)
     except ConfigError as exc:
-        print(f"envace sft: {exc}", file=sys.stderr)
+        print(f"envace sft: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     # lazy: loads numpy, pydantic, rapidfuzz: kept out of --help
     from envace.training.sft import run_sft
@@ -82,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_sft(settings, command=["envace", *sys.argv[1:]], t0=t0, quiet=args.quiet)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"envace sft: {exc}", file=sys.stderr)
+        print(f"envace sft: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     return 0

@@ -31,6 +31,7 @@ from typing import Any
 from audit.likelihood_probe import Scores, Scoring, run_likelihood_probe
 from audit.probe_cli import probe_options
 from envace.core.errors import EXIT_USAGE, UsageError
+from envace.core.text import terminal_safe
 from envace.evaluation.likelihood import Passes, Window, likelihood_exit, plan_windows
 from envace.model.chat import IM_END, IM_START, marker_id
 from envace.model.endpoint import EndpointClient, EndpointError
@@ -211,9 +212,9 @@ def run_endpoint_likelihood_cli(args: Any) -> int:
                                             probe_options(args, progress=not args.quiet),
                                             context, args.concurrency, args.limit)
     except (ValueError, EndpointError) as exc:
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     except UsageError as exc:
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     return likelihood_exit(args, summary, f" on {client.label}")

@@ -26,6 +26,7 @@ from audit.probe_cli import load_grounding, print_history, probe_options
 from audit.worlds.memory import MemoryOptions
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.layout import AUDIT
+from envace.core.text import terminal_safe
 from envace.core.worldmodel import Unanswered
 from envace.evaluation.endpoint_confidence import ServedConfidence
 from envace.evaluation.endpoint_likelihood import check_prompt_logprobs, served_tokenizer
@@ -123,7 +124,7 @@ def run_endpoint_probe(args: Any) -> int:
     try:
         grounding = load_grounding(args)
     except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     try:
         client = EndpointClient(args.endpoint, args.model, api=args.api,
@@ -131,7 +132,7 @@ def run_endpoint_probe(args: Any) -> int:
                                 retries=args.retries)
         client.check()
     except (ValueError, EndpointError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     opts = probe_options(args, progress=False)
     confidence = None
@@ -145,10 +146,10 @@ def run_endpoint_probe(args: Any) -> int:
                                  histories=HISTORY_CHOICES[getattr(args, "history", "real")],
                                  grounding=grounding, confidence=confidence)
     except UsageError as exc:  # a refused --out: one line and 2, as documented
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     except EndpointError as exc:  # cannot return prompt log-probabilities (--confidence)
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     c, block = summary["counts"], summary["endpoint"]
     if not args.quiet:

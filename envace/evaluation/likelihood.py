@@ -34,6 +34,7 @@ from audit.likelihood_probe import Scores, Scoring, run_likelihood_probe
 from audit.probe_cli import probe_options
 from audit.stats.confidence import Rehearsal
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
+from envace.core.text import terminal_safe
 from envace.model.chat import IM_END, Role, encode_text, marker_id
 from envace.model.models import (
     auto_threads,
@@ -296,7 +297,7 @@ def run_likelihood_cli(args: Any) -> int:
     try:
         path = resolve_model(args.model, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     why = context_problem(getattr(args, "context", None), path)
     if why:
@@ -312,6 +313,6 @@ def run_likelihood_cli(args: Any) -> int:
                                    probe_options(args, progress=not args.quiet), context,
                                    args.limit, label=str(path))
     except UsageError as exc:
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     return likelihood_exit(args, summary)

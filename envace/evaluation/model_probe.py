@@ -29,6 +29,7 @@ from audit.probe import HISTORY_CHOICES, run_probe
 from audit.probe_cli import finish, load_grounding, probe_options
 from audit.worlds.memory import note_chars
 from envace.core.errors import EXIT_USAGE, UsageError
+from envace.core.text import terminal_safe
 from envace.evaluation.likelihood import with_confidence
 from envace.model.chat import IM_END, encode_text, parse_assistant
 from envace.model.models import (
@@ -269,7 +270,7 @@ def run_model_probe(args: Any) -> int:
         grounding = load_grounding(args)
         path = resolve_model(args.model, default_cache_dir())
     except (ValueError, FileNotFoundError, UsageError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     import torch  # lazy: this module is imported by `envace probe --help`, which needs no torch
 
@@ -286,7 +287,7 @@ def run_model_probe(args: Any) -> int:
                               prefix_cache=not getattr(args, "no_prefix_cache", False),
                               confidence=bool(getattr(args, "confidence", False)))
     except UsageError as exc:  # a refused --out: one line and 2, as documented
-        print(f"{prog}: {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: {terminal_safe(str(exc))}; nothing written", file=sys.stderr)
         return EXIT_USAGE
     return finish(args, summary)
 

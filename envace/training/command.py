@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.layout import RUN
+from envace.core.text import terminal_safe
 from envace.model.models import PRESETS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         cfg = load_config(TrainConfig, config, overrides,
                           drop_removed=bool(args.resume) and args.config is None)
     except ConfigError as exc:
-        print(f"envace train: {exc}", file=sys.stderr)
+        print(f"envace train: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     # a new run: before its directory exists (tester C13: an orphan run); a resumed one starts
     # from its checkpoints, wherever it is resumed from
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
     try:
         train_fn(cfg, resume=bool(args.resume), progress=not args.quiet, restart=args.restart)
     except ConfigError as exc:
-        print(f"envace train: {exc}", file=sys.stderr)
+        print(f"envace train: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"envace train: interrupted; continue with `envace train --resume {cfg.run_dir}`",

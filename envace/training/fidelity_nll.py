@@ -72,11 +72,10 @@ def held_out_batch(env: str, split: str, n: int) -> HeldOut:
     environment (the same ones for every run)."""
     # lazy: loads the environment family (pydantic, the backends) only when the curve is on
     from envace.core.envs.family import family
+    from envace.core.envs.guard import CallLimits
     from envace.core.export import export_real
 
     tasks = held_out_tasks(family(env).split_tasks(split, "task"), n)
-    from envace.core.envs.guard import CallLimits
-
     # under the call limits like every environment call; a task past them raises (the batch
     # must be the same for every run, so it is never silently smaller)
     return held_out_of(list(export_real(tasks, limits=CallLimits())))

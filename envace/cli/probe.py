@@ -37,7 +37,7 @@ from audit.probe_cli import run_ranker_probe
 from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K
-from envace.cli.argtypes import count
+from envace.cli.argtypes import count, number
 from envace.core.envs.guard import limit_arg
 from envace.core.errors import EXIT_USAGE
 from envace.core.outfile import input_problem
@@ -66,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--reference", help="training trajectories: skill against reference models")
     p.add_argument("--scorers", nargs="+", default=list(DEFAULT_SCORERS))
     p.add_argument("--verdict", default="exact", help="scorer deciding divergence")
-    p.add_argument("--threshold", type=float, default=1.0,
+    p.add_argument("--threshold", type=number(0, 1), default=1.0,
                    help="diverged = verdict score < threshold (default 1.0)")
     p.add_argument("--history", choices=sorted(HISTORY_CHOICES), default="real",
                    help="the history each call is rehearsed from: real (teacher-forced, the "

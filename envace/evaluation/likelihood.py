@@ -41,7 +41,7 @@ from envace.model.models import (
     context_length,
     context_problem,
     default_cache_dir,
-    load_model,
+    load_model_or_say,
     resolve_model,
 )
 from envace.model.windows import message_blocks, prompt_ids
@@ -306,7 +306,10 @@ def run_likelihood_cli(args: Any) -> int:
     import torch
 
     torch.set_num_threads(auto_threads())
-    model, tokenizer = load_model(path)
+    loaded = load_model_or_say(path, prog)
+    if loaded is None:
+        return EXIT_USAGE
+    model, tokenizer = loaded
     context = getattr(args, "context", None) or context_length(path, model)
     try:
         summary = probe_likelihood(model, tokenizer, list(args.inputs), args.out,

@@ -36,7 +36,7 @@ from envace.model.models import (
     auto_threads,
     context_length,
     default_cache_dir,
-    load_model,
+    load_model_or_say,
     resolve_model,
 )
 from envace.model.windows import prompt_ids
@@ -275,7 +275,10 @@ def run_model_probe(args: Any) -> int:
     import torch  # lazy: this module is imported by `envace probe --help`, which needs no torch
 
     torch.set_num_threads(auto_threads())
-    model, tokenizer = load_model(path)
+    loaded = load_model_or_say(path, prog)
+    if loaded is None:
+        return EXIT_USAGE
+    model, tokenizer = loaded
     opts = probe_options(args, progress=not args.quiet)
     context = context_length(path, model)
     # the note takes at most one character per token of the prompt budget (audit.worlds.memory)

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -353,15 +354,41 @@ def auto_threads(requested: int = 0) -> int:
 DEFAULT_CONTEXT = 2048
 
 
+def load_model_or_say(path: str | Path, prog: str) -> tuple[Any, Any] | None:
+    """:func:`load_model`, or None after one line on stderr saying why the folder cannot be
+    loaded (missing or truncated weights, a config transformers refuses): a command's usage
+    error (exit 2), not a traceback."""
+    try:
+        return load_model(path)
+    except Exception as exc:  # noqa: BLE001 - whatever the loaders raise, the user gets one line
+        from envace.core.text import terminal_safe
+
+        why = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"{prog}: cannot load the model at {terminal_safe(str(path))}: "
+              f"{type(exc).__name__}: {terminal_safe(why)}", file=sys.stderr)
+        return None
+
+
+#: config.json keys that give a model's positions, the first present wins (GPT-2 style
+#: configs say ``n_positions``)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
 def position_limit(model_dir: str | Path) -> int | None:
-    """The model's own limit on positions (``max_position_embeddings`` of its config.json), or
-    None where the folder does not say."""
+    """The model's own limit on positions (:data:`POSITION_KEYS` of its config.json), or None
+    where the folder does not say."""
     try:
         with open(Path(model_dir) / "config.json", encoding="utf-8") as fh:
-            value = json.load(fh).get("max_position_embeddings")
+            config = json.load(fh)
+        values = [config.get(k) for k in POSITION_KEYS]
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    for value in values:  # a float that is a whole number counts; anything else does not
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def context_problem(context: int | None, model_dir: str | Path) -> str | None:

@@ -29,6 +29,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_text
 from envace.core.outfile import created_mode
 from envace.core.yaml_load import YamlError, load_yaml
 
@@ -290,12 +292,13 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None, overrides: li
     if yaml_path is not None:
         source = str(yaml_path)
         try:
-            data = load_yaml(Path(yaml_path).read_text(encoding="utf-8")) or {}
+            # a regular file of at most 16 MiB: a FIFO, a device or a huge file is refused
+            data = load_yaml(read_small_text(yaml_path, what="config file")) or {}
         except UnicodeDecodeError as e:
             raise ConfigError(f"cannot read config file {source}: it is not UTF-8 text (byte "
                               f"{e.object[e.start:e.start + 1]!r} at position {e.start}); give a "
                               "YAML file such as configs/tiny.yaml") from e
-        except (OSError, ValueError, yaml.YAMLError) as e:
+        except (OSError, ValueError, yaml.YAMLError, UsageError) as e:
             raise ConfigError(f"cannot read config file {source}: {e}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must hold a mapping of keys to values, not {data!r}")

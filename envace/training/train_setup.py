@@ -22,6 +22,8 @@ import torch
 from envace.core.envs.bfcl.tasks import Task
 from envace.core.envs.guard import CallLimits
 from envace.core.envs.task_envs import env_tasks
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_text
 from envace.core.layout import RUN
 from envace.core.modes import training_mode
 from envace.core.text import terminal_safe
@@ -355,8 +357,9 @@ def check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     # a key the old config lacks (added to the trainer since) had its default value then
     stored = run_dir / RUN.config
     try:
-        old = {**to_dict(TrainConfig()), **(load_yaml(stored.read_text(), str(stored)) or {})}
-    except (ValueError, TypeError) as exc:  # YamlError, or a file that is not a mapping
+        old = {**to_dict(TrainConfig()),
+               **(load_yaml(read_small_text(stored, what="config"), str(stored)) or {})}
+    except (ValueError, TypeError, OSError, UsageError) as exc:  # YamlError, not a mapping
         raise ConfigError(f"cannot resume {run_dir}: {exc}") from None
     # output_dir is where the run is, named by the --resume path itself: "runs", "./runs" and
     # "/abs/runs" (or the same from another directory) are one run

@@ -65,6 +65,8 @@ def _envace(*args: str) -> subprocess.CompletedProcess:
     ("probe", "--model", TINY, "IN", "--out", "OUT", "--max-new-tokens=0"),
     ("probe", "--model", TINY, "IN", "--out", "OUT", "--confidence", "--max-new-tokens=-3"),
     ("probe", "--likelihood", "--model", TINY, "IN", "--out", "OUT", "--context=0"),
+    ("probe", "--model", TINY, "IN", "--out", "OUT", "--threshold=nan"),
+    ("probe", "--model", TINY, "IN", "--out", "OUT", "--threshold=5"),
 ])
 def test_a_bad_number_is_a_usage_error_and_nothing_is_written(tmp_path, args):
     args = tuple(str(tmp_path / a) if a in ("IN", "OUT") else a for a in args)
@@ -83,3 +85,46 @@ def test_a_context_past_the_models_positions_is_refused(tmp_path):
                 str(tmp_path / "o"), "--context", "1000000")
     assert r.returncode == 2 and "passes the model's 4096 positions" in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_context_past_n_positions_is_refused_and_a_broken_model_is_one_line(tmp_path):
+    """Round 6: a config that says its positions as n_positions (GPT-2 style) or as 2048.0 was
+    not checked, and a folder without weights gave a 35-line traceback."""
+    import json
+
+    from envace.model.models import position_limit
+
+    for i, cfg in enumerate(({"n_positions": 1024}, {"max_position_embeddings": 2048.0},
+                             {"max_position_embeddings": "2048"})):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "llama", **cfg}))
+        assert position_limit(d) == (1024, 2048, None)[i]
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    r = _envace("probe", "--likelihood", "--model", str(tmp_path / "m0"), str(src), "--out",
+                str(tmp_path / "o"), "--context", "5000")
+    assert r.returncode == 2 and "passes the model's 1024 positions" in r.stderr, r.stderr
+    r = _envace("probe", "--likelihood", "--model", str(tmp_path / "m2"), str(src), "--out",
+                str(tmp_path / "o"))
+    assert r.returncode == 2 and "cannot load the model" in r.stderr, r.stderr[-800:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("envs", "--mcp-config", "FIFO"),
+    ("train", "--config", "FIFO"),
+])
+def test_a_config_that_is_a_fifo_is_refused_not_waited_on(tmp_path, args):
+    """Round 6: `envace envs --mcp-config FIFO` and `envace train --config FIFO` hung (and a
+    link to /dev/zero filled memory): a config is read only as a regular file of <= 16 MiB."""
+    import os
+
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    args = tuple(str(fifo) if a == "FIFO" else a for a in args)
+    if args[0] == "train":
+        args = (*args, f"output_dir={tmp_path / 'runs'}")
+    r = _envace(*args)
+    assert r.returncode in (2, 3), r.stderr[-800:]
+    assert "not a regular file" in (r.stderr + r.stdout) and "Traceback" not in r.stderr

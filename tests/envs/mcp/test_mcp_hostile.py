@@ -34,7 +34,7 @@ from envace.core.envs.mcp.workdir import MAX_HASHED_BYTES, MAX_STATE_ENTRIES, re
 from tests.envs.mcp.conftest import ROOT, marked_processes
 
 SERVER = textwrap.dedent('''
-    import json, os, sys, time
+    import json, os, signal, sys, time
     OBJ = {"type": "object", "properties": {"x": {"type": "string"}}}
     SCHEMAS = {
         "redos": {"type": "object", "properties": {"x": {"type": "string",
@@ -47,7 +47,8 @@ SERVER = textwrap.dedent('''
         "uniq": {"type": "object", "properties": {"x": {"type": "array", "uniqueItems": True}}},
         "selfref": {"type": "object", "$ref": "#"},
     }
-    NAMES = ["ok", "mkfifo", "sparse", "smallerr", "timeerr", "ansierr", "orphan", "crash",
+    NAMES = ["ok", "mkfifo", "sparse", "smallerr", "timeerr", "ansierr", "orphan", "leaver",
+             "crash",
              *SCHEMAS]
     TOOLS = [{"name": n, "description": n, "inputSchema": SCHEMAS.get(n, OBJ)} for n in NAMES]
     out = sys.stdout.buffer
@@ -80,6 +81,12 @@ SERVER = textwrap.dedent('''
         if name == "orphan":
             if os.fork() == 0:
                 time.sleep(120); os._exit(0)
+            return text("forked")
+        if name == "leaver":  # a child that leaves the server's process group, deaf to SIGTERM
+            if os.fork() == 0:
+                os.setpgid(0, 0); signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                time.sleep(120); os._exit(0)
+            time.sleep(0.2)
             return text("forked")
         return text("fine")
     for line in sys.stdin:
@@ -209,6 +216,20 @@ def test_a_forked_child_of_the_server_does_not_outlive_it(tmp_path):
     assert not marked_processes(marker)  # before: the child lived on with ppid 1
 
 
+def test_a_child_that_left_the_servers_group_does_not_outlive_it(tmp_path):
+    """Round 6: a child that calls setpgid(0, 0) and ignores SIGTERM survived the group kill."""
+    marker = f"envace-test-{uuid.uuid4().hex}"
+    e = liar(tmp_path, marker)
+    e.reset({"files": {}})
+    assert e.execute("leaver", {}).content == "forked"
+    assert len(marked_processes(marker)) == 2
+    e.close()
+    deadline = time.monotonic() + 10
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not marked_processes(marker)
+
+
 def _record(tmp_path: Path, server: str, tasks: list[dict]) -> subprocess.CompletedProcess:
     (tmp_path / "srv.py").write_text(server)
     (tmp_path / "servers.yaml").write_text(
@@ -234,3 +255,24 @@ def test_record_prints_a_servers_texts_escaped(tmp_path, server, tool):
     assert "\x1b" not in done.stderr and "\x07" not in done.stderr, done.stderr
     assert "\\x1b]0;" in done.stderr  # shown, visibly escaped
 
+
+
+def test_a_task_file_that_is_a_fifo_or_huge_is_refused_not_read(tmp_path):
+    """Round 6: `envace data record --tasks FIFO` hung, `--tasks` on /dev/zero filled memory."""
+    import os
+
+    import pytest
+
+    from envace.core.envs.mcp import taskfile
+
+    fifo = tmp_path / "t.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(taskfile.TaskFileError, match="not a regular file|FIFO"):
+        taskfile.read_task_file(fifo)
+    with pytest.raises(taskfile.TaskFileError):
+        taskfile.read_task_file("/dev/zero")
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as fh:
+        fh.truncate(taskfile.MAX_TASK_FILE_BYTES + 1)
+    with pytest.raises(taskfile.TaskFileError, match="longer than|past|limit|bytes"):
+        taskfile.read_task_file(big)

@@ -137,6 +137,7 @@ class ServerProcess:
         stop = self._stop
         assert stop is not None
         self._spawned = group.watch()
+        self._left: list[tuple[int, str]] = []
         try:
             with open(self.errlog or "/dev/null", "w", encoding="utf-8") as err:
                 async with stdio_client(self.params, errlog=err) as (read, write), \
@@ -148,6 +149,8 @@ class ServerProcess:
                     self._session = session
                     ready.set_result(tools)
                     await stop.wait()
+                    # its descendants while it still runs: a child that left its group is found
+                    self._left = group.descendants(self._spawned)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, never lost
             reason = _reason(exc, f"starting {self.label}", self.startup_timeout)
             self._dead = self._dead or reason
@@ -157,7 +160,7 @@ class ServerProcess:
                 raise
         finally:
             self._session = None
-            group.kill_group(self._spawned)  # its forked children too, once the SDK is done
+            group.kill_group(self._spawned, self._left)  # its children too, once the SDK is done
 
     @staticmethod
     async def _list_tools(session: ClientSession) -> list[types.Tool]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_text
 from envace.core.yaml_load import load_yaml
 
 CONFIG_ENV = "ENVACE_MCP_CONFIG"
@@ -160,7 +162,9 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Profile]:
     """Every profile of a config file."""
     p = Path(path)
     try:
-        raw = load_yaml(p.read_text(encoding="utf-8"))
+        raw = load_yaml(read_small_text(p, what="the MCP config"))
+    except UsageError as exc:  # not a regular file, past 16 MiB, not UTF-8: never waited on
+        raise ProfileError(str(exc)) from None
     except OSError as exc:
         raise ProfileError(f"cannot read the MCP config {p}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

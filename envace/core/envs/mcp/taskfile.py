@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.envs.mcp.workdir import StateError, check_files
+from envace.core.errors import UsageError
+from envace.core.infile import read_small_text
 
 TASKS_ENV = "ENVACE_MCP_TASKS"
 SPLITS = ("train", "dev", "test")
 _KEYS = {"id", "prompt", "state", "ground_truth", "split", "meta", "cluster"}
+
+#: The largest task file read (read whole: its tasks are checked before any runs).
+MAX_TASK_FILE_BYTES = 256 * 1024 * 1024
 
 
 class TaskFileError(ValueError):
@@ -75,10 +80,10 @@ def read_task_file(path: str | os.PathLike[str]
     ``{"file", "line", "reason"}`` (a bad line or a repeated id); :class:`TaskFileError` if the
     file cannot be read."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskFileError(f"cannot read the task file {p}: {exc}") from None
+    try:  # a regular file of at most MAX_TASK_FILE_BYTES: a FIFO or a device is never waited on
+        lines = read_small_text(p, MAX_TASK_FILE_BYTES, "the task file").splitlines()
+    except UsageError as exc:
+        raise TaskFileError(str(exc)) from None
     tasks: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
     seen: set[str] = set()

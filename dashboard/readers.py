@@ -350,9 +350,7 @@ def steps_frame(path: str | os.PathLike[str]) -> Frame:
         rows.append(row)
     notes = data.notes(AUDIT.steps)
     if bad:
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        notes.append(f"{AUDIT.steps}: skipped {len(bad)} line(s) that are not step records: "
-                     f"{', '.join(bad[:5])}{more}.")
+        notes.append(_skipped_note(AUDIT.steps, bad, "that are not step records"))
     frame = pd.DataFrame(rows, columns=None if rows else [*STEP_FIELDS, "malformed", "offset"])
     for c in CATEGORICAL:
         frame[c] = frame[c].astype(str).astype("category")
@@ -401,10 +399,14 @@ def trajectories_frame(path: str | os.PathLike[str]) -> Frame:
         rows.append(rec)
     notes = data.notes(AUDIT.trajectories)
     if bad:
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        notes.append(f"{AUDIT.trajectories}: skipped {len(bad)} line(s) a table cannot hold: "
-                     f"{', '.join(bad[:5])}{more}.")
+        notes.append(_skipped_note(AUDIT.trajectories, bad, "a table cannot hold"))
     return Frame(pd.DataFrame(rows), notes)
+
+
+def _skipped_note(name: str, bad: list[str], what: str) -> str:
+    """The note naming the first five lines of ``name`` a frame left out, and how many more."""
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return f"{name}: skipped {len(bad)} line(s) {what}: {', '.join(bad[:5])}{more}."
 
 
 def line_offsets(path: str | os.PathLike[str]) -> list[int]:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from envace.core.text import terminal_safe
 from envace.model.tokenizer_train import IM_END, check_chat_tokens, train_tokenizer
 
 __all__ = [
@@ -361,8 +362,6 @@ def load_model_or_say(path: str | Path, prog: str) -> tuple[Any, Any] | None:
     try:
         return load_model(path)
     except Exception as exc:  # noqa: BLE001 - whatever the loaders raise, the user gets one line
-        from envace.core.text import terminal_safe
-
         why = (str(exc).strip().splitlines() or [""])[0][:300]
         print(f"{prog}: cannot load the model at {terminal_safe(str(path))}: "
               f"{type(exc).__name__}: {terminal_safe(why)}", file=sys.stderr)

@@ -61,7 +61,16 @@ def atomic_output(out: str | os.PathLike[str],
 
 def created_mode() -> int:
     """The mode a file created by ``open(path, "w")`` would get here (0666 less the umask):
-    what an atomically written output file is given (``mkstemp`` makes every file 0600)."""
+    what an atomically written output file is given (``mkstemp`` makes every file 0600). The
+    umask is read from ``/proc/self/status`` where there is one: setting it to read it back
+    would change it for a moment under every other thread of the process."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask

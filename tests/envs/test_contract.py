@@ -210,3 +210,50 @@ def test_verifier_passes_ground_truth_and_fails_without_its_last_write(fam_real)
         with_writes += 1
         assert fam.reward("state", task, cut, final)["reward"] < 1.0, (task.id, writes[-1])
     assert with_writes, "the sampled tasks should include one with a write call"
+
+
+# ------------------------------------------------------------------ 6. the per-call limit
+STALL = "__contract_stall__"  # a tool a planted stall answers, for the Python families
+LIMIT_S = 1.5
+
+
+def test_a_call_past_the_limit_is_a_timeout_and_the_environment_goes_on(fam_real, monkeypatch):
+    """Every family under the call limits (``envace.core.envs.guard``; an MCP server: its own
+    request timeout): a call that does not answer is cut at the limit and answered as an error
+    marked ``timeout``, never a stall, and the environment answers its real calls afterwards
+    as it did before (Python families: the same call in the restored child; an MCP profile,
+    whose server is stopped after a hung call: after the next reset)."""
+    import time
+
+    from envace.core.envs.guard import CallLimits
+    from envace.core.envs.task_envs import close_env, task_environment
+
+    name, tasks, trajs, _ = fam_real
+    task, traj = tasks[0], trajs[0]
+    first = traj.tool_steps()[0]
+    call = (first.tool, dict(first.arguments or {}))
+    mcp = name.startswith("mcp:")
+    if not mcp:  # planted in the parent before the environment's child is forked from it
+        cls = type(family(name).new_env(task))
+        real = cls.execute
+
+        def stalling(self, tool, arguments):
+            if tool == STALL:
+                time.sleep(120)
+            return real(self, tool, arguments)
+
+        monkeypatch.setattr(cls, "execute", stalling)
+    env = task_environment(task, CallLimits(LIMIT_S, None))
+    try:
+        t0 = time.monotonic()
+        r = env.execute("hang" if mcp else STALL, {})
+        assert time.monotonic() - t0 < LIMIT_S + 10, name
+        assert r.error and getattr(r, "timeout", False) is True, (name, r.content[:200])
+        if mcp:
+            env.reset(task)
+        after = env.execute(*call)
+        assert after.content == first.response.content, name
+    finally:
+        close_env(env)
+        if mcp:
+            env.close()

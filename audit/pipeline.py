@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -88,10 +89,17 @@ def reference_triples(path: str | os.PathLike[str]) -> list[Triple]:
     return read_reference(path)[0]
 
 
+#: where a trajectory's calls keep their arguments: JSON text there is parsed and walked too
+_CALL_ARGUMENTS = re.compile(r"messages\[\d+\]\.tool_calls\[\d+\]\.function\.arguments")
+
+
 def nonfinite_paths(obj: Any, limit: int = 5) -> list[str]:
     """Where ``obj`` (a trajectory, plain data) holds NaN or an infinity, e.g.
-    ``messages[1].tool_calls[0].function.arguments.x = nan`` (at most ``limit``; no
-    recursion, so any depth is safe)."""
+    ``messages[1].tool_calls[0].function.arguments.x = nan``: any value, and the values of a
+    call's arguments given as JSON text (JSON text elsewhere, even within those arguments, is a
+    string: it reaches the environment as one). At most ``limit``; no recursion, so any depth
+    is safe. The audit walks only a record its reader flagged
+    (``envace.core.schema.may_hold_nonfinite``)."""
     from pydantic import BaseModel
 
     found: list[str] = []
@@ -109,7 +117,7 @@ def nonfinite_paths(obj: Any, limit: int = 5) -> list[str]:
             stack.extend((f"{where}.{k}".lstrip("."), x) for k, x in reversed(v.items()))
         elif isinstance(v, list | tuple):
             stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
-        elif isinstance(v, str) and where.endswith("function.arguments") and v[:1] == "{":
+        elif isinstance(v, str) and v[:1] == "{" and _CALL_ARGUMENTS.fullmatch(where):
             with contextlib.suppress(ValueError, RecursionError):
                 stack.append((where, json.loads(v)))
     return found
@@ -160,8 +168,12 @@ def _pool_init(parent: int, opts: AuditOptions, triples: list[Triple] | None) ->
     _setup_worker(opts, triples)
 
 
-def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
-    path, line, traj = job
+#: one record to audit: (file, line, trajectory, whether its line may hold a non-finite number)
+Job = tuple[str, int, Trajectory, bool]
+
+
+def _work(job: Job) -> tuple[str, int, _Done | str]:
+    path, line, traj, maybe_nonfinite = job
     try:
         res = replay_trajectory(traj, _WORKER["settings"], _WORKER["envs"], _WORKER["override"])
     except ReplayError as exc:
@@ -172,7 +184,7 @@ def _work(job: tuple[str, int, Trajectory]) -> tuple[str, int, _Done | str]:
         return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
     try:
         warnings = list(res.warnings)
-        bad = nonfinite_paths(traj)
+        bad = nonfinite_paths(traj) if maybe_nonfinite else []
         if bad:
             warnings.append("non-finite number(s) replayed as they are (written NaN/Infinity): "
                             + "; ".join(bad))
@@ -195,7 +207,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
-          shard: tuple[int, int] | None = None) -> Iterator[tuple[str, int, Trajectory]]:
+          shard: tuple[int, int] | None = None) -> Iterator[Job]:
     """The records to audit, in input order (``shard`` (I, N): only shard I's, ``audit.shard``;
     what has no id, shard 0 reports)."""
     first: dict[str, int] = {}  # id -> where it was first read: file index << 40 | line
@@ -227,7 +239,7 @@ def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
                 if not files or files[-1] != item.path:
                     files.append(item.path)
                 first[traj.id] = (len(files) - 1) << 40 | item.line
-                yield item.path, item.line, traj
+                yield item.path, item.line, traj, item.maybe_nonfinite
         except OSError as exc:
             if mine:
                 skipped.append(skipped_row(p, None, f"cannot read: {exc.strerror or exc}"))
@@ -259,8 +271,8 @@ class _Pool:
     def _start(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
 
-    def map(self, jobs: Iterator[tuple[str, int, Trajectory]]) -> Iterator[tuple[str, int, Any]]:
-        pending: deque[tuple[tuple[str, int, Trajectory], Future]] = deque()
+    def map(self, jobs: Iterator[Job]) -> Iterator[tuple[str, int, Any]]:
+        pending: deque[tuple[Job, Future]] = deque()
         for job in jobs:
             pending.append((job, self._submit(job)))
             if len(pending) >= 8 * self.n:
@@ -268,7 +280,7 @@ class _Pool:
         while pending:
             yield self._result(*pending.popleft())
 
-    def _submit(self, job: tuple[str, int, Trajectory]) -> Future:
+    def _submit(self, job: Job) -> Future:
         try:
             return self.ex.submit(_work, job)
         except BrokenProcessPool:  # a worker died: a fresh pool
@@ -282,11 +294,11 @@ class _Pool:
         self.ex.shutdown(wait=False, cancel_futures=True)
         self.ex = self._start()
 
-    def _result(self, job: tuple[str, int, Trajectory], fut: Future) -> tuple[str, int, Any]:
+    def _result(self, job: Job, fut: Future) -> tuple[str, int, Any]:
         """The record's result. When a worker died with it in flight it is replayed once more,
         alone, in a fresh pool: only the record that kills a worker again is lost, never the
         records that merely shared the pool with it."""
-        path, line, _ = job
+        path, line = job[0], job[1]
         try:
             return fut.result()
         except BrokenProcessPool:

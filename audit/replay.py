@@ -48,13 +48,21 @@ class History:
         self.chars = -1  # length of the joined text
         self.tokens: set[str] = set()
         self._text: str | None = ""
+        #: the last text :meth:`novelty` tokenised, and its tokens: a real response is scored
+        #: and then joins the history as the next step's tool message, tokenised once
+        self._last: tuple[str, list[str]] = ("", [])
+
+    def _tokens(self, text: str) -> list[str]:
+        if text == self._last[0]:
+            return self._last[1]
+        return _TOKEN.findall(text.lower())
 
     def add(self, text: str) -> None:
         self.parts.append(text)
         self.chars += len(text) + 1
         self._text = None
         if self.chars <= MAX_HISTORY_CHARS:
-            self.tokens.update(_TOKEN.findall(text.lower()))
+            self.tokens.update(self._tokens(text))
 
     def text(self) -> str:
         """The history as the scorers see it: its last ``MAX_HISTORY_CHARS`` characters."""
@@ -66,7 +74,8 @@ class History:
         """:func:`audit.stats.compounding.novelty` of ``actual`` against this history."""
         if self.chars > MAX_HISTORY_CHARS:
             return novelty(actual, self.text())
-        tokens = _TOKEN.findall(actual.lower())
+        tokens = self._tokens(actual)
+        self._last = (actual, tokens)
         if not tokens:
             return 0.0
         seen = self.tokens

@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -212,6 +213,55 @@ class ReadItem:
     trajectory: Trajectory | None = None
     error: str | None = None
     raw: str | None = None  # the start of the bad line, for the report
+    #: False when the line cannot hold a non-finite number (:func:`may_hold_nonfinite`)
+    maybe_nonfinite: bool = True
+
+
+def may_hold_nonfinite(traj: Trajectory, parsed_nonfinite: bool = True) -> bool:
+    """Whether a trajectory may hold a non-finite number where the audit looks for one
+    (``audit.pipeline.nonfinite_paths``: any value, and the JSON text of a call's arguments).
+    False is certain; True means the walk must look (and, but for a number that validation
+    dropped, finds one). ``parsed_nonfinite``: whether the JSON it was parsed from held one
+    (NaN, an infinity, a literal past the float range: :func:`_loads` notes it as it parses,
+    at no cost); then the typed float fields (validation turns a string such as ``"inf"`` into
+    a float in ``reward`` and a message's ``logprob``) and each call's arguments given as JSON
+    text. The audit so walks no record for what almost none holds."""
+    if parsed_nonfinite:
+        return True
+    if any(isinstance(v, float) and not math.isfinite(v)
+           for v in (traj.reward, *(m.logprob for m in traj.messages))):
+        return True
+    for m in traj.messages:
+        for c in m.tool_calls or ():
+            args = c.function.arguments
+            if isinstance(args, str) and args[:1] == "{":
+                try:
+                    if _loads(args)[1]:
+                        return True
+                except (ValueError, RecursionError):
+                    continue  # not JSON: the walk finds nothing there either
+    return False
+
+
+def _loads(text: str) -> tuple[Any, bool]:
+    """``json.loads(text)`` and whether a number in it was non-finite (the constants NaN and
+    Infinity, or a float literal such as 1e999): the hooks see every constant and float
+    literal, and return what json's own parsing returns."""
+    nonfinite = False
+
+    def constant(name: str) -> float:
+        nonlocal nonfinite
+        nonfinite = True
+        return float(name)  # "NaN", "Infinity", "-Infinity": as json parses them
+
+    def number(literal: str) -> float:
+        nonlocal nonfinite
+        value = float(literal)
+        if not math.isfinite(value):
+            nonfinite = True
+        return value
+
+    return json.loads(text, parse_constant=constant, parse_float=number), nonfinite
 
 
 def _describe(exc: ValidationError) -> str:
@@ -224,27 +274,33 @@ def _describe(exc: ValidationError) -> str:
 
 def parse_line(text: str) -> tuple[Trajectory | None, str | None]:
     """Parse one JSONL line into a trajectory, or return the reason it is not one."""
+    traj, err, _ = _parse_line(text)
+    return traj, err
+
+
+def _parse_line(text: str) -> tuple[Trajectory | None, str | None, bool]:
+    """:func:`parse_line`, and whether the JSON held a non-finite number."""
     try:
-        data = json.loads(text)
+        data, nonfinite = _loads(text)
     except json.JSONDecodeError as exc:
-        return None, f"invalid JSON: {exc.msg} at column {exc.colno}"
+        return None, f"invalid JSON: {exc.msg} at column {exc.colno}", True
     except RecursionError:
-        return None, "invalid JSON: nested too deeply"
+        return None, "invalid JSON: nested too deeply", True
     except ValueError as exc:  # an integer longer than Python converts (sys.int_info)
-        return None, f"invalid JSON: {str(exc).split(';')[0]}"
+        return None, f"invalid JSON: {str(exc).split(';')[0]}", True
     if not isinstance(data, dict):
-        return None, f"a record must be a JSON object, got {type(data).__name__}"
+        return None, f"a record must be a JSON object, got {type(data).__name__}", True
     if data.get("schema") != SCHEMA_ID:
         got = data.get("schema")
         got = (repr(got[:60]) if isinstance(got, str) else "missing" if got is None
                else f"a {type(got).__name__}")
-        return None, f"schema is {got}, expected {SCHEMA_ID!r}"
+        return None, f"schema is {got}, expected {SCHEMA_ID!r}", True
     try:
-        return Trajectory.model_validate(data), None
+        return Trajectory.model_validate(data), None, nonfinite
     except ValidationError as exc:
-        return None, f"not a valid trajectory: {_describe(exc)}"
+        return None, f"not a valid trajectory: {_describe(exc)}", True
     except RecursionError:
-        return None, "not a valid trajectory: nested too deeply"
+        return None, "not a valid trajectory: nested too deeply", True
 
 
 def bounded_lines(fh: Any, keep_long: bool = False) -> Iterator[tuple[int, bytes, bool]]:
@@ -288,10 +344,11 @@ def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:
                 continue
             if not text.strip():
                 continue
-            traj, err = parse_line(text)
+            traj, err, nonfinite = _parse_line(text)
             if err and not ended:
                 err = f"truncated last line (no newline): {err}"
-            yield ReadItem(p, lineno, trajectory=traj, error=err, raw=None if traj else text[:200])
+            yield ReadItem(p, lineno, trajectory=traj, error=err, raw=None if traj else text[:200],
+                           maybe_nonfinite=traj is None or may_hold_nonfinite(traj, nonfinite))
 
 
 def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:

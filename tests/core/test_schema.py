@@ -153,3 +153,55 @@ def test_generated_trajectory_round_trip(args, content, rehearsed):
     t = Trajectory.model_validate(data)
     assert t.dump() == data
     assert t.tool_steps()[0].arguments == args
+
+
+# ---------------------------------------------------------------- non-finite numbers, fast
+
+#: JSON number texts, finite and not: the constants, literals past the float range with and
+#: without an exponent, escapes that spell NaN inside a string that is itself JSON
+_NUMBER_TEXTS = st.sampled_from([
+    "1.5", "-0.0", "1e30", "1e-400", "12345678901234567890", "NaN", "Infinity", "-Infinity",
+    "1e999", "-2E+400", "1" + "0" * 320 + ".5", "0." + "0" * 320 + "1",
+])
+
+
+def _record(args_text: str, as_string: bool, reward: str, logprob: str) -> str:
+    args = json.dumps(args_text) if as_string else args_text
+    return ('{"schema": "envace.trajectory/1", "id": "t", "task_id": "x", '
+            '"env": {"name": "bfcl", "task": "x"},'
+            ' "source": "rehearsed", "reward": ' + reward + ', "messages": ['
+            '{"role": "user", "content": "hi"},'
+            '{"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": '
+            '"function", "function": {"name": "ls", "arguments": ' + args + '}}]},'
+            '{"role": "tool", "content": "ok", "tool_call_id": "c0", "name": "ls", '
+            '"rehearsed": true, "logprob": ' + logprob + '}]}')
+
+
+@settings(max_examples=300, deadline=None)
+@given(number=_NUMBER_TEXTS, as_string=st.booleans(), nested=st.booleans(),
+       escaped=st.booleans(),
+       reward=st.sampled_from(["0.5", "null", '"inf"', '"nan"', "NaN", "1e999"]),
+       logprob=st.sampled_from(["-1.5", "null", '"-inf"', "-Infinity", "-1e400"]))
+def test_the_fast_non_finite_flag_never_misses_what_the_walk_finds(
+        tmp_path_factory, number, as_string, nested, escaped, reward, logprob):
+    """The audit walks a record for NaN and infinities only when the flag read with it says it
+    may hold one (``ReadItem.maybe_nonfinite``): the flag is set exactly where the full walk
+    (``audit.pipeline.nonfinite_paths``) finds one. JSON text nested in the arguments (and a
+    number spelled with an escape there) is a string to both."""
+    from audit.pipeline import nonfinite_paths
+
+    inner = '{"x": ' + number + ', "s": "a"}'
+    if escaped:  # the number's first character spelled as an escape inside nested JSON text
+        inner = '{"x": "\\\\u00' + format(ord(number[0]), "02x") + number[1:] + '"}'
+    args = ('{"function": {"arguments": ' + json.dumps(inner) + '}}') if nested else inner
+    p = tmp_path_factory.mktemp("nf") / "t.jsonl"
+    p.write_text(_record(args, as_string, reward, logprob) + "\n", encoding="utf-8")
+    (item,) = list(read_trajectories(p))
+    assert item.error is None
+    assert item.maybe_nonfinite == bool(nonfinite_paths(item.trajectory))
+
+
+def test_finite_records_are_not_walked(examples):
+    """The examples hold no NaN or infinity: none is flagged, so the walk is skipped."""
+    items = list(read_trajectories(examples / "real.jsonl"))
+    assert items and not any(it.maybe_nonfinite for it in items)

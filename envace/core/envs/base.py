@@ -235,35 +235,42 @@ def describe_env(name: str) -> dict[str, Any]:
     return out
 
 
+#: the types ``plain`` returns as they are (exact types: a subclass, such as an IntEnum, takes
+#: the general path, which returns it as it is too)
+_ATOMS = frozenset({type(None), bool, int, float, str})
+
+
 def plain(value: Any, _seen: set[int] | None = None, _depth: int = 0) -> Any:
     """Convert backend state (nested objects, sets, tuples) to JSON-able data, deterministically.
 
     Objects become dicts of their public attributes; references back up a tree (``parent``) and
-    cycles are cut; sets are sorted.
+    cycles are cut; sets are sorted. Leaves of the common types are taken in place, without a
+    call each: the state tracker reads the state around every call of an audit.
     """
-    if value is None or isinstance(value, bool | int | float | str):
+    if type(value) in _ATOMS or isinstance(value, bool | int | float | str):
         return value
     if _depth > 64:
         return "<deep>"
     seen = _seen if _seen is not None else set()
     if id(value) in seen:
         return "<cycle>"
+    d = _depth + 1
     if isinstance(value, dict):
         seen.add(id(value))
-        out = {str(k): plain(v, seen, _depth + 1) for k, v in value.items()}
+        out = {str(k): v if type(v) in _ATOMS else plain(v, seen, d) for k, v in value.items()}
         seen.discard(id(value))
         return out
     if isinstance(value, list | tuple):
         seen.add(id(value))
-        out_l = [plain(v, seen, _depth + 1) for v in value]
+        out_l = [v if type(v) in _ATOMS else plain(v, seen, d) for v in value]
         seen.discard(id(value))
         return out_l
     if isinstance(value, set | frozenset):
-        return sorted((plain(v, seen, _depth + 1) for v in value), key=repr)
+        return sorted((plain(v, seen, d) for v in value), key=repr)
     if hasattr(value, "__dict__"):
         seen.add(id(value))
         attrs = {
-            k: plain(v, seen, _depth + 1)
+            k: v if type(v) in _ATOMS else plain(v, seen, d)
             for k, v in vars(value).items()
             if not k.startswith("_") and k != "parent"
         }

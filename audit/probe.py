@@ -192,7 +192,7 @@ def probe_steps(
         raise ValueError(f"history must be one of {HISTORIES}, got {history!r}")
     tool_steps = traj.tool_steps()
     check_sizes(tool_steps)  # docs/audit.md, size limits: one skipped record, before any call
-    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
+    env, _ = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
     wanted = None if steps is None else set(steps)
     answer_of = {id(st.response): st for st in tool_steps if st.response is not None}
     calls_of: dict[int, list[Any]] = defaultdict(list)

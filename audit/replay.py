@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,26 +97,31 @@ class TrajectoryAudit:
 
 
 def _reset(env_cache: dict[str, Environment], traj: Trajectory,
-           limits: CallLimits | None = None) -> Environment:
+           limits: CallLimits | None = None, batch: list[tuple[str, Any]] | None = None,
+           track_state: bool = False) -> tuple[Environment, Iterator[Any] | None]:
     """The trajectory's environment (one per name in ``env_cache``, every call under ``limits``:
-    ``envace.core.envs.guard``), reset to its initial state."""
+    ``envace.core.envs.guard``), reset to its initial state; and, where the environment runs
+    in its own process and ``batch`` is given, the results of those calls, asked for in the
+    same message as the reset (``GuardedEnv.begin_many``: one round trip per trajectory)."""
     name = traj.env.get("name")
     try:
         env = env_cache.get(name) or env_cache.setdefault(name, guarded_env(name, limits))
     except KeyError as exc:
         raise ReplayError(str(exc)) from None
     target = traj.env["task"] if "task" in traj.env else traj.env["state"]
+    op, arg = ("reset_record", traj.env) if hasattr(env, "reset_record") else ("reset", target)
+    results = None  # a record with more than the task id (a version): reset_record
     try:
-        if hasattr(env, "reset_record"):  # a record with more than the task id (a version)
-            env.reset_record(traj.env)
+        if batch is not None and hasattr(env, "begin_many"):
+            results = env.begin_many(op, arg, batch, track_state=track_state)
         else:
-            env.reset(target)
+            getattr(env, op)(arg)
     except UnknownTask as exc:
         raise ReplayError(str(exc)) from None
     except Exception as exc:  # an inline state of the wrong shape, whatever the backend raises
         raise ReplayError(f"cannot reset {name} to this state: {type(exc).__name__}: "
                           f"{str(exc)[:200]}") from None
-    return env
+    return env, results
 
 
 def _message_text(m: Any) -> str:
@@ -143,15 +149,22 @@ class RealCalls:
         self.state_changes: dict[int, dict[str, Any] | None] = {}
         self._tracker = StateTracker(env) if track_state else None
 
-    def prefetch(self, steps: list[Any]) -> None:
+    @staticmethod
+    def batch(steps: list[Any]) -> list[tuple[str, Any]]:
+        """The calls :meth:`prefetch` runs: every well-formed call of ``steps``, in order."""
+        return [(st.tool, st.arguments) for st in steps if st.malformed is None]
+
+    def prefetch(self, steps: list[Any], results: Iterator[Any] | None = None) -> None:
         """Run every well-formed call of ``steps`` now, in order, in one batch where the
-        environment can (a guarded one: one round trip to its process, not one per call)."""
-        if not hasattr(self.env, "execute_many"):
+        environment can (a guarded one: one round trip to its process, not one per call);
+        ``results``: theirs, asked for already (with the reset)."""
+        if results is None and not hasattr(self.env, "execute_many"):
             return
         todo = [st for st in steps if st.malformed is None]
-        batch = [(st.tool, st.arguments) for st in todo]
-        results = (self.env.execute_many(batch, track_state=True) if self.track_state
-                   else self.env.execute_many(batch))
+        if results is None:
+            batch = self.batch(steps)
+            results = (self.env.execute_many(batch, track_state=True) if self.track_state
+                       else self.env.execute_many(batch))
         for st, res in zip(todo, results, strict=True):
             self._ahead[st.step] = res
 
@@ -205,12 +218,13 @@ def replay_trajectory(
     a call or a response past ``MAX_CALL_BYTES`` (checked before the environment runs)."""
     steps = traj.tool_steps()
     check_sizes(steps)
-    env = _reset(env_cache if env_cache is not None else {}, traj, settings.limits)
+    env, results = _reset(env_cache if env_cache is not None else {}, traj, settings.limits,
+                          RealCalls.batch(steps), settings.state_change)
     history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env, settings.state_change)
-    calls.prefetch(steps)
+    calls.prefetch(steps, results)
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
             history.add(_message_text(m))

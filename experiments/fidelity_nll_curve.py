@@ -16,7 +16,9 @@ name is refused (a new ``--runs-dir``).
 
 Writes bench/results/<--name>.json: per run the curve (step, bits per byte, tokens), its start
 and end, the step's generation-based ``fidelity/exact`` beside it (rehearsed rollouts only:
-``envace``), the wall time and the load average around it; per mode the mean change.
+``envace``), the wall time and the load average around it; per mode the mean change and its
+t-interval over seeds. Seeds run as separate processes (one per mode and seed, in parallel on
+two cores) are brought together with ``--combine A.json B.json ... --name NAME``.
 """
 
 from __future__ import annotations
@@ -88,21 +90,62 @@ def calls_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "per_episode": [r.get("calls/per_episode") for r in rows]}
 
 
+def seed_interval(values: list[float]) -> list[float] | None:
+    """The 95 % t-interval of the mean over seeds (the seed is the unit: each run is one
+    draw), None below two seeds."""
+    if len(values) < 2:
+        return None
+    from scipy import stats
+
+    mean = sum(values) / len(values)
+    half = stats.t.ppf(0.975, len(values) - 1) * stats.tstd(values) / math.sqrt(len(values))
+    return [mean - half, mean + half]
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per mode: the seeds' changes (end - start) and their mean; and per seed present in both,
-    ``envace`` - ``grpo``."""
+    """Per mode: the seeds' changes (end - start), their mean and its t-interval over seeds;
+    and per seed present in both, ``envace`` - ``grpo``."""
     out: dict[str, Any] = {}
     for mode in dict.fromkeys(r["mode"] for r in runs):
         ch = [r["change"] for r in runs if r["mode"] == mode and r["change"] is not None]
         out[mode] = {"seeds": [r["seed"] for r in runs if r["mode"] == mode], "changes": ch,
                      "mean_change": sum(ch) / len(ch) if ch else None,
+                     "interval_over_seeds": seed_interval(ch),
                      "up_in": sum(c > 0 for c in ch)}
     by = {(r["mode"], r["seed"]): r["change"] for r in runs}
     diff = [by[("envace", s)] - by[("grpo", s)] for (m, s) in by
             if m == "envace" and ("grpo", s) in by]
     if diff:
-        out["envace_minus_grpo"] = {"per_seed": diff, "mean": sum(diff) / len(diff)}
+        out["envace_minus_grpo"] = {"seeds": [s for (m, s) in by if m == "envace"
+                                              and ("grpo", s) in by],
+                                    "per_seed": diff, "mean": sum(diff) / len(diff),
+                                    "interval_over_seeds": seed_interval(diff)}
     return out
+
+
+def combine(name: str, files: list[str], argv: list[str] | None) -> int:
+    """One result from the runs of several result files of this command (seeds run apart,
+    e.g. one process per mode and seed): their runs, each with the command that made it, and
+    the summary over all of them. A run (mode, seed, settings) found twice is refused."""
+    runs: list[dict[str, Any]] = []
+    settings: list[Any] = []
+    for f in files:
+        data = json.loads(Path(f).read_text(encoding="utf-8"))
+        settings.append(data["settings"])
+        runs.extend({**r, "from": str(f)} for r in data["runs"])
+    if any(s != settings[0] for s in settings):
+        raise SystemExit("the files' settings differ: runs of different recipes do not combine")
+    keys = [(r["mode"], r["seed"], tuple(r.get("extra", []))) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise SystemExit("a run is in more than one file")
+    runs.sort(key=lambda r: (r["seed"], r["mode"]))
+    write_result(name, {**run_record("experiments.fidelity_nll_curve", argv, os.getloadavg()),
+                        "settings": settings[0], "combined_from": files,
+                        "finished": f"{len(runs)} runs", "runs": runs,
+                        "summary": summarise(runs)})
+    for mode, block in summarise(runs).items():
+        print(mode, json.dumps(block))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="fidelity_nll_tiny")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more training settings for every run (e.g. rehearse_trust=-0.214)")
+    ap.add_argument("--combine", nargs="+", metavar="RESULT.json",
+                    help="train nothing: write --name from the runs of these result files")
     args = ap.parse_args(argv)
+    if args.combine:
+        return combine(args.name, args.combine, argv)
     load = os.getloadavg()
     runs_dir = Path(args.runs_dir)
     runs: list[dict[str, Any]] = []

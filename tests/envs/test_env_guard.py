@@ -41,6 +41,8 @@ class HostileEnv:
         self.n = 0
 
     def reset(self, task):
+        if task == "refuse":
+            raise ValueError("no such task")
         self.n = 0
 
     def tools(self):
@@ -259,6 +261,34 @@ def test_a_batch_left_unread_never_answers_a_later_call():
     it.close()  # four answers were never read
     assert env.execute("count", {}).content == '{"n": 2}'  # state of the calls read, restored
     assert env.execute("count", {}).content == '{"n": 3}'
+    env.close()
+
+
+def test_a_reset_and_its_calls_in_one_message_keep_every_guarantee():
+    """``begin_many`` (the audit's one round trip per trajectory): the reset is answered before
+    it returns, a reset that raises runs none of the calls, a call that kills its process or
+    stalls costs that call (the rest answered by a fresh child brought back to the reset and
+    the calls before), and the environment is usable after."""
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=1.0))
+    env.reset("t")
+    env.execute("count", {})  # state to be wiped by the reset below
+    sent = []
+    real_send = env._send
+    with mock.patch.object(env, "_send", side_effect=lambda m: sent.append(m[0]) or
+                           real_send(m)):
+        results = list(env.begin_many("reset", "t", [("count", {}), ("die", {}),
+                                                     ("count", {}), ("sleep", {"s": 60}),
+                                                     ("count", {})]))
+    # one message for the reset and its calls; a reset again only to restore each new child
+    assert sent[0] == "begin_batch" and sent.count("begin") == env.restarts == 2
+    assert [r.content for r in results[:1]] == ['{"n": 1}']
+    assert results[1].crashed and results[2].content == '{"n": 2}'
+    assert results[3].timeout and results[4].content == '{"n": 3}'
+    assert env.tool_names() == {"count", "die", "segv", "eat", "sleep"}
+
+    with pytest.raises(ValueError, match="no such task"):
+        env.begin_many("reset", "refuse", [("count", {})] * 3)
+    assert env.execute("count", {}).content == '{"n": 4}'  # the refused reset's calls never ran
     env.close()
 
 

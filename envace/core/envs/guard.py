@@ -337,6 +337,27 @@ class GuardedEnv:
         self._after_reset = self._value(op, kind, value)
         self._reset_op = (op, target)
 
+    def begin_many(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
+                   track_state: bool = False) -> Iterator[ToolResult]:
+        """``getattr(env, op)(target)`` (``reset`` or ``reset_record``), then
+        :meth:`execute_many` of ``calls``, sent as one message: the audit's one round trip
+        per trajectory. The reset is answered (or raises, as :meth:`reset` does) before this
+        returns; the calls' results are the iterator, each call under the limit as ever."""
+        calls = list(calls)
+        self._log, self._lost, self._after_reset = [], None, {}
+        self._reset_op = None
+        if self._proc is None:
+            self._restart()
+        if not calls or not self._send(("begin_batch", op, target, calls, track_state)):
+            self._begin(op, target)  # nothing to run, or no child to send to: the plain way
+            return self.execute_many(calls, track_state)
+        kind, value = self._wait(self.limits.call_timeout_s)
+        if kind in ("timeout", "died"):
+            self._restart_quietly()
+        self._after_reset = self._value(op, kind, value)  # raises: the calls were not run
+        self._reset_op = (op, target)
+        return self._many(calls, track_state, sent=True)
+
     def _tool_names(self) -> Any:
         """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""
         if "tool_names" in self._after_reset:
@@ -352,15 +373,19 @@ class GuardedEnv:
         """The results of ``calls`` run in order, each under the limit (one message out);
         ``track_state``: each a ``statediff.TrackedResult`` saying how the call changed the
         state (diffed in the environment's process: no state crosses the pipe)."""
-        calls = list(calls)
+        return self._many(list(calls), track_state)
+
+    def _many(self, calls: list[tuple[str, Any]], track: bool, sent: bool = False
+              ) -> Iterator[ToolResult]:
         try:
-            yield from self._stream(calls, track_state)
+            yield from self._stream(calls, track, sent)
         except GeneratorExit:  # left unread: its answers must not reach a later request
             self._kill()
             raise
 
-    def _stream(self, calls: list[tuple[str, Any]], track: bool = False
+    def _stream(self, calls: list[tuple[str, Any]], track: bool = False, sent: bool = False
                 ) -> Iterator[ToolResult]:
+        """``sent``: the first batch, ``calls`` whole, is on its way already."""
         i = 0
         while i < len(calls):
             if self._lost is not None:
@@ -368,7 +393,9 @@ class GuardedEnv:
                                  timeout=not self._lost_crashed, crashed=self._lost_crashed)
                 i += 1
                 continue
-            if not self._send(("batch", calls[i:], track)):
+            if sent:
+                sent = False
+            elif not self._send(("batch", calls[i:], track)):
                 self._restart_quietly()
                 if not self._send(("batch", calls[i:], track)):
                     self._lost = self._lost or "the environment process cannot be reached"

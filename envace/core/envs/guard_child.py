@@ -86,11 +86,12 @@ def child_main(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | No
         if op == "quit":
             return
         if op == "batch":
-            track = len(msg) > 2 and msg[2]
-            if not track:
-                tracker.forget()
-            for tool, arguments in msg[1]:
-                _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
+            _batch(conn, env, tracker, msg[1], len(msg) > 2 and msg[2])
+            continue
+        if op == "begin_batch":  # a reset and the calls after it: one message, no round trip
+            tracker.forget()
+            if _answer(conn, _begin, (env, msg[1], msg[2]), {}):
+                _batch(conn, env, tracker, msg[3], msg[4])
             continue
         if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
             tracker.forget()  # the state may have changed outside a tracked batch
@@ -104,22 +105,34 @@ def child_main(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | No
             _answer(conn, getattr(env, attr), args, kw)
 
 
+def _batch(conn: Any, env: Any, tracker: StateTracker, calls: Sequence[tuple[str, Any]],
+           track: bool) -> None:
+    """Answer each call in order (``track``: with how it changed the state)."""
+    if not track:
+        tracker.forget()
+    for tool, arguments in calls:
+        _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
+
+
 def _begin(env: Any, op: str, target: Any) -> dict[str, Any]:
     getattr(env, op)(target)
     return {"tool_names": env.tool_names()} if callable(getattr(env, "tool_names", None)) else {}
 
 
-def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> None:
+def _answer(conn: Any, fn: Any, args: Sequence[Any], kw: dict[str, Any]) -> bool:
+    """Send what ``fn`` returns (True) or raises (False)."""
     try:
         value = fn(*args, **kw)
     except BaseException as exc:
         conn.send(("raise", portable(exc)))
-        return
+        return False
     try:
         conn.send(("ok", value))
     except Exception as exc:  # the value does not pickle
         conn.send(("raise", RuntimeError(f"result not transferable: {type(exc).__name__}: "
                                          f"{exc}")))
+        return False
+    return True
 
 
 def run_once(conn: Any, fn: Any, args: Sequence[Any], memory_mb: int | None,

@@ -5,7 +5,8 @@
 Over the real trajectories of all 800 BFCL tasks (every ground-truth step, 4,625 steps; copies
 with fresh ids make the 10x and 100x inputs): the whole audit (read, replay under the default
 call limits, score five ways, statistics with bootstraps, report and plots) with 1 worker at
-every size and 2 workers at 1x, against merely executing the same calls with bfcl-eval's own
+every size and 2 workers at 1x and 10x (two cores against bfcl-eval's one: read it as
+what a user with two cores gets), against merely executing the same calls with bfcl-eval's own
 executor in the same run (the reference of issue 44: `bench.bfcl_replay.run_bfcl`, median of
 three runs, times the copies), as a ratio. Peak memory of the audit's process (ru_maxrss;
 the environment's own process under the call limits is apart: a child that ended, e.g. killed
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
              n / t_exec, 1.0, ""]]
     plan = [(1, 1, "on"), (1, 2, "on"), (1, 1, "off")] + [(k, 1, "on") for k in args.sizes
                                                          if k != 1]
+    if 10 in args.sizes:  # the issue's size with both cores: the environment's process of one
+        plan.append((10, 2, "on"))  # worker runs while the other worker scores
     for k, workers, limits in plan:
         r = audit(inputs[k], tmp / f"out-{k}-{workers}-{limits}", workers, limits)
         ratio = r["seconds"] / (t_exec * k)

@@ -54,7 +54,7 @@ from audit.stats.running import (
     depth_of,
 )
 from audit.stats.state_change import FIELD as STATE_LEAVES
-from audit.stats.state_change import by_state_change
+from audit.stats.state_change import StateChangeRunning
 from audit.stats.steps import clean
 from audit.stats.summary import LOGISTIC_BOOT, N_BOOT, SEED, _determinism_warning, build_summary
 from audit.store.models import SUMMARY_VERSION
@@ -63,9 +63,9 @@ from envace.core.envs.units import BUILTIN_UNITS
 __all__ = ["SummaryAggregator"]
 
 _SOURCES = (("rehearsed", True), ("real", False), ("unmarked", None))
-#: what the per-call blocks (``by_state_change``, ``confidence``, ``likelihood``) read of a row:
-#: an audit with such a field keeps one slim row per call for them (they are not running
-#: aggregates: memory grows by about 1 kB a call, docs/audit.md)
+#: what the per-call blocks ``confidence`` and ``likelihood`` read of a row: an audit with
+#: such a field keeps one slim row per call for them (they are not running aggregates: memory
+#: grows by about 1 kB a call, docs/audit.md); ``by_state_change`` is a running aggregate
 _SLIM = ("trajectory_id", "cluster", "depth", "step", "diverged", "scores", "mutates_state",
          "actual_error", "rehearsed_error", "unanswered", STATE_LEAVES, CONFIDENCE,
          "confidence_min", "likelihood", NOT_SCORED)
@@ -168,7 +168,8 @@ class SummaryAggregator:
         c = Counter()
         errors = Counter()
         pop_clusters: set[str] = set()
-        kept: dict[str, list[dict[str, Any]]] = {"state": [], "confidence": [], "likelihood": []}
+        kept: dict[str, list[dict[str, Any]]] = {"confidence": [], "likelihood": []}
+        state = StateChangeRunning(scorers, spec) if STATE_LEAVES in self._per_call else None
         for rows in self._rows():
             for r in rows:
                 r["cluster"] = cluster_of(r, unit, chosen.cluster_of)
@@ -203,8 +204,8 @@ class SummaryAggregator:
                 kept["likelihood"] += [_slim(r) for r in rows]
             if not pop:
                 continue
-            if STATE_LEAVES in self._per_call:
-                kept["state"] += [_slim(r) for r in pop]
+            if state is not None:
+                state.add(pop)
             if CONFIDENCE in self._per_call:
                 kept["confidence"] += [_slim(r) for r in pop]
             c["pop"] += len(pop)
@@ -231,7 +232,7 @@ class SummaryAggregator:
                              logistic, sources, real_diverged, c, errors, pop_clusters)
         # build_summary's per-call blocks, in its order, between "skill" and "seconds"
         seconds = out.pop("seconds")
-        blocks = {"by_state_change": by_state_change(kept["state"], scorers, spec, {}),
+        blocks = {"by_state_change": state.result() if state is not None else None,
                   "likelihood": likelihood_block(kept["likelihood"], spec),
                   "confidence": confidence_block(kept["confidence"], spec)}
         out.update({k: v for k, v in blocks.items() if v is not None})

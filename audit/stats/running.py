@@ -65,8 +65,11 @@ class Group:
 class Table:
     """``audit.stats.compounding._Table`` over running groups: the same ``stats`` dicts."""
 
-    def __init__(self, scorers: list[str], spec: IntervalSpec) -> None:
+    def __init__(self, scorers: list[str], spec: IntervalSpec, overall_only: bool = False
+                 ) -> None:
         self.scorers, self.spec = scorers, spec
+        #: only the ("all", None) group (a stratum's own table: ``state_change``)
+        self.overall_only = overall_only
         self.groups: dict[tuple[str, Any], Group] = defaultdict(Group)
         self.ids: list[str] = []
         self.code: dict[str, int] = {}
@@ -78,6 +81,10 @@ class Table:
             cl = cluster_key(s)
             div = bool(s["diverged"])
             values = [float(div)] + [score_of(s, m) for m in self.scorers]
+            if self.overall_only:
+                self.groups["all", None].add(cl, values, div)
+                touched.add(("all", None))
+                continue
             for key in (("all", None), ("depth", depth_of(s)),
                         ("tool", stratum_label(s, "tool")),
                         ("mutates_state", stratum_label(s, "mutates_state")),

@@ -24,7 +24,7 @@ audit written before issue 43, or with state tracking off).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,13 +59,8 @@ def _order(label: str) -> int:
 def _cliff(rows: Sequence[Mapping[str, Any]], spec: IntervalSpec) -> dict[str, Any]:
     low = [stratum(r) in CLIFF_LOW for r in rows]
     high = [stratum(r) in CLIFF_HIGH for r in rows]
-    out: dict[str, Any] = {"low": list(CLIFF_LOW), "high": list(CLIFF_HIGH),
-                           "n_low": sum(low), "n_high": sum(high), "low_rate": None,
-                           "high_rate": None, "diff": None, "ci": None, "p_value": None,
-                           "method": None, "present": None}
-    if not out["n_low"] or not out["n_high"]:
-        out["note"] = "no call in one of the two strata: no comparison"
-        return out
+    if not any(low) or not any(high):
+        return _cliff_from(None, sum(low), sum(high), spec)
     codes, ids = cluster_codes([_cluster(r) for r in rows])
     div = np.fromiter((bool(r["diverged"]) for r in rows), dtype=float, count=len(rows))
     c = len(ids)
@@ -74,6 +69,20 @@ def _cliff(rows: Sequence[Mapping[str, Any]], spec: IntervalSpec) -> dict[str, A
         sums = np.bincount(codes, weights=np.where(mask, div, 0.0), minlength=c)[:, None]
         counts = np.bincount(codes, weights=mask.astype(float), minlength=c)[:, None]
         sides.append((sums, counts))
+    return _cliff_from(sides, sum(low), sum(high), spec)
+
+
+def _cliff_from(sides: list[tuple[np.ndarray, np.ndarray]] | None, n_low: int, n_high: int,
+                spec: IntervalSpec) -> dict[str, Any]:
+    """The ``cliff`` dict from each side's per-cluster (diverged, calls) columns, clusters in
+    sorted order (``cluster_codes``)."""
+    out: dict[str, Any] = {"low": list(CLIFF_LOW), "high": list(CLIFF_HIGH),
+                           "n_low": n_low, "n_high": n_high, "low_rate": None,
+                           "high_rate": None, "diff": None, "ci": None, "p_value": None,
+                           "method": None, "present": None}
+    if not n_low or not n_high or sides is None:
+        out["note"] = "no call in one of the two strata: no comparison"
+        return out
     d = ratio_difference(sides[0], sides[1], spec, paired=True)[0]
     out.update(low_rate=d["a"], high_rate=d["b"], diff=d["diff"], ci=d["ci"],
                p_value=d["p_value"], method=d["method"])
@@ -82,22 +91,44 @@ def _cliff(rows: Sequence[Mapping[str, Any]], spec: IntervalSpec) -> dict[str, A
     return out
 
 
+def _claim_kind(r: Mapping[str, Any]) -> str | None:
+    """Which ``claims`` side a row counts on (None: neither, or an error flag unknown)."""
+    if r.get("rehearsed_error") is None or r.get("actual_error") is None:
+        return None
+    flag = r.get("mutates_state")
+    return "write" if flag is True else "read" if flag is False else None
+
+
 def _claims(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    counts: Counter = Counter()
+    for r in rows:
+        _count_claim(counts, r)
+    return _claims_from(counts)
+
+
+def _count_claim(counts: Counter, r: Mapping[str, Any]) -> None:
+    label = _claim_kind(r)
+    if label is None:
+        return
+    counts[label, "calls"] += 1
+    counts[label, "err"] += bool(r["actual_error"])
+    counts[label, "ok_claim_err"] += bool(not r["rehearsed_error"] and r["actual_error"])
+    counts[label, "err_claim_ok"] += bool(r["rehearsed_error"] and not r["actual_error"])
+
+
+def _claims_from(counts: Counter) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for label, flag in (("write", True), ("read", False)):
-        members = [r for r in rows if r.get("mutates_state") is flag
-                   and r.get("rehearsed_error") is not None and r.get("actual_error") is not None]
-        ok_claim_err = sum(1 for r in members if not r["rehearsed_error"] and r["actual_error"])
-        err_claim_ok = sum(1 for r in members if r["rehearsed_error"] and not r["actual_error"])
-        n_err = sum(1 for r in members if r["actual_error"])
+    for label in ("write", "read"):
+        calls, n_err = counts[label, "calls"], counts[label, "err"]
+        ok_claim_err, err_claim_ok = counts[label, "ok_claim_err"], counts[label, "err_claim_ok"]
         out[label] = {
-            "calls": len(members),
+            "calls": calls,
             "real_errors": n_err,
             "claims_success_real_error": ok_claim_err,
             "claims_error_real_success": err_claim_ok,
             "claims_success_real_error_rate": ok_claim_err / n_err if n_err else None,
-            "claims_error_real_success_rate": (err_claim_ok / (len(members) - n_err)
-                                               if len(members) > n_err else None),
+            "claims_error_real_success_rate": (err_claim_ok / (calls - n_err)
+                                               if calls > n_err else None),
         }
     return out
 
@@ -127,13 +158,79 @@ def by_state_change(rows: Sequence[Mapping[str, Any]], scorers: Sequence[str],
                                  groups=groups, n_boot=spec.resamples, seed=spec.seed)
                 for s, ref in best_reference.items()}
         table[label] = g
+    return _block(table, _cliff(rows, spec), _claims(rows))
+
+
+def _block(table: dict[str, Any], cliff: dict[str, Any], claims: dict[str, Any]
+           ) -> dict[str, Any]:
     return clean({
         "strata": table,
         "buckets": [*BUCKETS, "unknown"],
-        "cliff": _cliff(rows, spec),
-        "claims": _claims(rows),
+        "cliff": cliff,
+        "claims": claims,
         "question": "does fidelity fall off when a call changes several state leaves at once?",
     })  # type: ignore[return-value]
+
+
+class StateChangeRunning:
+    """:func:`by_state_change` (without skill: an audit with references is summarised from its
+    rows) from running aggregates, one trajectory's rows at a time: per stratum a running
+    table (``audit.stats.running.Table``, its own clusters, as ``group_stats`` draws them),
+    per cluster the cliff's sums, the claims' counts. Flat memory at any number of calls."""
+
+    def __init__(self, scorers: Sequence[str], spec: IntervalSpec) -> None:
+        self.scorers, self.spec = list(scorers), spec
+        self.tables: dict[str, Any] = {}
+        self.writes: Counter = Counter()
+        self.seen = False
+        #: cluster -> [low diverged, low calls, high diverged, high calls]
+        self.cliff: dict[str, list[float]] = {}
+        self.n_low = self.n_high = 0
+        self.claims: Counter = Counter()
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> None:
+        """One trajectory's population rows, in order."""
+        from audit.stats.running import Table
+
+        by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            self.seen = self.seen or FIELD in r
+            label = stratum(r)
+            by[label].append(r)
+            self.writes[label] += r.get("mutates_state") is True
+            low, high = label in CLIFF_LOW, label in CLIFF_HIGH
+            self.n_low += low
+            self.n_high += high
+            cell = self.cliff.setdefault(_cluster(r), [0.0, 0.0, 0.0, 0.0])
+            div = float(bool(r["diverged"]))
+            if low:
+                cell[0] += div
+                cell[1] += 1.0
+            if high:
+                cell[2] += div
+                cell[3] += 1.0
+            _count_claim(self.claims, r)
+        for label, members in by.items():
+            if label not in self.tables:
+                self.tables[label] = Table(self.scorers, self.spec, overall_only=True)
+            self.tables[label].add_trajectory(members)
+
+    def result(self) -> dict[str, Any] | None:
+        if not self.seen:
+            return None
+        table: dict[str, Any] = {}
+        for label in sorted(self.tables, key=_order):
+            t = self.tables[label]
+            t.close()
+            g = t.stats(("all", None))
+            g["writes"] = self.writes[label]
+            table[label] = g
+        sides = None
+        if self.n_low and self.n_high:
+            cells = np.array([self.cliff[c] for c in sorted(self.cliff)], dtype=float)
+            sides = [(cells[:, [0]], cells[:, [1]]), (cells[:, [2]], cells[:, [3]])]
+        return _block(table, _cliff_from(sides, self.n_low, self.n_high, self.spec),
+                      _claims_from(self.claims))
 
 
 def cliff_line(block: Mapping[str, Any] | None) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,23 +96,35 @@ class TrajectoryAudit:
     summary: dict[str, Any]
 
 
+def _reset_op(env: Environment, traj: Trajectory) -> tuple[str, Any]:
+    """How the environment is reset to the trajectory's start: ``reset_record`` with the whole
+    env record where it has one (a record with more than the task id: a version), else
+    ``reset`` with the task id or the inline state."""
+    if hasattr(env, "reset_record"):
+        return "reset_record", traj.env
+    return "reset", traj.env["task"] if "task" in traj.env else traj.env["state"]
+
+
 def _reset(env_cache: dict[str, Environment], traj: Trajectory,
            limits: CallLimits | None = None, batch: list[tuple[str, Any]] | None = None,
-           track_state: bool = False) -> tuple[Environment, Iterator[Any] | None]:
+           track_state: bool = False, ahead: Any = None
+           ) -> tuple[Environment, Iterator[Any] | None]:
     """The trajectory's environment (one per name in ``env_cache``, every call under ``limits``:
     ``envace.core.envs.guard``), reset to its initial state; and, where the environment runs
     in its own process and ``batch`` is given, the results of those calls, asked for in the
-    same message as the reset (``GuardedEnv.begin_many``: one round trip per trajectory)."""
+    same message as the reset (``GuardedEnv.begin_many``: one round trip per trajectory), or
+    already sent (``ahead``: :func:`send_ahead`)."""
     name = traj.env.get("name")
     try:
         env = env_cache.get(name) or env_cache.setdefault(name, guarded_env(name, limits))
     except KeyError as exc:
         raise ReplayError(str(exc)) from None
-    target = traj.env["task"] if "task" in traj.env else traj.env["state"]
-    op, arg = ("reset_record", traj.env) if hasattr(env, "reset_record") else ("reset", target)
-    results = None  # a record with more than the task id (a version): reset_record
+    op, arg = _reset_op(env, traj)
+    results = None
     try:
-        if batch is not None and hasattr(env, "begin_many"):
+        if ahead is not None and getattr(ahead, "env", None) is env:
+            results = env.take_ahead(ahead)
+        elif batch is not None and hasattr(env, "begin_many"):
             results = env.begin_many(op, arg, batch, track_state=track_state)
         else:
             getattr(env, op)(arg)
@@ -122,6 +134,24 @@ def _reset(env_cache: dict[str, Environment], traj: Trajectory,
         raise ReplayError(f"cannot reset {name} to this state: {type(exc).__name__}: "
                           f"{str(exc)[:200]}") from None
     return env, results
+
+
+def send_ahead(traj: Trajectory, settings: AuditOptions,
+               env_cache: dict[str, Environment]) -> Any:
+    """Send the trajectory's reset and calls to its environment's process now (an environment
+    already started, in its own process), to be read by :func:`replay_trajectory` with
+    ``ahead=``: the process runs them while the audit scores the trajectory before. None
+    where nothing was sent (the replay then asks as ever)."""
+    env = env_cache.get(traj.env.get("name"))
+    if env is None or not hasattr(env, "send_ahead"):
+        return None
+    try:
+        steps = traj.tool_steps()
+        check_sizes(steps)
+        op, arg = _reset_op(env, traj)
+        return env.send_ahead(op, arg, RealCalls.batch(steps), settings.state_change)
+    except Exception:  # noqa: BLE001 - the replay meets (and reports) the same problem
+        return None
 
 
 def _message_text(m: Any) -> str:
@@ -213,18 +243,30 @@ def replay_trajectory(
     settings: AuditOptions,
     env_cache: dict[str, Environment] | None = None,
     override: Override | None = None,
+    ahead: Any = None,
+    then: Callable[[], None] | None = None,
 ) -> TrajectoryAudit:
     """Replay one trajectory; raises :class:`ReplayError` if it cannot start at all, or holds
-    a call or a response past ``MAX_CALL_BYTES`` (checked before the environment runs)."""
+    a call or a response past ``MAX_CALL_BYTES`` (checked before the environment runs).
+    ``ahead``: its calls as :func:`send_ahead` sent them; ``then``: called once its real
+    calls are answered, before they are scored (the audit sends the next trajectory's
+    there; the tools' kinds are asked first, so scoring sends the environment nothing)."""
     steps = traj.tool_steps()
     check_sizes(steps)
     env, results = _reset(env_cache if env_cache is not None else {}, traj, settings.limits,
-                          RealCalls.batch(steps), settings.state_change)
+                          RealCalls.batch(steps), settings.state_change, ahead)
     history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env, settings.state_change)
     calls.prefetch(steps, results)
+    if then is not None:
+        for tool in dict.fromkeys(st.tool for st in steps):
+            try:
+                env.tool_kind(tool)  # kept by the environment (a guarded one caches it)
+            except Exception:  # noqa: BLE001 - the step's own record meets it again
+                break
+        then()
     for st in steps:
         for m in traj.messages[seen_upto: st.message_index + 1]:
             history.add(_message_text(m))

@@ -292,6 +292,34 @@ def test_a_reset_and_its_calls_in_one_message_keep_every_guarantee():
     env.close()
 
 
+def test_calls_sent_ahead_are_answered_in_order_whatever_comes_between():
+    """``send_ahead`` / ``take_ahead`` (the audit sends the next trajectory's reset and calls
+    while it scores this one's): one batch ahead at a time; a request that comes first reads
+    the batch's answers before its own; a refused reset raises when taken, read early or not,
+    and runs none of its calls; a batch whose child was killed is sent again when taken."""
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=1.0))
+    env.reset("t")
+    a = env.send_ahead("reset", "t", [("count", {})] * 3)
+    assert a is not None and env.send_ahead("reset", "t", [("count", {})]) is None
+    assert env.state() == {"n": 3}  # asked between: the batch's answers were read first
+    assert [r.content for r in env.take_ahead(a)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+    b = env.send_ahead("reset", "t", [("count", {}), ("die", {}), ("count", {})])
+    res = list(env.take_ahead(b))
+    assert res[1].crashed and res[2].content == '{"n": 2}' and env.restarts == 1
+    c = env.send_ahead("reset", "refuse", [("count", {})] * 2)
+    with pytest.raises(ValueError, match="no such task"):
+        list(env.take_ahead(c))
+    assert env.execute("count", {}).content == '{"n": 3}'  # its calls never ran
+    d = env.send_ahead("reset", "refuse", [("count", {})])
+    assert env.execute("count", {}).content == '{"n": 4}'  # read early: still not run
+    with pytest.raises(ValueError, match="no such task"):
+        env.take_ahead(d)
+    e = env.send_ahead("reset", "t", [("count", {})] * 2)
+    env._kill()  # e.g. a stall in a request between: the child and the answers are gone
+    assert [r.content for r in env.take_ahead(e)] == ['{"n": 1}', '{"n": 2}']
+    env.close()
+
+
 def test_the_probe_marks_ended_calls_as_the_replay_does():
     """The probe's step rows used to carry neither mark: a death or a cut call looked like the
     environment's own error answer."""

@@ -168,6 +168,20 @@ def limited_call(fn: Any, args: Sequence[Any], limits: CallLimits | None = None)
 # ---------------------------------------------------------------- the parent
 
 
+@dataclass
+class SentAhead:
+    """A reset and its calls sent to the environment's process, not yet read
+    (:meth:`GuardedEnv.send_ahead`); ``buffer``: their results once read early."""
+
+    env: Any
+    op: str
+    target: Any
+    calls: list[tuple[str, Any]]
+    track: bool
+    buffer: list[ToolResult] | None = None
+    error: BaseException | None = None
+
+
 class GuardedEnv:
     """An environment in a child process; see the module docstring."""
 
@@ -186,6 +200,7 @@ class GuardedEnv:
         self._lost_crashed = False  # what lost it: a death (crashed) or the limit (timeout)
         self._kinds: dict[str, ToolKind | None] = {}  # kept across resets: a tool's kind
         self._after_reset: dict[str, Any] = {}
+        self._ahead: SentAhead | None = None  # a reset and its calls sent, not yet answered
         self._start()
 
     # -- the child's life ---------------------------------------------------------------------
@@ -218,6 +233,7 @@ class GuardedEnv:
         self._attrs = value
 
     def _kill(self) -> int | None:
+        self._ahead = None  # its answers die with the child: take_ahead sends it again
         proc, self._proc = self._proc, None
         if self._conn is not None:
             with contextlib.suppress(OSError):
@@ -267,6 +283,8 @@ class GuardedEnv:
             raise
 
     def _send(self, msg: tuple[Any, ...]) -> bool:
+        if self._ahead is not None:  # answers on their way: read them before asking anew
+            self._drain()
         if self._proc is None:
             self._restart()
         try:
@@ -344,6 +362,8 @@ class GuardedEnv:
         per trajectory. The reset is answered (or raises, as :meth:`reset` does) before this
         returns; the calls' results are the iterator, each call under the limit as ever."""
         calls = list(calls)
+        if self._ahead is not None:
+            self._drain()
         self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
         if self._proc is None:
@@ -351,12 +371,58 @@ class GuardedEnv:
         if not calls or not self._send(("begin_batch", op, target, calls, track_state)):
             self._begin(op, target)  # nothing to run, or no child to send to: the plain way
             return self.execute_many(calls, track_state)
+        return self._answers(op, target, calls, track_state)
+
+    def _answers(self, op: str, target: Any, calls: list[tuple[str, Any]], track: bool
+                 ) -> Iterator[ToolResult]:
+        """The reset's answer (raised if it failed: the calls were not run), then the calls'."""
+        self._log, self._lost, self._after_reset = [], None, {}
+        self._reset_op = None
         kind, value = self._wait(self.limits.call_timeout_s)
         if kind in ("timeout", "died"):
             self._restart_quietly()
-        self._after_reset = self._value(op, kind, value)  # raises: the calls were not run
+        self._after_reset = self._value(op, kind, value)
         self._reset_op = (op, target)
-        return self._many(calls, track_state, sent=True)
+        return self._many(calls, track, sent=True)
+
+    def send_ahead(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
+                   track_state: bool = False) -> SentAhead | None:
+        """:meth:`begin_many`'s message sent now, answered when :meth:`take_ahead` asks: the
+        environment's process runs the next trajectory's calls while the audit scores this
+        one's. Any other request first reads these answers (nothing is ever answered out of
+        order); each call's limit counts from when its answer is awaited. None: nothing was
+        sent (no calls, one already ahead, no child)."""
+        calls = list(calls)
+        if not calls or self._ahead is not None or self._proc is None:
+            return None
+        try:
+            self._conn.send(("begin_batch", op, target, calls, track_state))
+        except (OSError, BrokenPipeError):
+            return None
+        self._ahead = SentAhead(self, op, target, calls, track_state)
+        return self._ahead
+
+    def take_ahead(self, ahead: SentAhead) -> Iterator[ToolResult]:
+        """The results of what :meth:`send_ahead` sent, as :meth:`begin_many` returns them
+        (the reset raising here if it failed)."""
+        if ahead.buffer is not None:  # read already, when another request came first
+            if ahead.error is not None:
+                raise ahead.error
+            return iter(ahead.buffer)
+        if ahead is not self._ahead:  # its child was killed before it was read: again
+            return self.begin_many(ahead.op, ahead.target, ahead.calls, ahead.track)
+        self._ahead = None
+        return self._answers(ahead.op, ahead.target, ahead.calls, ahead.track)
+
+    def _drain(self) -> None:
+        """Read every answer of the batch sent ahead into it (a request came before it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            ahead.buffer = list(self._answers(ahead.op, ahead.target, ahead.calls, ahead.track))
+        except Exception as exc:  # the reset failed: take_ahead raises it
+            ahead.buffer, ahead.error = [], exc
 
     def _tool_names(self) -> Any:
         """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from audit.stats.depth_tables import group_stats
 from audit.stats.intervals import IntervalSpec, cluster_codes, ratio_difference
+from audit.stats.running import Table
 from audit.stats.steps import clean
 from audit.worlds.reference import skill_with_ci
 from envace.core.envs.statediff import BUCKETS, bucket
@@ -190,8 +191,6 @@ class StateChangeRunning:
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         """One trajectory's population rows, in order."""
-        from audit.stats.running import Table
-
         by: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             self.seen = self.seen or FIELD in r

@@ -52,6 +52,9 @@ DEFAULT_NAMES: dict[str, str] = {
     "tau2_context": "tau2_context",
     "fidelity_nll_curve": "fidelity_nll_tiny",
     "trust_gate": "trust_gate_tiny",
+    "trust_gate_training": "trust_gate_training_tiny",
+    "vllm_trust_gate": "vllm_trust_gate_tiny",
+    "audit_ab": "audit_speed_ab",
 }
 
 _MODULE = re.compile(r"(?:-m\s+(?:bench|experiments)\.|(?:bench|experiments)/)(\w+)")

@@ -140,6 +140,8 @@ def combine(name: str, files: list[str], argv: list[str] | None) -> int:
         raise SystemExit("a run is in more than one file")
     runs.sort(key=lambda r: (r["seed"], r["mode"]))
     write_result(name, {**run_record("experiments.fidelity_nll_curve", argv, os.getloadavg()),
+                        "quiet_machine": None, "load_scope": "aggregation",
+                        "measured_in": [Path(f).stem for f in files],
                         "settings": settings[0], "combined_from": files,
                         "finished": f"{len(runs)} runs", "runs": runs,
                         "summary": summarise(runs)})

@@ -34,9 +34,13 @@ from envace.core.schema import TrajectoryWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the child also prints the audit process's CPU seconds
-TIMED = CHILD.replace("\nt = time.perf_counter()\n",
-                      "\nt = time.perf_counter(); c = time.process_time()\n").replace('{"seconds": dt,', '{"seconds": dt, "cpu_seconds": '
-                                                   'time.process_time() - c,')
+TIMED = (CHILD
+         .replace("\nt = time.perf_counter()\n",
+                  "\nt = time.perf_counter(); c = time.process_time()\n")
+         .replace('{"seconds": dt,',
+                  '{"seconds": dt, "cpu_seconds": time.process_time() - c,'))
+if TIMED.count("process_time") != 2:
+    raise RuntimeError("bench.audit_throughput's child changed: audit_ab cannot time its CPU")
 
 
 def build_input(tmp: Path, copies: int) -> Path:

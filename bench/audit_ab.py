@@ -30,6 +30,7 @@ from bench.bfcl_replay import run_bfcl
 from bench.machine import run_record, table, write_result
 from envace.core.envs.bfcl.tasks import load_tasks
 from envace.core.export import export_real
+from envace.core.layout import AUDIT
 from envace.core.schema import TrajectoryWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                              got["seconds"] / bfcl])
         res["identical_outputs"] = all(
             filecmp.cmp(tmp / "keep-before" / f, tmp / "keep-after" / f, shallow=False)
-            for f in ("steps.jsonl", "trajectories.jsonl"))
+            for f in (AUDIT.steps, AUDIT.trajectories))
         for label in ("before", "after"):
             secs = [x["seconds"] for x in res["runs"] if x["code"] == label]
             res[f"median_seconds_{label}"] = statistics.median(secs)

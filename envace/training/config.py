@@ -182,7 +182,7 @@ class TrainConfig:
     # evaluation, fidelity audit, logging, checkpoints
     eval_split: str = opt("dev", "task split to evaluate on")
     eval_tasks: int = opt(64, "tasks of eval_split per evaluation; 0: all",
-                          ge=0, why="0 switches it off")
+                          ge=0, why="0: every task of eval_split")
     eval_seeds: int = opt(1, "samples per evaluation task (pass@k; steadier means)", ge=1)
     eval_temperature: float = opt(0.6, "sampling temperature in evaluation (reference 0.6)",
                                   gt=0, why="use a small value, not 0")
@@ -203,7 +203,7 @@ class TrainConfig:
         "(whole tasks drawn with a fixed seed, the same for every run and seed)", ge=1)
     report_to: Literal["none", "tensorboard", "wandb"] = opt("none", "metrics sink besides JSONL")
     checkpoint_every: int = opt(100, "save a checkpoint every N steps; 0: only at the end",
-                                ge=0, why="0 switches it off")
+                                ge=0, why="0: a checkpoint only at the end")
     time_sync: bool = opt(
         False, "on a GPU, wait for queued kernels at every boundary of the step's timed sections "
         "(time/* in metrics.jsonl): each section's seconds are then its own, at the cost of a "

@@ -147,7 +147,7 @@ def test_bf16_rollouts_train_a_step(tmp_path):
     policy's; before the step's update the two agree within the measured tolerance, so the
     PPO ratio of every micro-batch starts near 1."""
     r = _run("train", f"output_dir={tmp_path}", "run_name=bf16", "steps=1",
-             "prompts_per_step=2", "group_size=2", "eval_tasks=0", "max_new_tokens=12",
+             "prompts_per_step=2", "group_size=2", "eval_tasks=1", "max_new_tokens=12",
              "max_turns=2", "rollout_dtype=bfloat16", "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads((tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()[0])

@@ -15,7 +15,7 @@ ENVACE = [sys.executable, "-m", "envace.cli"]
 def test_one_gated_step_counts_the_calls_it_sent_to_reality(tmp_path):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     r = subprocess.run([*ENVACE, "train", f"output_dir={tmp_path}", "run_name=gate", "steps=1",
-                        "prompts_per_step=2", "group_size=2", "eval_tasks=0",
+                        "prompts_per_step=2", "group_size=2", "eval_tasks=1",
                         "max_new_tokens=48", "max_turns=3", "rehearse_trust=0", "--quiet"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]

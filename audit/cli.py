@@ -26,7 +26,7 @@ from pathlib import Path
 
 from audit.shard import parse_shard
 from audit.stats.clusters import check_unit
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.errors import (
     EXIT_INTERNAL,

@@ -27,7 +27,8 @@ from audit.stats.confidence import mean_token_logprob
 from audit.stats.population import assign_depths, is_rehearsed
 from audit.stats.steps import novelty
 from envace.core.envs.base import Environment
-from envace.core.envs.guard import CallLimits, guarded_env
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.statediff import StateTracker
 from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len

@@ -31,7 +31,7 @@ import torch
 torch.set_num_threads(1)
 from envace.core.envs.bfcl.tasks import split_tasks
 from envace.core.envs.bfcl.turns import turn_tasks
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.task_envs import close_env, task_environment
 from envace.core.export import export_real
 from envace.model.models import default_cache_dir, load_model, resolve_model

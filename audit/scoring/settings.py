@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.scoring.scorers import DEFAULT_SCORERS, Verdict, make_verdict
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, CallLimits
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, CallLimits
 
 #: An alternative writer of the "rehearsed" side, e.g. a reference world model:
 #: (tool, arguments) -> response text.

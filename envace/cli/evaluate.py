@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from envace.cli.argtypes import count
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env
 from envace.core.layout import RUN
 from envace.core.rewards import REWARDS

@@ -35,7 +35,8 @@ from envace.core.envs.bfcl.tasks import (
     split_tasks,
 )
 from envace.core.envs.family import family
-from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env, limit_arg
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits, CallTimeout, EnvProcessDied, limit_arg
 from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.envs.mcp.taskfile import TaskFileError
 from envace.core.envs.task_common import DATA_DIR

@@ -38,7 +38,7 @@ from audit.scoring.scorers import DEFAULT_SCORERS, list_scorers
 from audit.worlds.memory import DEFAULT_K
 from audit.worlds.ranker import RANKER_K
 from envace.cli.argtypes import count, number
-from envace.core.envs.guard import limit_arg
+from envace.core.envs.limits import limit_arg
 from envace.core.errors import EXIT_USAGE
 from envace.core.outfile import input_problem
 from envace.evaluation.endpoint_likelihood import run_endpoint_likelihood_cli

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.cli.argtypes import count, number
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, limit_arg
 from envace.core.envs.task_envs import check_task_env, env_tasks
 from envace.core.modes import ROLLOUT_MODES
 from envace.core.text import terminal_safe

@@ -25,7 +25,8 @@ from typing import Any
 
 from envace.core.envs.base import make_env
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
-from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits, CallTimeout, EnvProcessDied
 from envace.core.envs.recording import ExportSkip, real_record, single_turn_messages
 from envace.core.schema import Trajectory
 

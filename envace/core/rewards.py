@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from envace.core.envs.family import MCP_PREFIX, family
-from envace.core.envs.guard import CallLimits, CallTimeout, limited_call
+from envace.core.envs.limits import CallLimits, CallTimeout, limited_call
 
 #: The whole verification of one episode (it executes the committed calls and the ground
 #: truth's) runs in a child process under this limit (issue 39): a call that stalls in C code

@@ -48,7 +48,7 @@ from audit.worlds.ranker import fit_ranker
 from audit.worlds.reference import build_reference
 from envace.core.board import Board, Cell, env_dirname, write_board
 from envace.core.envs.family import family
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.infile import read_small_bytes

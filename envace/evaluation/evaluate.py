@@ -23,7 +23,7 @@ from typing import Any
 from audit.stats.intervals import cluster_ratio, wilson_ci
 from audit.store.output import write_json_atomic
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.core.envs.task_envs import env_tasks
 from envace.core.errors import UsageError
 from envace.core.infile import read_small_bytes

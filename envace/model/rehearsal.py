@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.guard import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
+from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB
 from envace.model import chat
 from envace.model.rollout import ACT, REHEARSE, Episode, RolloutConfig, run_episodes
 from envace.model.trust import check_trust, gate_counts

@@ -44,7 +44,7 @@ import torch
 
 from envace.core.envs.base import Environment
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.guard import (
+from envace.core.envs.limits import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_MEMORY_MB,
     CallLimits,

@@ -72,7 +72,7 @@ def held_out_batch(env: str, split: str, n: int) -> HeldOut:
     environment (the same ones for every run)."""
     # lazy: loads the environment family (pydantic, the backends) only when the curve is on
     from envace.core.envs.family import family
-    from envace.core.envs.guard import CallLimits
+    from envace.core.envs.limits import CallLimits
     from envace.core.export import export_real
 
     tasks = held_out_tasks(family(env).split_tasks(split, "task"), n)

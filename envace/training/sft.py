@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from audit.worlds.memory import ResponseMemory, with_notes_before_responses
 from envace.core.envs.family import family, family_names
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.errors import UsageError
 from envace.core.export import export_real
 from envace.core.schema import Trajectory, read_trajectories

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from envace.core.envs.bfcl.tasks import Task
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.task_envs import env_tasks
 from envace.core.errors import UsageError
 from envace.core.infile import read_small_text

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from audit.cli import _alpha
-from envace.core.envs.guard import limit_arg
+from envace.core.envs.limits import limit_arg
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "abc", "", "9223372036854",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, limited_call
+from envace.core.envs.limits import CallLimits, CallTimeout, EnvProcessDied, limited_call
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ STALL = """
 import json, time
 from envace.core import rewards
 from envace.core.envs.bfcl.tasks import get_task
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 rewards.VERIFIER_LIMITS = CallLimits(call_timeout_s=3)
 task = get_task("multi_turn_base_15")  # involves MathAPI
 t = time.monotonic()

@@ -15,7 +15,7 @@ import psutil
 
 from envace.core.envs.bfcl import turns
 from envace.core.envs.bfcl.tasks import get_task
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.task_common import GroundTruthCall, format_call
 
 STALL = {"number": 2, "precision": 10**7}

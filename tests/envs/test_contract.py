@@ -225,7 +225,7 @@ def test_a_call_past_the_limit_is_a_timeout_and_the_environment_goes_on(fam_real
     whose server is stopped after a hung call: after the next reset)."""
     import time
 
-    from envace.core.envs.guard import CallLimits
+    from envace.core.envs.limits import CallLimits
     from envace.core.envs.task_envs import close_env, task_environment
 
     name, tasks, trajs, _ = fam_real

@@ -25,7 +25,8 @@ import pytest
 from audit.pipeline import run_audit
 from audit.scoring.settings import AuditOptions
 from envace.core.envs.base import ToolKind, ToolResult, register_env
-from envace.core.envs.guard import CallLimits, CallTimeout, GuardedEnv, guarded_env
+from envace.core.envs.guard import GuardedEnv, guarded_env
+from envace.core.envs.limits import CallLimits, CallTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL = ("square_root", {"number": 2, "precision": 10**7})

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envace.core.envs.base import ToolResult
-from envace.core.envs.guard import CallLimits, guarded_env
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.statediff import (
     MAX_DEPTH,
     MAX_PATHS,

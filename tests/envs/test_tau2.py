@@ -274,7 +274,8 @@ def test_bad_calls_answer_tau2s_error_naming_the_argument():
 
 GUARDED = """
 import json, sys
-from envace.core.envs.guard import CallLimits, guarded_env
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits
 env = guarded_env("tau2", CallLimits(call_timeout_s=20))  # a first reset takes seconds
 env.reset("airline/0")
 r = env.execute("calculate", {"expression": "9**9**9"})

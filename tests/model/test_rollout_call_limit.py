@@ -125,7 +125,7 @@ def test_a_response_past_the_size_limit_ends_its_episode_as_too_large(tok):
 
 
 def test_a_reset_past_the_limit_costs_its_episode_not_the_batch(tok, monkeypatch):
-    from envace.core.envs.guard import CallTimeout
+    from envace.core.envs.limits import CallTimeout
     from envace.model import rollout
 
     real = rollout.task_environment

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from envace.core.envs.bfcl.tasks import get_task
-from envace.core.envs.guard import CallLimits
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.task_envs import task_environment
 from envace.model import chat
 from envace.model.backends.base import HFBackend, run_episodes_backend

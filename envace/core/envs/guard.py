@@ -41,7 +41,6 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -55,66 +54,17 @@ from envace.core.envs.base import (
     make_env,
 )
 from envace.core.envs.family import MCP_PREFIX
-from envace.core.envs.guard_child import child_main, run_once
+from envace.core.envs.guard_child import child_main
+from envace.core.envs.limits import (
+    CallLimits,
+    CallTimeout,
+    EnvProcessDied,
+    exit_text,
+)
 
-#: Seconds one environment call may take (``--call-timeout``). Real BFCL and AgentDojo calls
-#: take milliseconds; 30 s leaves room for a slow plugin and still ends a stall quickly.
-DEFAULT_CALL_TIMEOUT_S = 30.0
-#: Address space a call may add to the environment process (``--call-memory-mb``).
-DEFAULT_MEMORY_MB = 4096
 #: Seconds the child may take to build the environment (imports, loading task data).
 STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
-
-
-#: The largest value of either limit: 16,777,216 (seconds: 194 days; MiB: 16 TiB). Past it a
-#: timeout overflows the pipe's wait and a memory limit the process's address space (a usage
-#: error, not a failure of every call).
-MAX_LIMIT = 2**24
-
-
-def limit_arg(text: str) -> float:
-    """The value of ``--call-timeout`` / ``--call-memory-mb`` (an argparse type): a finite
-    number from 0 (no limit) to :data:`MAX_LIMIT`; anything else is a usage error (exit 2)."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number >= 0 (0: no limit)")
-    if value > MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_LIMIT} (seconds or MiB)")
-    return value
-
-
-class CallTimeout(Exception):
-    """A guarded call other than ``execute`` (reset, state, ...) ran past the limit."""
-
-
-class EnvProcessDied(Exception):
-    """The environment's process died during a call other than ``execute``."""
-
-
-@dataclass(frozen=True)
-class CallLimits:
-    """The limits of every environment call: wall-clock seconds and added memory (MiB); None
-    turns a limit off (both None: no child process at all)."""
-
-    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S
-    memory_mb: int | None = DEFAULT_MEMORY_MB
-
-    def __post_init__(self) -> None:
-        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
-            raise ValueError(f"call timeout must be > 0 seconds, not {self.call_timeout_s}")
-        if self.memory_mb is not None and self.memory_mb < 1:
-            raise ValueError(f"call memory limit must be >= 1 MiB, not {self.memory_mb}")
-
-    @property
-    def off(self) -> bool:
-        return self.call_timeout_s is None and self.memory_mb is None
 
 
 def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> Any:
@@ -128,41 +78,6 @@ def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> A
     if name.startswith(MCP_PREFIX):  # already out of process: the server's own request timeout
         return make_env(name, **{"call_timeout": limits.call_timeout_s, **kwargs})
     return GuardedEnv(name, kwargs, limits)
-
-
-def limited_call(fn: Any, args: Sequence[Any], limits: CallLimits | None = None) -> Any:
-    """``fn(*args)`` in a forked child under ``limits`` (default :class:`CallLimits`): its value
-    (it must pickle), the exception it raised, :class:`CallTimeout` past the wall-clock limit
-    (the child is killed) or :class:`EnvProcessDied` when the child ended without an answer.
-    For code that must hold its environments in one process (a verifier comparing backend
-    objects); ``limits.off``: called here."""
-    limits = limits if limits is not None else CallLimits()
-    if limits.off:
-        return fn(*args)
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    mine, theirs = ctx.Pipe()
-    proc = ctx.Process(target=run_once, args=(theirs, fn, args, limits.memory_mb, os.getpid()),
-                       daemon=True, name="envace-limited-call")
-    proc.start()
-    theirs.close()
-    try:
-        if not mine.poll(limits.call_timeout_s):
-            raise CallTimeout(f"ran past the call limit of {limits.call_timeout_s:g} s")
-        try:
-            kind, value = mine.recv()
-        except EOFError:
-            proc.join(5)
-            raise EnvProcessDied(f"the process ended without an answer "
-                                 f"({_exit_text(proc.exitcode)})") from None
-    finally:
-        if proc.is_alive():
-            with contextlib.suppress(OSError):
-                proc.kill()
-        proc.join(5)
-        mine.close()
-    if kind == "raise":
-        raise value
-    return value
 
 
 # ---------------------------------------------------------------- the parent
@@ -223,7 +138,7 @@ class GuardedEnv:
         except EOFError:
             code = self._kill()
             raise PluginLoadError(f"environment {self.name!r} ended its process while loading "
-                                  f"({_exit_text(code)})") from None
+                                  f"({exit_text(code)})") from None
         except BaseException:
             self._kill()
             raise
@@ -340,7 +255,7 @@ class GuardedEnv:
             raise CallTimeout(f"{self.name}.{attr} ran past the call limit of "
                               f"{self.limits.call_timeout_s:g} s; its process was killed")
         raise EnvProcessDied(f"{self.name}.{attr}: the environment process died "
-                             f"({_exit_text(value)})")
+                             f"({exit_text(value)})")
 
     # -- the protocol -------------------------------------------------------------------------
     def reset(self, task: Any) -> None:
@@ -491,7 +406,7 @@ class GuardedEnv:
                         f"killed", True, timeout=True)
                 else:
                     yield ToolResult(f"{ERROR_PREFIX}the environment process crashed during "
-                                     f"this call ({_exit_text(value)})", True, crashed=True)
+                                     f"this call ({exit_text(value)})", True, crashed=True)
                 break  # the rest goes to the new child in a new batch
 
     def tools(self) -> list[dict[str, Any]]:
@@ -522,17 +437,7 @@ class GuardedEnv:
         return self._value(attr, kind, value)
 
 
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def _what(kind: str, value: Any) -> str:
     if kind == "raise":
         return f"{type(value).__name__}: {str(value)[:200]}"
-    return "past the call limit" if kind == "timeout" else f"died, {_exit_text(value)}"
+    return "past the call limit" if kind == "timeout" else f"died, {exit_text(value)}"

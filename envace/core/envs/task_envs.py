@@ -21,7 +21,8 @@ from typing import Any
 
 from envace.core.envs.base import Environment, env_names
 from envace.core.envs.family import FAMILIES, MCP_PREFIX, family
-from envace.core.envs.guard import CallLimits, GuardedEnv, guarded_env
+from envace.core.envs.guard import GuardedEnv, guarded_env
+from envace.core.envs.limits import CallLimits
 from envace.core.envs.mcp.taskfile import tasks_path
 
 #: Environments with committed splits and a verifier (what rollout, train and eval need).

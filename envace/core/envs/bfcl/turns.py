@@ -22,7 +22,8 @@ from typing import Any
 
 from envace.core.envs.bfcl.export import real_trajectory
 from envace.core.envs.bfcl.tasks import Task, load_tasks
-from envace.core.envs.guard import CallLimits, CallTimeout, EnvProcessDied, guarded_env
+from envace.core.envs.guard import guarded_env
+from envace.core.envs.limits import CallLimits, CallTimeout, EnvProcessDied
 from envace.core.envs.recording import ExportSkip
 from envace.core.text import terminal_safe
 

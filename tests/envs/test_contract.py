@@ -214,7 +214,9 @@ def test_verifier_passes_ground_truth_and_fails_without_its_last_write(fam_real)
 
 # ------------------------------------------------------------------ 6. the per-call limit
 STALL = "__contract_stall__"  # a tool a planted stall answers, for the Python families
-LIMIT_S = 1.5
+# the limit covers every call to the environment's process, its resets too: a τ² reset (the
+# domain's databases loaded) ran past 1.5 s on the two cores at load 4-5 (2026-12-06)
+LIMIT_S = 5.0
 
 
 def test_a_call_past_the_limit_is_a_timeout_and_the_environment_goes_on(fam_real, monkeypatch):

@@ -74,6 +74,10 @@ def _history_diff(s: dict[str, Any]) -> Interval | None:
 def cell_figures(s: dict[str, Any]) -> dict[str, Any]:
     """The :class:`envace.core.board.Cell` fields an audit summary gives."""
     c = s.get("counts") or {}
+    calls, trajectories = c.get("scored_steps"), c.get("scored_trajectories")
+    lik = s.get("likelihood") or {}
+    if not calls and lik.get("steps"):  # scored by likelihood: every real response, none generated
+        calls, trajectories = lik.get("steps"), lik.get("trajectories")
     sk = ((s.get("skill") or {}).get("by_scorer") or {}).get("exact") or {}
     state = s.get("by_state_change") or {}
     state_skill = {k: (v.get("skill") or {}).get("exact")
@@ -81,8 +85,8 @@ def cell_figures(s: dict[str, Any]) -> dict[str, Any]:
     rw_skill = (((s.get("skill") or {}).get("by_mutates_state") or {}).get("exact")) or {}
     return {
         "audited_model": s.get("audited_model"),
-        "calls": c.get("scored_steps"),
-        "trajectories": c.get("scored_trajectories"),
+        "calls": calls,
+        "trajectories": trajectories,
         "exact": _score(s, "exact"),
         "json_f1": _score(s, "json_f1"),
         "divergence": _iv(s.get("divergence_rate"), s.get("divergence_ci")),

@@ -177,6 +177,10 @@ def test_a_likelihood_cell_has_bits_per_byte(tmp_path):
     cell = board.cell("s", "bfcl")
     assert cell.status == "done", cell.error
     assert cell.bits_per_byte is not None and cell.bits_per_byte.point > 0
+    summary = json.loads((tmp_path / cell.dir / "summary.json").read_text())
+    assert summary["counts"]["scored_steps"] == 0  # nothing generated ...
+    assert cell.calls == summary["likelihood"]["steps"] > 0  # ... every real response scored
+    assert cell.trajectories == 1
 
 
 def test_the_board_file_round_trips_and_refuses_what_it_cannot_read(tmp_path):

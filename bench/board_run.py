@@ -12,9 +12,11 @@ each with its seconds). With ``--serve MODEL=NAME`` it first starts a real vLLM
 OpenAI-compatible server (``VLLM_PYTHON -m vllm.entrypoints.openai.api_server``: fp32, seed 0,
 eager, at most 8 sequences; the flags of the vLLM lane's endpoint test) over the local model
 ``MODEL`` (a folder or a name ``envace.model.models.resolve_model`` knows) served as ``NAME``
-on a free port, waits until it answers, exports its URL as ``ENVACE_BOARD_ENDPOINT`` (a models
-file may write ``endpoint: "${ENVACE_BOARD_ENDPOINT}#NAME"``: this script substitutes it into a
-copy of the file) and always stops it afterwards; the server's startup seconds are recorded.
+on a free port, waits until it answers, writes its URL wherever the models file says
+``${ENVACE_BOARD_ENDPOINT}`` (``endpoint: "${ENVACE_BOARD_ENDPOINT}#NAME"``; into a temporary
+copy, the user's file untouched) and always stops it afterwards; the server's startup seconds
+are recorded. The server start repeats the vLLM lane's fixtures (tests/vllm): one helper for
+the three is still to be made.
 Nothing here decides a figure: the board's cells are the board's.
 """
 
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="board-run-")
     try:
         models_path = Path(args.models)
         if args.serve:
@@ -118,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                                     out.parent / f"{out.name}.vllm-server.log")
             record["server"] = {"model": model, "served_as": name or model, "startup_s": up_s,
                                 "flags": "fp32, seed 0, --enforce-eager, --max-num-seqs 8"}
-            tmp = Path(tempfile.mkdtemp(prefix="board-run-"))
-            models_path = tmp / "models.yaml"
+            models_path = Path(tmp.name) / "models.yaml"
             models_path.write_text(models_text.replace("${ENVACE_BOARD_ENDPOINT}", url))
         cmd = [sys.executable, "-m", "envace.cli", "board", "--models", str(models_path),
                "--envs", *args.envs, "--split", args.split, "--out", str(out),
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop(proc)
+        tmp.cleanup()
     board_file = out / "board.json"
     record["board"] = json.loads(board_file.read_text()) if board_file.exists() else None
     rec = run_record("bench.board_run", argv, load_start)

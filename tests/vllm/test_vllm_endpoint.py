@@ -17,48 +17,22 @@ the same server.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from envace.model.vllm_server import DEFAULT_DEADLINE_S, ServerError, VLLMServer
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 48        # tokens per answer, both sides
-# seconds for the server to answer /v1/models: about 85 s on two idle cores, minutes when they
-# are shared (a deadline, not an estimate)
-START_DEADLINE = float(os.environ.get("ENVACE_VLLM_SERVER_DEADLINE", "900"))
+START_DEADLINE = DEFAULT_DEADLINE_S  # seconds for the server to answer /v1/models
 NAME = "smollm2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture(scope="module")
@@ -71,38 +45,14 @@ def smollm2() -> Path:
 @pytest.fixture(scope="module")
 def server(smollm2: Path, tmp_path_factory) -> Iterator[str]:
     """The base URL of a vLLM server over SmolLM2 (started once, always killed)."""
-    port = _free_port()
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(smollm2), "--served-model-name", NAME, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "8192", "--seed", "0",
-           "--enforce-eager", "--max-num-seqs", "8"]
-    url = f"http://127.0.0.1:{port}/v1"
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    t0 = time.monotonic()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited ({proc.returncode}):\n"
-                            f"{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if NAME in r.read().decode():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > START_DEADLINE:
-                pytest.fail(f"vLLM server not up in {START_DEADLINE:.0f} s:\n"
-                            f"{log_path.read_text()[-3000:]}")
-            time.sleep(2)
-        print(f"\n[vllm server up in {time.monotonic() - t0:.0f} s]", file=sys.stderr)
-        yield url
-    finally:
-        _kill(proc)
+        srv = VLLMServer.start(smollm2, NAME, log, nice=10, deadline_s=START_DEADLINE)
+    except ServerError as e:
+        pytest.fail(str(e))
+    print(f"\n[vllm server up in {srv.startup_s:.0f} s]", file=sys.stderr)
+    with srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")

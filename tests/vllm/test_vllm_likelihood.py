@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.test_vllm_endpoint import START_DEADLINE, _free_port, _kill
+from envace.model.vllm_server import ServerError, VLLMServer, log_tail
+from tests.vllm.test_vllm_endpoint import START_DEADLINE
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "data" / "models" / "tiny-sft"
@@ -29,51 +30,25 @@ NAME = "tiny"
 ABS, REL = 0.02, 1e-3
 
 
-LOG: list[Path] = []
+SERVED: list[VLLMServer] = []
 
 
 def _log_tail() -> str:
-    return LOG[0].read_text()[-3000:] if LOG and LOG[0].exists() else "(no server log)"
+    return log_tail(SERVED[0].log) if SERVED else "(no server log)"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
-    import os
-    import time
-    import urllib.request
-
-    port = _free_port()
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(TINY), "--served-model-name", NAME, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "4096", "--seed", "0",
-           "--enforce-eager", "--max-num-seqs", "4"]
-    url = f"http://127.0.0.1:{port}/v1"
-    log_path = tmp_path_factory.mktemp("vllm-lk") / "server.log"
-    LOG[:] = [log_path]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    t0 = time.monotonic()
+    """The base URL of a vLLM server over the tiny model (started once, always killed)."""
+    log = tmp_path_factory.mktemp("vllm-lk") / "server.log"
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited ({proc.returncode}):\n"
-                            f"{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if NAME in r.read().decode():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > START_DEADLINE:
-                pytest.fail(f"vLLM server not up in {START_DEADLINE:.0f} s:\n"
-                            f"{log_path.read_text()[-3000:]}")
-            time.sleep(2)
-        yield url
-    finally:
-        _kill(proc)
+        srv = VLLMServer.start(TINY, NAME, log, max_model_len=4096, max_num_seqs=4, nice=10,
+                               deadline_s=START_DEADLINE)
+    except ServerError as e:
+        pytest.fail(str(e))
+    SERVED[:] = [srv]
+    with srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,11 @@ cell's skill block) with, under ``best``, the cell with the highest skill point 
 (with the files it needs and, for a model folder given with ``--built PATH=COMMAND``, the
 command that made it); ``--collect`` rebuilds from the audits kept under ``--keep``;
 ``--merge`` adds the cells probed now to those of the existing result file (whose audits need
-not be kept here), a cell probed again replacing the one of its label.
+not be kept here), a cell probed again replacing the one of its label. A cell whose model folder
+was made by `envace sft` also records, as ``model_made``, what its ``envace_sft.json`` says the
+training did (steps reached, what stopped it, the steps asked, its command), and a folder cut
+short by its time budget is warned about: a ``--built`` command can go stale when a default
+changes, and this records what it actually did.
 """
 
 from __future__ import annotations
@@ -102,6 +106,36 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
             "audited_model": summary.get("audited_model"),
             "world_model": summary.get("world_model"),
             "seconds": summary.get("seconds")}
+
+
+def model_made(probe_args: list[str]) -> dict[str, Any] | None:
+    """How the model folder a cell probes (``--model DIR``) was made, from the
+    ``envace_sft.json`` that `envace sft` leaves in it: steps reached, what stopped it, the
+    steps asked and its command; None for a folder without one (a preset, a policy checkpoint).
+    A recorded build command can go stale when a default changes; this records what it did."""
+    if "--model" not in probe_args or probe_args.index("--model") + 1 >= len(probe_args):
+        return None
+    folder = Path(probe_args[probe_args.index("--model") + 1])
+    try:
+        info = json.loads((folder / "envace_sft.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    command = info.get("command")
+    return {"folder": str(folder), "steps": info.get("steps"),
+            "max_steps": (info.get("settings") or {}).get("max_steps"),
+            "stopped_by": info.get("stopped_by"),
+            "command": shlex.join(command) if isinstance(command, list) else command}
+
+
+def short_build_warning(made: dict[str, Any] | None) -> str | None:
+    """A warning when a folder's training was cut by its time budget (``max_steps`` and
+    ``epochs`` are the ends it was asked for)."""
+    if not made or made.get("stopped_by") != "time budget":
+        return None
+    return (f"warning: {made['folder']} stopped by {made['stopped_by']} at {made['steps']} "
+            f"of {made['max_steps']} steps")
 
 
 def best_cell(cells: dict[str, dict[str, Any]], built: dict[str, str] | None = None,
@@ -295,8 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / AUDIT.summary).is_file():
             continue
         summary = json.loads((out / AUDIT.summary).read_text())
+        made = model_made(probe_args)
+        if (warning := short_build_warning(made)) is not None:
+            print(f"{label}: {warning}", file=sys.stderr)
         cells[label] = {**cell_result(summary), "probe_args": probe_args, "audit": str(out),
-                        "load_average_after": os.getloadavg()}
+                        "load_average_after": os.getloadavg(),
+                        **({"model_made": made} if made else {})}
         _report(args.name, info, cells, load_start)  # after every cell: nothing lost
     if not cells:
         print("no cell was probed", file=sys.stderr)

@@ -224,3 +224,31 @@ def test_merge_keeps_a_cell_whose_new_probe_left_no_audit(tmp_path, monkeypatch)
     got = json.loads((results / "wm.json").read_text())["cells"]
     assert list(got) == ["a", "b"]
     assert got["a"]["skill"]["point"] == -0.2 and got["b"]["skill"]["point"] == 0.1
+
+
+def test_a_cell_records_how_its_model_folder_was_made(tmp_path):
+    import json
+
+    from experiments.world_model_skill import model_made, short_build_warning
+
+    folder = tmp_path / "wm"
+    folder.mkdir()
+    cmd = ["envace", "sft", "--max-steps", "1200", "--out", str(folder)]
+    (folder / "envace_sft.json").write_text(json.dumps(
+        {"steps": 423, "stopped_by": "time budget", "settings": {"max_steps": 1200},
+         "command": cmd}))
+    made = model_made(["--model", str(folder), "--hybrid", "train.jsonl"])
+    assert made == {"folder": str(folder), "steps": 423, "max_steps": 1200,
+                    "stopped_by": "time budget", "command": shlex.join(cmd)}
+    assert short_build_warning(made) == (f"warning: {folder} stopped by time budget at 423 "
+                                         "of 1200 steps")
+    (folder / "envace_sft.json").write_text(json.dumps(
+        {"steps": 1200, "stopped_by": "max_steps", "settings": {"max_steps": 1200}}))
+    assert short_build_warning(model_made(["--model", str(folder)])) is None
+    (folder / "envace_sft.json").write_text(json.dumps({"steps": 300, "stopped_by": "epochs"}))
+    assert short_build_warning(model_made(["--model", str(folder)])) is None
+    # a preset name, a folder without the file, a broken file, no --model: nothing recorded
+    assert model_made(["--model", "smollm2"]) is None
+    assert model_made(["--ranker", "train.jsonl"]) is None and model_made(["--model"]) is None
+    (folder / "envace_sft.json").write_text("{not json")
+    assert model_made(["--model", str(folder)]) is None

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -128,7 +128,7 @@ class VLLMServer:
     url: str
     name: str
     log: Path
-    startup_s: float = field(default=0.0)
+    startup_s: float = 0.0
 
     @classmethod
     def launch(cls, cmd: list[str], url: str, name: str, log: Path, *,

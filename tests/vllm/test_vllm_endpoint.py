@@ -27,11 +27,10 @@ from typing import Any
 
 import pytest
 
-from envace.model.vllm_server import DEFAULT_DEADLINE_S, ServerError, VLLMServer
+from envace.model.vllm_server import ServerError, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 48        # tokens per answer, both sides
-START_DEADLINE = DEFAULT_DEADLINE_S  # seconds for the server to answer /v1/models
 NAME = "smollm2"
 
 
@@ -47,7 +46,7 @@ def server(smollm2: Path, tmp_path_factory) -> Iterator[str]:
     """The base URL of a vLLM server over SmolLM2 (started once, always killed)."""
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     try:
-        srv = VLLMServer.start(smollm2, NAME, log, nice=10, deadline_s=START_DEADLINE)
+        srv = VLLMServer.start(smollm2, NAME, log, nice=10)
     except ServerError as e:
         pytest.fail(str(e))
     print(f"\n[vllm server up in {srv.startup_s:.0f} s]", file=sys.stderr)

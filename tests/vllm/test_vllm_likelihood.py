@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from envace.model.vllm_server import ServerError, VLLMServer, log_tail
-from tests.vllm.test_vllm_endpoint import START_DEADLINE
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "data" / "models" / "tiny-sft"
@@ -42,8 +41,7 @@ def server(tmp_path_factory) -> Iterator[str]:
     """The base URL of a vLLM server over the tiny model (started once, always killed)."""
     log = tmp_path_factory.mktemp("vllm-lk") / "server.log"
     try:
-        srv = VLLMServer.start(TINY, NAME, log, max_model_len=4096, max_num_seqs=4, nice=10,
-                               deadline_s=START_DEADLINE)
+        srv = VLLMServer.start(TINY, NAME, log, max_model_len=4096, max_num_seqs=4, nice=10)
     except ServerError as e:
         pytest.fail(str(e))
     SERVED[:] = [srv]

@@ -7,11 +7,12 @@
 Runs the user's command, ``python -m envace.cli board --models M --envs ... --split S --out O``
 (arguments after ``--`` are passed on), as a subprocess, and writes
 ``bench/results/<--name>.json``: the command, the machine, the load average at the start and
-end, the wall-clock seconds, the models file's text and the finished ``board.json`` (its cells,
-each with its seconds). With ``--serve MODEL=NAME`` it first starts a real vLLM
-OpenAI-compatible server (``VLLM_PYTHON -m vllm.entrypoints.openai.api_server``: fp32, seed 0,
-eager, at most 8 sequences) over the local model
-``MODEL`` (a folder or a name ``envace.model.models.resolve_model`` knows) served as ``NAME``
+end, the wall-clock seconds, the models file's text, how each local model folder `envace sft`
+made was made (``models_made``: steps reached, what stopped it, its command) and the finished
+``board.json`` (its cells, each with its seconds). With ``--serve MODEL=NAME`` it first starts a
+real vLLM OpenAI-compatible server (``VLLM_PYTHON -m vllm.entrypoints.openai.api_server``:
+fp32, seed 0, eager, at most 8 sequences) over the local model ``MODEL`` (a folder or a name
+``envace.model.models.resolve_model`` knows) served as ``NAME``
 on a free port, waits until it answers, writes its URL wherever the models file says
 ``${ENVACE_BOARD_ENDPOINT}`` (``endpoint: "${ENVACE_BOARD_ENDPOINT}#NAME"``; into a temporary
 copy, the user's file untouched) and always stops it afterwards; the server's startup seconds
@@ -32,11 +33,24 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import run_record, write_result
-from envace.model.models import default_cache_dir, resolve_model
+from envace.core.errors import UsageError
+from envace.evaluation.board_models import read_models
+from envace.model.models import default_cache_dir, resolve_model, sft_made
 from envace.model.vllm_server import ServerError, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 600.0
+
+
+def models_made(models_file: str) -> dict[str, dict[str, Any]]:
+    """For each local model of the models file that `envace sft` made, how it was made
+    (`envace.model.models.sft_made`); {} for a file the board will refuse."""
+    try:
+        specs = read_models(models_file)
+    except UsageError:
+        return {}
+    made = {name: sft_made(spec.model) for name, spec in specs.items() if spec.model}
+    return {name: m for name, m in made.items() if m is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     load_start = os.getloadavg()
     models_text = Path(args.models).read_text()
-    record: dict[str, Any] = {"models_file": models_text}
+    record: dict[str, Any] = {"models_file": models_text, "models_made": models_made(args.models)}
     server: VLLMServer | None = None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

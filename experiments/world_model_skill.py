@@ -51,6 +51,7 @@ from typing import Any
 from bench import machine
 from bench.machine import table, write_result
 from envace.core.layout import AUDIT
+from envace.model.models import sft_made
 
 TRAIN = "train.jsonl"
 EXPORT = {TRAIN: "envace data export-real --split train --out train.jsonl",
@@ -109,24 +110,12 @@ def cell_result(summary: dict[str, Any], scorer: str = "exact") -> dict[str, Any
 
 
 def model_made(probe_args: list[str]) -> dict[str, Any] | None:
-    """How the model folder a cell probes (``--model DIR``) was made, from the
-    ``envace_sft.json`` that `envace sft` leaves in it: steps reached, what stopped it, the
-    steps asked and its command; None for a folder without one (a preset, a policy checkpoint).
-    A recorded build command can go stale when a default changes; this records what it did."""
+    """How the model folder a cell probes (``--model DIR``) was made
+    (`envace.model.models.sft_made`); None without ``--model`` or for a folder `envace sft` did
+    not make."""
     if "--model" not in probe_args or probe_args.index("--model") + 1 >= len(probe_args):
         return None
-    folder = Path(probe_args[probe_args.index("--model") + 1])
-    try:
-        info = json.loads((folder / "envace_sft.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict):
-        return None
-    command = info.get("command")
-    return {"folder": str(folder), "steps": info.get("steps"),
-            "max_steps": (info.get("settings") or {}).get("max_steps"),
-            "stopped_by": info.get("stopped_by"),
-            "command": shlex.join(command) if isinstance(command, list) else command}
+    return sft_made(probe_args[probe_args.index("--model") + 1])
 
 
 def short_build_warning(made: dict[str, Any] | None) -> str | None:

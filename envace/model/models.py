@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -331,6 +332,21 @@ def read_sft_meta(folder: str | Path) -> dict[str, Any]:
         return json.loads((Path(folder) / SFT_META).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def sft_made(folder: str | Path) -> dict[str, Any] | None:
+    """How a folder made by ``envace sft`` was made, from its `envace_sft.json`: steps reached,
+    what stopped training, the steps asked and the command; None for a folder without one (a
+    preset, a policy checkpoint). A recorded build command can go stale when a default
+    changes (a time budget cut a rebuild short once): this records what the build did."""
+    info = read_sft_meta(folder)
+    if not isinstance(info, dict) or not info:
+        return None
+    command = info.get("command")
+    settings = info.get("settings") if isinstance(info.get("settings"), dict) else {}
+    return {"folder": str(folder), "steps": info.get("steps"),
+            "max_steps": settings.get("max_steps"), "stopped_by": info.get("stopped_by"),
+            "command": shlex.join(command) if isinstance(command, list) else command}
 
 
 def auto_threads(requested: int = 0) -> int:

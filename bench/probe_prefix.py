@@ -16,7 +16,9 @@ machine, the load average at the start and end of the whole run and of each path
 wall and process CPU seconds, prompt tokens encoded and reused, the ratios per-step / kept, and
 the comparison; per path, the wall time split as `bench.probe_profile` splits it (forwards
 of prompt tokens, one-token decode forwards, the rest of generation, the rest of the probe) and
-the tokens each kind of forward took. The paths run in ``--order`` (default kept first).
+the tokens each kind of forward took and how many forwards of each kind ran (``forwards``;
+decode row-tokens over decode forwards is the rows a decode forward carried). The paths run in
+``--order`` (default kept first).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "probe_rest": wall - sec.seconds.get("probe/generate", 0.0)},
                       "forward_tokens": {k: sec.tokens.get(f"probe/{k}", 0)
                                          for k in ("prefill", "decode")},
+                      "forwards": {k: sec.calls.get(f"probe/{k}", 0)
+                                   for k in ("prefill", "decode")},
                       "load_average": {"start": list(l0), "end": list(os.getloadavg())},
                       "steps": summary["counts"]["steps"],
                       "divergence_rate": summary.get("divergence_rate")}

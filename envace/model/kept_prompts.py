@@ -14,14 +14,19 @@ once, not once per later call, and a prompt that is cut to the context (its wind
 prefix now differs early) simply encodes more again. The answer's own tokens stay kept: where the
 next prompt re-encodes them identically (history "own"), they are reused too.
 
-Each call batches its keys (``batch_size`` rows, ordered by kept length) over an
-``backends.hf.HFStepper``: each row's kept keys and values are laid out right-aligned in one
-cache (RoPE was applied at each token's own position: positions are explicit, so a row's layout
-does not matter), the new tokens are appended in chunks of ``FORCED_CHUNK``, and rows decode
-greedily in lockstep until ``<|im_end|>`` or ``max_new_tokens``, as `model.generate` does; then
-each row's real positions are copied back out. The arithmetic is that of encoding the whole
-prompt at once up to summation order (the matrix shapes differ): greedy answers can differ where
-two logits tie to float precision (``tests/model/test_kept_prompts.py``, docs/profiling.md).
+Each call decodes its keys on an ``backends.hf.HFStepper`` with at most ``batch_size`` rows per
+forward, batched continuously: the keys wait in order of kept length; a waiting key's kept keys
+and values are laid out right-aligned (RoPE was applied at each token's own position: positions
+are explicit, so a row's layout does not matter) and its new tokens appended in chunks of
+``FORCED_CHUNK``; its rows then decode greedily in lockstep with the rest until ``<|im_end|>`` or
+``max_new_tokens``, as `model.generate` does. A row whose answer has ended leaves the batch at
+once (its real positions are copied back out) and the next waiting key takes its place (the rows
+still decoding and the new ones are laid out afresh in one cache), so no forward carries a
+finished row and every forward carries ``batch_size`` rows while keys wait. (Fixed batches run
+to their longest answer: on SmolLM2 most of a batch's decode forwards carried rows that had
+ended, docs/profiling.md.) The arithmetic is that of encoding the whole prompt at once up to
+summation order (the matrix shapes differ): greedy answers can differ where two logits tie to
+float precision (``tests/model/test_kept_prompts.py``, docs/profiling.md).
 Memory: every live key's cache (SmolLM2-135M: 46 KB per token in fp32).
 """
 
@@ -68,6 +73,8 @@ class KeptPrompts:
         self.kept: dict[Any, Kept] = {}
         self.reused = 0  # prompt tokens taken from a kept cache (bookkeeping)
         self.encoded = 0  # prompt tokens encoded
+        self.forwards = 0  # decode forwards (one token per row)
+        self.row_tokens = 0  # rows those forwards carried, summed
 
     def drop(self, keep: Callable[[Any], bool]) -> None:
         """Forget every key for which `keep` is false."""
@@ -96,24 +103,93 @@ class KeptPrompts:
             reuse.append(0 if held is None else min(common_prefix(held.ids, prompt),
                                                     len(prompt) - 1))
         order = sorted(range(len(keys)), key=lambda i: (reuse[i], len(prompts[i])))
-        out: list[list[int]] = [[] for _ in keys]
-        for a in range(0, len(order), self.batch_size):
-            idx = order[a:a + self.batch_size]
-            gens = self._batch([keys[i] for i in idx], [list(prompts[i]) for i in idx],
-                               [reuse[i] for i in idx], max_new_tokens)
-            for i, g in zip(idx, gens, strict=True):
-                out[i] = g
+        gens = self._continuous([(i, keys[i], list(prompts[i]), reuse[i]) for i in order],
+                                max_new_tokens)
         self.model.train(was_training)
-        return out
+        out = [gens[i] for i in range(len(keys))]
+        return [g[:-1] if g and g[-1] == self.stop_id else g for g in out]
 
-    def _batch(self, keys: list[Any], prompts: list[list[int]], reuse: list[int],
-               max_new_tokens: int) -> list[list[int]]:
-        stepper = HFStepper(self.model, self.pad_id, self.decode_threads, self.packed)
-        self._lay_out(stepper, [self.kept.get(k) for k in keys], reuse)
+    def _continuous(self, queue: list[tuple[int, Any, list[int], int]],
+                    max_new_tokens: int) -> dict[int, list[int]]:
+        """Greedy answers for `queue` (index, key, prompt, reused length), at most
+        `batch_size` rows per decode forward: a row whose answer ends leaves the batch at once
+        and the next waiting prompt takes its place (its prompt encoded beside the batch, then
+        laid out with the rows still decoding), so every forward carries as many rows as there
+        are answers still being written, up to `batch_size`. Returns each index's generated ids
+        (the stop token included)."""
+        waiting = list(reversed(queue))
+        gens: dict[int, list[int]] = {}
+        live: list[tuple[int, Any, list[int]]] = []  # (index, key, prompt) per stepper row
+        stepper: HFStepper | None = None
+        while waiting or live:
+            if waiting and len(live) < self.batch_size:
+                taken = [waiting.pop() for _ in range(min(self.batch_size - len(live),
+                                                          len(waiting)))]
+                new = [(i, key, prompt) for i, key, prompt, _reuse in taken]
+                side, first = self._encode(new, [reuse for *_rest, reuse in taken])
+                going = self._pick(new, first, gens, max_new_tokens)
+                self._retire(side, new, going, gens)
+                joining = [new[r] for r in going]
+                if joining and live:  # the decoding rows and the joining ones in one cache
+                    assert stepper is not None
+                    held = self._take_out(stepper, [p + gens[i][:-1] for i, _k, p in live])
+                    held += self._take_out(side, [p for _i, _k, p in joining], going)
+                    stepper = self._stepper()
+                    self._lay_out(stepper, held, [len(h.ids) for h in held])
+                elif joining:
+                    if len(joining) < len(new):
+                        side.select(going)
+                    stepper = side
+                live += joining
+                if not live:
+                    continue
+            assert stepper is not None
+            self.forwards += 1
+            self.row_tokens += len(live)
+            logits = stepper.step([gens[i][-1] for i, _k, _p in live], [True] * len(live))
+            going = self._pick(live, logits, gens, max_new_tokens)
+            self._retire(stepper, live, going, gens)
+            live = [live[r] for r in going]
+            if live and len(going) < len(logits):
+                stepper.select(going)
+        return gens
+
+    def _pick(self, rows: list[tuple[int, Any, list[int]]], logits: torch.Tensor,
+              gens: dict[int, list[int]], max_new_tokens: int) -> list[int]:
+        """Append each row's greedy token to its answer; the rows whose answer goes on."""
+        toks = logits.argmax(dim=-1).tolist()
+        going = []
+        for r, (i, _key, _prompt) in enumerate(rows):
+            gen = gens.setdefault(i, [])
+            if max_new_tokens > 0:
+                gen.append(int(toks[r]))
+                if gen[-1] != self.stop_id and len(gen) < max_new_tokens:
+                    going.append(r)
+        return going
+
+    def _retire(self, stepper: HFStepper, rows: list[tuple[int, Any, list[int]]],
+                going: list[int], gens: dict[int, list[int]]) -> None:
+        """Keep each ended row's cache: its prompt and the answer tokens it fed."""
+        ended = [r for r in range(len(rows)) if r not in set(going)]
+        if not ended:
+            return
+        fed = [rows[r][2] + gens[rows[r][0]][:-1] for r in ended]
+        for r, state in zip(ended, self._take_out(stepper, fed, ended), strict=True):
+            self.kept[rows[r][1]] = state
+
+    def _stepper(self) -> HFStepper:
+        return HFStepper(self.model, self.pad_id, self.decode_threads, self.packed)
+
+    def _encode(self, new: list[tuple[int, Any, list[int]]], reuse: list[int]
+                ) -> tuple[HFStepper, torch.Tensor]:
+        """A stepper holding `new`'s prompts (each key's first `reuse` kept positions laid out,
+        the rest appended `FORCED_CHUNK` tokens per forward) and each row's next-token logits."""
+        stepper = self._stepper()
+        self._lay_out(stepper, [self.kept.get(k) for _i, k, _p in new], reuse)
         self.reused += sum(reuse)
-        rest = [p[r:] for p, r in zip(prompts, reuse, strict=True)]
+        rest = [p[r:] for (_i, _k, p), r in zip(new, reuse, strict=True)]
         self.encoded += sum(len(r) for r in rest)
-        logits = [None] * len(keys)
+        logits: list[torch.Tensor | None] = [None] * len(new)
         done = 0
         while done < max(len(r) for r in rest):  # the new prompt tokens, FORCED_CHUNK at a time
             chunks = [r[done:done + FORCED_CHUNK] for r in rest]
@@ -122,25 +198,7 @@ class KeptPrompts:
                 if c:
                     logits[i] = step[i]
             done += FORCED_CHUNK
-        last = torch.stack(logits)  # type: ignore[arg-type]
-        gens: list[list[int]] = [[] for _ in keys]
-        live = [max_new_tokens > 0] * len(keys)
-        while any(live):
-            toks = last.argmax(dim=-1).tolist()
-            feed = []
-            for i, g in enumerate(gens):
-                if live[i]:
-                    g.append(int(toks[i]))
-                    if g[-1] == self.stop_id or len(g) >= max_new_tokens:
-                        live[i] = False
-                feed.append(g[-1] if g else self.pad_id)
-            if not any(live):
-                break
-            last = stepper.step(feed, live)
-        fed = [p + (g[:-1] if g else []) for p, g in zip(prompts, gens, strict=True)]
-        for key, state in zip(keys, self._take_out(stepper, fed), strict=True):
-            self.kept[key] = state
-        return [g[:-1] if g and g[-1] == self.stop_id else g for g in gens]
+        return stepper, torch.stack(logits)  # type: ignore[arg-type]
 
     def _lay_out(self, stepper: HFStepper, held: list[Kept | None], reuse: list[int]) -> None:
         """Start `stepper` with each row's first `reuse` kept positions, right-aligned."""
@@ -165,12 +223,14 @@ class KeptPrompts:
         stepper.real = stepper.next_pos.clone()
 
     @staticmethod
-    def _take_out(stepper: HFStepper, fed: list[list[int]]) -> list[Kept]:
-        """Each row's real positions (in order) out of the batch cache."""
+    def _take_out(stepper: HFStepper, fed: list[list[int]],
+                  rows: Sequence[int] | None = None) -> list[Kept]:
+        """The real positions (in order) of `rows` (default: every row) out of the batch cache;
+        `fed[j]` is the ids row `rows[j]` holds."""
         assert stepper.mask is not None and stepper.cache is not None
         mask = stepper.mask.cpu().bool()
         out = []
-        for i, ids in enumerate(fed):
+        for i, ids in zip(range(len(fed)) if rows is None else rows, fed, strict=True):
             cols = mask[i].nonzero().squeeze(-1)
             if len(cols) != len(ids):
                 raise RuntimeError(f"row {i} holds {len(cols)} positions for {len(ids)} ids")

@@ -105,3 +105,32 @@ def _same_cache_as_one_forward(model, held) -> None:
     for layer, (k, v) in zip(layers, held.layers, strict=True):
         torch.testing.assert_close(k, layer.keys[0], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, layer.values[0], atol=1e-4, rtol=1e-4)
+
+
+def test_finished_rows_leave_the_batch_and_waiting_keys_take_their_place(tiny):
+    """Continuous batching: each answer's rows appear in exactly as many decode forwards as it
+    has tokens after its first; forwards waste rows only in the last batch's tail (never while
+    keys wait); answers equal `generate_greedy`'s one prompt at a time."""
+    import math
+
+    from envace.evaluation.model_probe import generate_greedy
+    from envace.model.kept_prompts import KeptPrompts
+
+    model, tok = tiny
+    stop = tok.convert_tokens_to_ids(IM_END)
+    batch, limit = 2, 10
+    kept = KeptPrompts(model, tok.pad_token_id, stop, batch_size=batch)
+    words = ("hello", "goodbye again", "x", "the weather in Paris", "ls -la", "{}", "42")
+    prompts = {w: tok.encode(f"<|im_start|>user\n{w}<|im_end|>\n<|im_start|>tool\n")
+               for w in words}
+    keys = list(prompts)
+    got = kept.generate(keys, [prompts[k] for k in keys], max_new_tokens=limit)
+    want = generate_greedy(model, tok, [prompts[k] for k in keys], limit, batch_size=1)
+    assert [tok.decode(g, skip_special_tokens=False) for g in got] == want
+    fed = [len(kept.kept[k].ids) - len(prompts[k]) for k in keys]  # answer tokens after the first
+    assert kept.row_tokens == sum(fed)
+    assert len(set(fed)) > 1  # the answers differ in length: fixed batches would wait
+    assert math.ceil(sum(fed) / batch) <= kept.forwards
+    assert kept.forwards * batch - kept.row_tokens <= (batch - 1) * max(fed)
+    for k in keys:
+        _same_cache_as_one_forward(model, kept.kept[k])

@@ -146,7 +146,13 @@ def probe_batched(
     `ReplayError`). `task_ids`: `answer_batch` is called with a second list, each request's
     task id (a memory of real responses must not answer from the task's own scenario:
     `audit.worlds.memory`). A ``keyed`` `answer_batch` is given each request's key too
-    (`BatchAnswer`)."""
+    (`BatchAnswer`). An `answer_batch` with a ``stream(first, answered)`` method (the kept-cache
+    answerer, `envace.evaluation.model_probe.kept_answers`) is not asked in rounds: it is given
+    every trajectory's first request keyed ``(history, index)`` and calls ``answered(key,
+    text)`` as each answer ends, which advances that trajectory at once and returns its next
+    request (or None: it has ended), so a trajectory never waits for the round's slowest answer.
+    The audits are the same as in rounds: each trajectory's requests and answers do not depend
+    on the order in which trajectories are answered."""
     results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
     live: dict[int, tuple[ProbeSteps, Request]] = {}
 
@@ -163,6 +169,15 @@ def probe_batched(
     for i, traj in enumerate(trajs):
         wanted = None if steps is None else steps.get(traj.id, ())
         advance(i, probe_steps(traj, settings, None, wanted, history), first=True)
+    stream = getattr(answer_batch, "stream", None)
+    if stream is not None and not task_ids:  # no rounds: each trajectory asks when answered
+
+        def answered(key: tuple[str, int], reply: str) -> Request | None:
+            advance(key[1], live[key[1]][0], reply)
+            return live[key[1]][1] if key[1] in live else None
+
+        stream([((history, i), live[i][1]) for i in sorted(live)], answered)
+        return [r if r is not None else RuntimeError("not probed") for r in results]
     keyed = bool(getattr(answer_batch, "keyed", False))
     while live:
         order = sorted(live)

@@ -108,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                               prefix_cache=name == "kept", timer=sec)
         wall = time.perf_counter() - t0
         fwd = {k: sec.seconds.get(f"probe/{k}", 0.0) for k in ("prefill", "decode")}
+        # streamed (the kept path): the probe advances trajectories inside generation
+        gen = sec.seconds.get("probe/generate", 0.0) - sec.seconds.get("probe/advance", 0.0)
         runs[name] = {"wall_s": wall, "cpu_s": _cpu() - c0,
-                      "split_s": {**fwd, "generate_other": sec.seconds.get("probe/generate", 0.0)
-                                  - sum(fwd.values()),
-                                  "probe_rest": wall - sec.seconds.get("probe/generate", 0.0)},
+                      "split_s": {**fwd, "generate_other": gen - sum(fwd.values()),
+                                  "probe_rest": wall - gen},
                       "forward_tokens": {k: sec.tokens.get(f"probe/{k}", 0)
                                          for k in ("prefill", "decode")},
                       "forwards": {k: sec.calls.get(f"probe/{k}", 0)

@@ -119,7 +119,10 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
     prompt and answer did not already hold: the previous answer is dropped, the real (or, history
     "own", the model's own) response and the next assistant message are appended. A prompt cut
     to the context differs from the kept one early and is encoded again from there, as on the
-    per-step path. Same greedy answers as `model_answers` up to float summation order."""
+    per-step path. Same greedy answers as `model_answers` up to float summation order. Its
+    ``stream`` (used by `audit.probe.probe_batched`) asks without rounds: each trajectory's
+    next request is generated as soon as its previous answer ends (`KeptPrompts.stream`); the
+    trajectory's advance is timed as ``probe/advance`` inside ``probe/generate``."""
     import torch
 
     # lazy: loads torch: kept out of --help
@@ -137,8 +140,21 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
             gens = kept.generate(keys, prompts, max_new_tokens)
         return [tokenizer.decode(g, skip_special_tokens=False) for g in gens]
 
+    def stream(first: list[tuple[Any, Any]],
+               answered: Callable[[Any, str], Any]) -> None:
+        def next_of(key: Any, ids: list[int]) -> list[int] | None:
+            with _section(timer, "probe/advance"):  # the probe's own work, not generation
+                request = answered(key, tokenizer.decode(ids, skip_special_tokens=False))
+            return None if request is None else prompt_ids(tokenizer, *request[:2], "tool",
+                                                           budget)
+
+        with _section(timer, "probe/generate"):
+            kept.stream([(key, prompt_ids(tokenizer, r[0], r[1], "tool", budget))
+                         for key, r in first], next_of, max_new_tokens)
+
     answer.keyed = True  # type: ignore[attr-defined]
     answer.kept = kept  # type: ignore[attr-defined]
+    answer.stream = stream  # type: ignore[attr-defined]
     return answer
 
 

@@ -3,6 +3,7 @@
     kept = KeptPrompts(model, pad_id=tok.pad_token_id, stop_id=im_end, batch_size=8)
     outs = kept.generate(["a", "b"], [prompt_a, prompt_b], max_new_tokens=256)  # ids per key
     outs = kept.generate(["a"], [prompt_a_longer], 256)       # "b" missing: dropped, "a" reused
+    kept.stream([("a", prompt_a), ("b", prompt_b)], next_of, 256)  # next_of(key, ids): next prompt
 
 Every key (a conversation: one trajectory of the probe) keeps the token ids whose keys and
 values it already holds and, per layer, those keys and values. A new prompt of the key is
@@ -22,9 +23,11 @@ are explicit, so a row's layout does not matter) and its new tokens appended in 
 ``max_new_tokens``, as `model.generate` does. A row whose answer has ended leaves the batch at
 once (its real positions are copied back out) and the next waiting key takes its place (the rows
 still decoding and the new ones are laid out afresh in one cache), so no forward carries a
-finished row and every forward carries ``batch_size`` rows while keys wait. (Fixed batches run
-to their longest answer: on SmolLM2 most of a batch's decode forwards carried rows that had
-ended, docs/profiling.md.) The arithmetic is that of encoding the whole prompt at once up to
+finished row and every forward carries ``batch_size`` rows while keys wait. ``stream`` goes
+further: a conversation's next prompt joins the queue as soon as its answer ends (the probe
+advances that trajectory at once), so answers of different rounds share forwards too.
+(Fixed batches ran to their longest answer, and rounds to their longest batch: docs/profiling.md.)
+The arithmetic is that of encoding the whole prompt at once up to
 summation order (the matrix shapes differ): greedy answers can differ where two logits tie to
 float precision (``tests/model/test_kept_prompts.py``, docs/profiling.md).
 Memory: every live key's cache (SmolLM2-135M: 46 KB per token in fp32).
@@ -32,6 +35,8 @@ Memory: every live key's cache (SmolLM2-135M: 46 KB per token in fp32).
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,40 +100,85 @@ class KeptPrompts:
             return []
         was_training = self.model.training
         self.model.eval()
-        reuse = []
-        for key, prompt in zip(keys, prompts, strict=True):
+        for prompt in prompts:
             if not prompt:
                 raise ValueError("an empty prompt")
-            held = self.kept.get(key)
-            reuse.append(0 if held is None else min(common_prefix(held.ids, prompt),
-                                                    len(prompt) - 1))
-        order = sorted(range(len(keys)), key=lambda i: (reuse[i], len(prompts[i])))
-        gens = self._continuous([(i, keys[i], list(prompts[i]), reuse[i]) for i in order],
-                                max_new_tokens)
+        queue = self._ordered(list(enumerate(zip(keys, prompts, strict=True))))
+        gens = self._continuous(queue, max_new_tokens)
         self.model.train(was_training)
         out = [gens[i] for i in range(len(keys))]
-        return [g[:-1] if g and g[-1] == self.stop_id else g for g in out]
+        return [self._answer(g) for g in out]
 
-    def _continuous(self, queue: list[tuple[int, Any, list[int], int]],
-                    max_new_tokens: int) -> dict[int, list[int]]:
-        """Greedy answers for `queue` (index, key, prompt, reused length), at most
-        `batch_size` rows per decode forward: a row whose answer ends leaves the batch at once
-        and the next waiting prompt takes its place (its prompt encoded beside the batch, then
+    @torch.no_grad()
+    def stream(self, first: Sequence[tuple[Any, Sequence[int]]],
+               next_of: Callable[[Any, list[int]], Sequence[int] | None],
+               max_new_tokens: int) -> None:
+        """Answer conversations that ask again as soon as they are answered: `first` holds each
+        key's first prompt; when a key's answer ends, ``next_of(key, answer_ids)`` gives the
+        key's next prompt (it joins the waiting queue at once, its cache reused) or None (the
+        conversation ended: its cache is dropped). So answers of different rounds share decode
+        forwards, and no forward waits for a round's longest answer. Keys must be distinct."""
+        keys = [k for k, _p in first]
+        if len(set(keys)) != len(keys):
+            raise ValueError("keys must be distinct within a call")
+        wanted = set(keys)
+        self.drop(lambda k: k in wanted)
+        if any(not p for _k, p in first):
+            raise ValueError("an empty prompt")
+        count = itertools.count(len(first))
+
+        def then(key: Any, gen: list[int]) -> list[tuple[int, Any, list[int]]]:
+            nxt = next_of(key, self._answer(gen))
+            if nxt is None:
+                self.kept.pop(key, None)
+                return []
+            if not nxt:
+                raise ValueError("an empty prompt")
+            return [(next(count), key, list(nxt))]
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            self._continuous(self._ordered(list(enumerate(first))), max_new_tokens, then)
+        finally:
+            self.model.train(was_training)
+
+    def _answer(self, gen: list[int]) -> list[int]:
+        return gen[:-1] if gen and gen[-1] == self.stop_id else gen
+
+    def _reuse(self, key: Any, prompt: Sequence[int]) -> int:
+        """How much of `prompt` the key's kept cache holds (at most all but its last token,
+        whose logits start the answer)."""
+        held = self.kept.get(key)
+        return 0 if held is None else min(common_prefix(held.ids, prompt), len(prompt) - 1)
+
+    def _ordered(self, items: list[tuple[int, tuple[Any, Sequence[int]]]]
+                 ) -> list[tuple[int, Any, list[int]]]:
+        """(index, key, prompt) in order of kept length, then prompt length."""
+        rows = [(i, k, list(p)) for i, (k, p) in items]
+        return sorted(rows, key=lambda r: (self._reuse(r[1], r[2]), len(r[2])))
+
+    def _continuous(self, queue: list[tuple[int, Any, list[int]]], max_new_tokens: int,
+                    then: Callable[[Any, list[int]], list[tuple[int, Any, list[int]]]]
+                    | None = None) -> dict[int, list[int]]:
+        """Greedy answers for `queue` (index, key, prompt), at most `batch_size` rows per decode
+        forward: a row whose answer ends leaves the batch at once and the next waiting prompt
+        takes its place (its prompt encoded beside the batch, its key's kept cache reused, then
         laid out with the rows still decoding), so every forward carries as many rows as there
-        are answers still being written, up to `batch_size`. Returns each index's generated ids
-        (the stop token included)."""
-        waiting = list(reversed(queue))
+        are answers still being written, up to `batch_size`. `then(key, generated)`: the
+        prompts that wait next once a row has ended (`stream`). Returns each index's generated
+        ids (the stop token included; without `then`)."""
+        waiting = collections.deque(queue)
         gens: dict[int, list[int]] = {}
         live: list[tuple[int, Any, list[int]]] = []  # (index, key, prompt) per stepper row
         stepper: HFStepper | None = None
         while waiting or live:
             if waiting and len(live) < self.batch_size:
-                taken = [waiting.pop() for _ in range(min(self.batch_size - len(live),
-                                                          len(waiting)))]
-                new = [(i, key, prompt) for i, key, prompt, _reuse in taken]
-                side, first = self._encode(new, [reuse for *_rest, reuse in taken])
+                new = [waiting.popleft() for _ in range(min(self.batch_size - len(live),
+                                                            len(waiting)))]
+                side, first = self._encode(new, [self._reuse(k, p) for _i, k, p in new])
                 going = self._pick(new, first, gens, max_new_tokens)
-                self._retire(side, new, going, gens)
+                waiting.extend(self._retire(side, new, going, gens, then))
                 joining = [new[r] for r in going]
                 if joining and live:  # the decoding rows and the joining ones in one cache
                     assert stepper is not None
@@ -148,7 +198,7 @@ class KeptPrompts:
             self.row_tokens += len(live)
             logits = stepper.step([gens[i][-1] for i, _k, _p in live], [True] * len(live))
             going = self._pick(live, logits, gens, max_new_tokens)
-            self._retire(stepper, live, going, gens)
+            waiting.extend(self._retire(stepper, live, going, gens, then))
             live = [live[r] for r in going]
             if live and len(going) < len(logits):
                 stepper.select(going)
@@ -168,14 +218,21 @@ class KeptPrompts:
         return going
 
     def _retire(self, stepper: HFStepper, rows: list[tuple[int, Any, list[int]]],
-                going: list[int], gens: dict[int, list[int]]) -> None:
-        """Keep each ended row's cache: its prompt and the answer tokens it fed."""
+                going: list[int], gens: dict[int, list[int]],
+                then: Callable[[Any, list[int]], list[tuple[int, Any, list[int]]]] | None
+                ) -> list[tuple[int, Any, list[int]]]:
+        """Keep each ended row's cache (its prompt and the answer tokens it fed); the prompts
+        `then` queues after them."""
         ended = [r for r in range(len(rows)) if r not in set(going)]
-        if not ended:
-            return
         fed = [rows[r][2] + gens[rows[r][0]][:-1] for r in ended]
-        for r, state in zip(ended, self._take_out(stepper, fed, ended), strict=True):
-            self.kept[rows[r][1]] = state
+        queued: list[tuple[int, Any, list[int]]] = []
+        for r, state in zip(ended, self._take_out(stepper, fed, ended) if ended else [],
+                            strict=True):
+            i, key, _prompt = rows[r]
+            self.kept[key] = state
+            if then is not None:
+                queued += then(key, gens.pop(i))
+        return queued
 
     def _stepper(self) -> HFStepper:
         return HFStepper(self.model, self.pad_id, self.decode_threads, self.packed)

@@ -134,3 +134,51 @@ def test_finished_rows_leave_the_batch_and_waiting_keys_take_their_place(tiny):
     assert kept.forwards * batch - kept.row_tokens <= (batch - 1) * max(fed)
     for k in keys:
         _same_cache_as_one_forward(model, kept.kept[k])
+
+
+def test_stream_answers_each_conversation_as_soon_as_it_asks(tiny):
+    """`stream`: a conversation asks its next prompt (its previous prompt, its answer and more
+    text) as soon as its answer ends, so answers of different rounds share forwards; every
+    answer equals `generate_greedy`'s for the prompt asked, the answer tokens fed are reused,
+    and each ended conversation's cache is dropped."""
+    from envace.evaluation.model_probe import generate_greedy
+    from envace.model.kept_prompts import KeptPrompts
+
+    model, tok = tiny
+    stop = tok.convert_tokens_to_ids(IM_END)
+    batch, limit = 2, 8
+    kept = KeptPrompts(model, tok.pad_token_id, stop, batch_size=batch)
+    more = tok.encode("<|im_end|>\n<|im_start|>user\nand again<|im_end|>\n<|im_start|>tool\n")
+    rounds = {"a": 3, "b": 1, "c": 2, "d": 2}  # prompts each conversation asks
+    first = {k: tok.encode(f"<|im_start|>user\nsay {k} {k}<|im_end|>\n<|im_start|>tool\n")
+             for k in rounds}
+    asked: list[tuple[str, list[int], list[int]]] = []  # (key, prompt, answer) in answer order
+    prompt_of = dict(first)
+
+    def next_of(key, ids):
+        asked.append((key, prompt_of[key], ids))
+        if sum(k == key for k, _p, _a in asked) == rounds[key]:
+            return None
+        prompt_of[key] = prompt_of[key] + ids + more
+        return prompt_of[key]
+
+    kept.stream(list(first.items()), next_of, max_new_tokens=limit)
+    assert sorted(k for k, _p, _a in asked) == sorted(k for k, n in rounds.items()
+                                                       for _ in range(n))
+    want = generate_greedy(model, tok, [p for _k, p, _a in asked], limit, batch_size=1)
+    assert [tok.decode(a, skip_special_tokens=False) for _k, _p, a in asked] == want
+    assert kept.kept == {}  # every conversation ended
+    assert kept.reused > 0  # later prompts started from their conversation's kept cache
+    # the same conversations asked in rounds (`generate`, as the probe asked before): the
+    # same answers, in at least as many decode forwards (each round waits for its longest)
+    by_rounds = KeptPrompts(model, tok.pad_token_id, stop, batch_size=batch)
+    prompts, answers = dict(first), []
+    for r in range(max(rounds.values())):
+        keys = [k for k, n in rounds.items() if n > r]
+        got = by_rounds.generate(keys, [prompts[k] for k in keys], limit)
+        answers += list(zip(keys, got, strict=True))
+        prompts = {k: prompts[k] + g + more for k, g in zip(keys, got, strict=True)}
+    assert sorted((k, a) for k, _p, a in asked) == sorted(answers)
+    assert kept.forwards <= by_rounds.forwards
+    with pytest.raises(ValueError, match="distinct"):
+        kept.stream([("a", first["a"]), ("a", first["a"])], next_of, 4)

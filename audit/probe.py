@@ -317,7 +317,8 @@ def run_probe(
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
     The world model is `rehearser` (asked one call at a time, trajectory by trajectory) or
-    `answer_batch` (asked in rounds over `chunk` trajectories at once: `probe_batched`).
+    `answer_batch` (asked over `chunk` trajectories at once, in rounds or streamed:
+    `probe_batched`).
     `histories`: ``("real",)`` the teacher-forced probe; ``("own",)`` the self-conditioned one;
     both: every step is probed twice, the rows carry ``history``, the statistics count the
     real-history rows and the summary decomposes the two (``history`` block, `audit.stats.history`).

@@ -6,11 +6,13 @@ probed one step at a time on real histories. `envace probe` (`envace.cli.probe`)
     rows = act_probe(model, tok, trajectories, steps, context)        # the actor's counterpart
 
 Locally the model rehearses every tool call of the input trajectories (`audit.probe`), greedily,
-until `<|im_end|>` or the token limit; the trajectories are probed in rounds
-(`audit.probe.probe_batched`) and each round's prompts are generated together in length-sorted
-batches. Prompts are cut as the SFT windows are (`envace.model.windows.prompt_ids`) to the
-model's context length: the `seq_len` it was fine-tuned with (`envace_sft.json`), else
-`DEFAULT_CONTEXT` tokens.
+until `<|im_end|>` or the token limit. By default each trajectory's KV cache is kept across its
+calls and the trajectories are streamed (`kept_answers`: a trajectory's next request is generated
+as soon as its answer ends, batched continuously with the others); with ``--no-prefix-cache``,
+a memory, a hybrid or confidence they are probed in rounds (`audit.probe.probe_batched`) and
+each round's prompts are generated together in length-sorted batches. Prompts are cut as the
+SFT windows are (`envace.model.windows.prompt_ids`) to the model's context length: the
+`seq_len` it was fine-tuned with (`envace_sft.json`), else `DEFAULT_CONTEXT` tokens.
 
 `act_probe` (used by `experiments/presets.py`): given the real history up to a ground-truth call,
 the model writes the assistant turn; the probe says whether a call parsed and whether it is the
@@ -247,7 +249,8 @@ def probe_model(
 ) -> dict[str, Any]:
     """The probe of a local model over trajectory files (teacher-forced with ``("real",)``,
     self-conditioned with ``("own",)``, both decomposed with both), generation batched over
-    the trajectories' requests round by round; the summary. `grounding` (an
+    the trajectories' requests (streamed on the kept path, round by round otherwise); the
+    summary. `grounding` (an
     `audit.worlds.memory.MemoryOptions`): the model shown a memory of real responses and/or in the
     hybrid with a lookup; the label names it and the summary gains the `world_model` block.
     `prefix_cache` (without grounding): each trajectory's KV cache is kept across its calls

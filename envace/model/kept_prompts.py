@@ -98,14 +98,15 @@ class KeptPrompts:
         self.drop(lambda k: k in wanted)
         if not keys:
             return []
+        if any(not p for p in prompts):
+            raise ValueError("an empty prompt")
         was_training = self.model.training
         self.model.eval()
-        for prompt in prompts:
-            if not prompt:
-                raise ValueError("an empty prompt")
-        queue = self._ordered(list(enumerate(zip(keys, prompts, strict=True))))
-        gens = self._continuous(queue, max_new_tokens)
-        self.model.train(was_training)
+        try:
+            queue = self._ordered(list(enumerate(zip(keys, prompts, strict=True))))
+            gens = self._continuous(queue, max_new_tokens)
+        finally:
+            self.model.train(was_training)
         out = [gens[i] for i in range(len(keys))]
         return [self._answer(g) for g in out]
 
@@ -223,7 +224,8 @@ class KeptPrompts:
                 ) -> list[tuple[int, Any, list[int]]]:
         """Keep each ended row's cache (its prompt and the answer tokens it fed); the prompts
         `then` queues after them."""
-        ended = [r for r in range(len(rows)) if r not in set(going)]
+        on = set(going)
+        ended = [r for r in range(len(rows)) if r not in on]
         fed = [rows[r][2] + gens[rows[r][0]][:-1] for r in ended]
         queued: list[tuple[int, Any, list[int]]] = []
         for r, state in zip(ended, self._take_out(stepper, fed, ended) if ended else [],

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.pipeline import reference_triples
+from audit.probe_stream import stream_probe
 from audit.replay import (
     MAX_HISTORY_CHARS,
     RealCalls,
@@ -153,31 +154,68 @@ def probe_batched(
     request (or None: it has ended), so a trajectory never waits for the round's slowest answer.
     The audits are the same as in rounds: each trajectory's requests and answers do not depend
     on the order in which trajectories are answered."""
-    results: list[TrajectoryAudit | Exception | None] = [None] * len(trajs)
+    return probe_histories(trajs, answer_batch, settings, steps, (history,), task_ids)[history]
+
+
+def probe_histories(
+    trajs: Sequence[Trajectory],
+    answer_batch: Callable[[list[Request]], list[str | Unanswered]],
+    settings: AuditOptions,
+    steps: Mapping[str, Iterable[int]] | None = None,
+    histories: Sequence[str] = ("real",),
+    task_ids: bool = False,
+) -> dict[str, list[TrajectoryAudit | Exception]]:
+    """:func:`probe_batched` for each of ``histories``: by history, per trajectory, its audit
+    or the exception that stopped it. A streaming `answer_batch` is given every history's
+    trajectories in one stream (keys ``(history, index)``), so the two probes of ``--history
+    both`` fill one batch instead of each ending on a tail of few rows; in rounds, one history
+    after the other, as before. The audits are the same either way."""
+    stream = getattr(answer_batch, "stream", None)
+    if stream is None or task_ids:
+        return {h: _probe_rounds(trajs, answer_batch, settings, steps, h, task_ids)
+                for h in histories}
+    results: dict[tuple[str, int], TrajectoryAudit | Exception] = {}
+    live: dict[tuple[str, int], tuple[ProbeSteps, Request]] = {}
+    for h in histories:
+        for i, traj in enumerate(trajs):
+            wanted = None if steps is None else steps.get(traj.id, ())
+            _advance(live, results, (h, i), probe_steps(traj, settings, None, wanted, h),
+                     first=True)
+
+    def answered(key: tuple[str, int], reply: str) -> Request | None:
+        _advance(live, results, key, live[key][0], reply)
+        return live[key][1] if key in live else None
+
+    stream([(key, live[key][1]) for key in sorted(live, key=lambda k: (histories.index(k[0]),
+                                                                          k[1]))], answered)
+    return {h: [results.get((h, i), RuntimeError("not probed")) for i in range(len(trajs))]
+            for h in histories}
+
+
+def _advance(live: dict[Any, tuple[ProbeSteps, Request]], results: dict[Any, Any], key: Any,
+             gen: ProbeSteps, reply: Any = None, first: bool = False) -> None:
+    """Move one trajectory's probe to its next request (``live``), or record how it ended
+    (``results``: its audit, or the exception that stopped it)."""
+    try:
+        live[key] = (gen, next(gen) if first else gen.send(reply))
+    except StopIteration as stop:
+        live.pop(key, None)
+        results[key] = stop.value
+    except Exception as exc:  # noqa: BLE001 - one trajectory's failure is its result
+        live.pop(key, None)
+        results[key] = exc
+
+
+def _probe_rounds(trajs: Sequence[Trajectory],
+                  answer_batch: Callable[[list[Request]], list[str | Unanswered]],
+                  settings: AuditOptions, steps: Mapping[str, Iterable[int]] | None,
+                  history: str, task_ids: bool) -> list[TrajectoryAudit | Exception]:
+    """One history's trajectories asked in rounds (:func:`probe_batched`)."""
+    results: dict[int, TrajectoryAudit | Exception] = {}
     live: dict[int, tuple[ProbeSteps, Request]] = {}
-
-    def advance(i: int, gen: ProbeSteps, reply: Any = None, first: bool = False) -> None:
-        try:
-            live[i] = (gen, next(gen) if first else gen.send(reply))
-        except StopIteration as stop:
-            live.pop(i, None)
-            results[i] = stop.value
-        except Exception as exc:  # noqa: BLE001 - one trajectory's failure is its result
-            live.pop(i, None)
-            results[i] = exc
-
     for i, traj in enumerate(trajs):
         wanted = None if steps is None else steps.get(traj.id, ())
-        advance(i, probe_steps(traj, settings, None, wanted, history), first=True)
-    stream = getattr(answer_batch, "stream", None)
-    if stream is not None and not task_ids:  # no rounds: each trajectory asks when answered
-
-        def answered(key: tuple[str, int], reply: str) -> Request | None:
-            advance(key[1], live[key[1]][0], reply)
-            return live[key[1]][1] if key[1] in live else None
-
-        stream([((history, i), live[i][1]) for i in sorted(live)], answered)
-        return [r if r is not None else RuntimeError("not probed") for r in results]
+        _advance(live, results, i, probe_steps(traj, settings, None, wanted, history), first=True)
     keyed = bool(getattr(answer_batch, "keyed", False))
     while live:
         order = sorted(live)
@@ -188,10 +226,10 @@ def probe_batched(
         if len(answers) != len(order):
             raise ValueError(f"answer_batch gave {len(answers)} answers for {len(order)} requests")
         for i, reply in zip(order, answers, strict=True):
-            advance(i, live[i][0], reply)
+            _advance(live, results, i, live[i][0], reply)
     if keyed:  # a round with no request: every trajectory has ended
         answer_batch([], [], keys=[]) if task_ids else answer_batch([], keys=[])  # type: ignore[call-arg]
-    return [r if r is not None else RuntimeError("not probed") for r in results]
+    return [results.get(i, RuntimeError("not probed")) for i in range(len(trajs))]
 
 
 def probe_steps(
@@ -317,8 +355,9 @@ def run_probe(
     """Probe every trajectory of `paths` (at most `limit` when > 0); write the audit directory.
 
     The world model is `rehearser` (asked one call at a time, trajectory by trajectory) or
-    `answer_batch` (asked over `chunk` trajectories at once, in rounds or streamed:
-    `probe_batched`).
+    `answer_batch` (asked over `chunk` trajectories at once in rounds, `probe_batched`; or,
+    where it streams, with `chunk` conversations (a trajectory under one history) live at once,
+    the next starting as one ends, `audit.probe_stream`).
     `histories`: ``("real",)`` the teacher-forced probe; ``("own",)`` the self-conditioned one;
     both: every step is probed twice, the rows carry ``history``, the statistics count the
     real-history rows and the summary decomposes the two (``history`` block, `audit.stats.history`).
@@ -419,36 +458,47 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
     rows: list[dict[str, Any]] = []
     read = done = 0
     t0 = time.perf_counter()
-    for items in _chunks(_readable(inputs, limit, steps, skipped), max(1, chunk)):
-        good = [i for i in items if i.trajectory is not None]
+
+    def emit(item: Any, res: list[Any] | None) -> None:
+        """One record's outcome, in input order: its rows written, or why it was skipped."""
+        nonlocal read, done
+        read += 1
+        if item.trajectory is None or res is None:
+            skipped.append(skipped_row(item.path, item.line, item.error))
+            return
+        failed = next((r for r in res if isinstance(r, Exception)), None)
+        if failed is not None:  # a bug or a hostile record must not stop the audit
+            skipped.append(skipped_row(item.path, item.line, _failure(failed)))
+            return
+        done += 1
+        for msg in dict.fromkeys(m for r in res for m in r.warnings):
+            warnings.append({"file": item.path, "line": item.line,
+                             "trajectory_id": item.trajectory.id, "message": msg})
+        records = [rec for r in res for rec in r.steps]
+        w.write_steps(records, {**res[0].summary, "file": item.path, "line": item.line})
+        rows.extend(compact(rec) for rec in records)
+        if progress is not None:
+            progress(len(records))
+
+    stream = getattr(answer_batch, "stream", None)
+    items = _readable(inputs, limit, steps, skipped)
+    streamed = stream is not None and not task_ids and annotate is None
+    if streamed:  # one stream for every history and record, `chunk` conversations at once
+        stream_probe(items, stream, settings, steps, histories, max(1, chunk), emit)
+    for batch in [] if streamed else _chunks(items, max(1, chunk)):
+        good = [i for i in batch if i.trajectory is not None]
         trajs = [i.trajectory for i in good]
         position = {id(i): k for k, i in enumerate(good)}
-        results = {h: (probe_batched(trajs, answer_batch, settings, steps, h, task_ids)
-                       if answer_batch is not None else
-                       _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
-                   for h in histories}
+        results = (probe_histories(trajs, answer_batch, settings, steps, histories, task_ids)
+                   if answer_batch is not None else
+                   {h: _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h)
+                    for h in histories})
         if annotate is not None:
             for h in histories:
                 annotate(trajs, results[h])
-        for item in items:
-            read += 1
-            if item.trajectory is None:
-                skipped.append(skipped_row(item.path, item.line, item.error))
-                continue
-            res = [results[h][position[id(item)]] for h in histories]
-            failed = next((r for r in res if isinstance(r, Exception)), None)
-            if failed is not None:  # a bug or a hostile record must not stop the audit
-                skipped.append(skipped_row(item.path, item.line, _failure(failed)))
-                continue
-            done += 1
-            for msg in dict.fromkeys(m for r in res for m in r.warnings):
-                warnings.append({"file": item.path, "line": item.line,
-                                 "trajectory_id": item.trajectory.id, "message": msg})
-            records = [rec for r in res for rec in r.steps]
-            w.write_steps(records, {**res[0].summary, "file": item.path, "line": item.line})
-            rows.extend(compact(rec) for rec in records)
-            if progress is not None:
-                progress(len(records))
+        for item in batch:
+            emit(item, None if item.trajectory is None else
+                 [results[h][position[id(item)]] for h in histories])
     summary = build_summary(rows, opts, trajectories=done, read=read, skipped=skipped,
                             warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
     summary["audited_model"] = label

@@ -43,8 +43,10 @@ from envace.model.models import (
 )
 from envace.model.windows import prompt_ids
 
-#: trajectories probed together on the kept-cache path: their caches are held at once
-#: (SmolLM2-135M, fp32: about 46 KB per token, ~50 MB per BFCL dev trajectory)
+#: conversations probed at once on the kept-cache path (a trajectory under one history; its
+#: cache is held while it lasts, and the next trajectory starts when one ends:
+#: `audit.probe_stream`; SmolLM2-135M, fp32: about 46 KB per token, ~50 MB per BFCL dev
+#: trajectory)
 PREFIX_CHUNK = 32
 
 
@@ -122,9 +124,11 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
     "own", the model's own) response and the next assistant message are appended. A prompt cut
     to the context differs from the kept one early and is encoded again from there, as on the
     per-step path. Same greedy answers as `model_answers` up to float summation order. Its
-    ``stream`` (used by `audit.probe.probe_batched`) asks without rounds: each trajectory's
-    next request is generated as soon as its previous answer ends (`KeptPrompts.stream`); the
-    trajectory's advance is timed as ``probe/advance`` inside ``probe/generate``."""
+    ``stream`` (used by `audit.probe_stream`) asks without rounds: each trajectory's next
+    request is generated as soon as its previous answer ends, and a trajectory that starts
+    (``more``) joins as soon as another has ended (`KeptPrompts.stream`); the probe's own work
+    (advancing a trajectory, starting one) is timed as ``probe/advance`` inside
+    ``probe/generate``."""
     import torch
 
     # lazy: loads torch: kept out of --help
@@ -142,17 +146,24 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
             gens = kept.generate(keys, prompts, max_new_tokens)
         return [tokenizer.decode(g, skip_special_tokens=False) for g in gens]
 
-    def stream(first: list[tuple[Any, Any]],
-               answered: Callable[[Any, str], Any]) -> None:
-        def next_of(key: Any, ids: list[int]) -> list[int] | None:
+    def stream(first: list[tuple[Any, Any]], answered: Callable[[Any, str], Any],
+               more: Callable[[], list[tuple[Any, Any]]] | None = None) -> None:
+        def ids(request: Any) -> list[int]:
+            return prompt_ids(tokenizer, *request[:2], "tool", budget)
+
+        def next_of(key: Any, out: list[int]) -> list[int] | None:
             with _section(timer, "probe/advance"):  # the probe's own work, not generation
-                request = answered(key, tokenizer.decode(ids, skip_special_tokens=False))
-            return None if request is None else prompt_ids(tokenizer, *request[:2], "tool",
-                                                           budget)
+                request = answered(key, tokenizer.decode(out, skip_special_tokens=False))
+            return None if request is None else ids(request)
+
+        def started() -> list[tuple[Any, list[int]]]:
+            assert more is not None
+            with _section(timer, "probe/advance"):  # trajectories that start: replayed first
+                return [(key, ids(r)) for key, r in more()]
 
         with _section(timer, "probe/generate"):
-            kept.stream([(key, prompt_ids(tokenizer, r[0], r[1], "tool", budget))
-                         for key, r in first], next_of, max_new_tokens)
+            kept.stream([(key, ids(r)) for key, r in first], next_of, max_new_tokens,
+                        None if more is None else started)
 
     answer.keyed = True  # type: ignore[attr-defined]
     answer.kept = kept  # type: ignore[attr-defined]

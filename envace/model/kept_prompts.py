@@ -113,12 +113,15 @@ class KeptPrompts:
     @torch.no_grad()
     def stream(self, first: Sequence[tuple[Any, Sequence[int]]],
                next_of: Callable[[Any, list[int]], Sequence[int] | None],
-               max_new_tokens: int) -> None:
+               max_new_tokens: int,
+               more: Callable[[], Sequence[tuple[Any, Sequence[int]]]] | None = None) -> None:
         """Answer conversations that ask again as soon as they are answered: `first` holds each
         key's first prompt; when a key's answer ends, ``next_of(key, answer_ids)`` gives the
         key's next prompt (it joins the waiting queue at once, its cache reused) or None (the
-        conversation ended: its cache is dropped). So answers of different rounds share decode
-        forwards, and no forward waits for a round's longest answer. Keys must be distinct."""
+        conversation ended: its cache is dropped, and ``more()``, if given, names the new
+        conversations that start in its place: (key, first prompt) pairs, new keys). So answers
+        of different rounds, and of conversations that start late, share decode forwards, and
+        no forward waits for a round's longest answer. Keys must be distinct."""
         keys = [k for k, _p in first]
         if len(set(keys)) != len(keys):
             raise ValueError("keys must be distinct within a call")
@@ -127,12 +130,19 @@ class KeptPrompts:
         if any(not p for _k, p in first):
             raise ValueError("an empty prompt")
         count = itertools.count(len(first))
+        started = set(keys)
 
         def then(key: Any, gen: list[int]) -> list[tuple[int, Any, list[int]]]:
             nxt = next_of(key, self._answer(gen))
             if nxt is None:
                 self.kept.pop(key, None)
-                return []
+                joining = list(more()) if more is not None else []
+                for k, p in joining:
+                    if k in started or not p:
+                        raise ValueError("more() must give new keys with non-empty prompts")
+                    started.add(k)
+                    self.kept.pop(k, None)
+                return [(next(count), k, list(p)) for k, p in joining]
             if not nxt:
                 raise ValueError("an empty prompt")
             return [(next(count), key, list(nxt))]

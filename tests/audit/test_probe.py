@@ -176,3 +176,63 @@ def test_the_batched_probe_holds_one_environment_process_at_a_time(tmp_path):
     for b, o in zip(batched, one, strict=True):
         strip = [{k: v for k, v in r.items() if k != "seconds"} for r in b.steps]
         assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in o.steps]
+
+
+def test_the_streamed_probe_feeds_trajectories_as_others_end_and_writes_in_input_order(
+        files, tmp_path, quick_summary):
+    """`audit.probe_stream`: with a streaming answerer, every history's trajectories share one
+    stream, never more than `chunk` conversations at once, each record starting as soon as
+    one ends (no chunk waits for its slowest trajectory); the records are written in input
+    order, an unreadable line where it stands, and the rows are the rows of the probe asked
+    in rounds. The answerer is a stand-in (a fixed answer per request, given back in an order
+    unlike the order asked, as a batched model's would be): the test is about the feed."""
+    lines = files["dev"].read_text().splitlines()
+    src = tmp_path / "dev.jsonl"
+    src.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+
+    def reply(request) -> str:  # deterministic in the request, as a greedy model is
+        return json.dumps({"n": len(request[0]), "tool": request[2]})
+
+    peak, starts = [0], []
+
+    def stream(first, answered, more):
+        queue = list(first)
+        starts.append(len(first))
+        live = {k for k, _r in first}
+        while queue:
+            key, request = queue.pop()  # last asked, first answered
+            nxt = answered(key, reply(request))
+            if nxt is not None:
+                queue.insert(0, (key, nxt))
+                continue
+            live.discard(key)
+            new = more()
+            live |= {k for k, _r in new}
+            queue[:0] = new
+            peak[0] = max(peak[0], len(live))
+        assert not live
+
+    def rounds(requests):
+        return [reply(r) for r in requests]
+
+    stream_answer = type("S", (), {"__call__": lambda self, rs: rounds(rs),
+                                   "stream": staticmethod(stream)})()
+    opts = AuditOptions(**QUIET)
+    both = ("real", "own")
+    a = run_probe([str(src)], tmp_path / "stream", None, opts, histories=both,
+                  answer_batch=stream_answer, chunk=3)
+    b = run_probe([str(src)], tmp_path / "rounds", None, opts, histories=both,
+                  answer_batch=rounds, chunk=3)
+    assert starts == [2] and peak[0] <= 3  # one trajectory's two histories, then as room frees
+
+    def rows(d):
+        out = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in out]
+
+    assert len(rows(tmp_path / "stream")) > 10
+    assert rows(tmp_path / "stream") == rows(tmp_path / "rounds")
+    ids = [json.loads(x)["trajectory_id"]
+           for x in (tmp_path / "stream" / "trajectories.jsonl").read_text().splitlines()]
+    assert ids == [json.loads(x)["id"] for x in lines]
+    assert a["counts"] == b["counts"] and a["counts"]["skipped"] == 1
+    assert [r["line"] for r in a["skipped_records"]] == [2]

@@ -20,7 +20,7 @@ from audit.scoring.settings import AuditOptions
 from envace.model.chat import IM_END
 
 TINY = "data/models/tiny-sft"
-LIMIT = 3  # dev trajectories probed (chunks of 2: the second chunk starts with a fresh set)
+LIMIT = 3  # dev trajectories probed (2 conversations at once: later ones start as others end)
 
 
 @pytest.fixture(scope="module")

@@ -154,42 +154,21 @@ def probe_batched(
     request (or None: it has ended), so a trajectory never waits for the round's slowest answer.
     The audits are the same as in rounds: each trajectory's requests and answers do not depend
     on the order in which trajectories are answered."""
-    return probe_histories(trajs, answer_batch, settings, steps, (history,), task_ids)[history]
-
-
-def probe_histories(
-    trajs: Sequence[Trajectory],
-    answer_batch: Callable[[list[Request]], list[str | Unanswered]],
-    settings: AuditOptions,
-    steps: Mapping[str, Iterable[int]] | None = None,
-    histories: Sequence[str] = ("real",),
-    task_ids: bool = False,
-) -> dict[str, list[TrajectoryAudit | Exception]]:
-    """:func:`probe_batched` for each of ``histories``: by history, per trajectory, its audit
-    or the exception that stopped it. A streaming `answer_batch` is given every history's
-    trajectories in one stream (keys ``(history, index)``), so the two probes of ``--history
-    both`` fill one batch instead of each ending on a tail of few rows; in rounds, one history
-    after the other, as before. The audits are the same either way."""
     stream = getattr(answer_batch, "stream", None)
     if stream is None or task_ids:
-        return {h: _probe_rounds(trajs, answer_batch, settings, steps, h, task_ids)
-                for h in histories}
-    results: dict[tuple[str, int], TrajectoryAudit | Exception] = {}
-    live: dict[tuple[str, int], tuple[ProbeSteps, Request]] = {}
-    for h in histories:
-        for i, traj in enumerate(trajs):
-            wanted = None if steps is None else steps.get(traj.id, ())
-            _advance(live, results, (h, i), probe_steps(traj, settings, None, wanted, h),
-                     first=True)
+        return _probe_rounds(trajs, answer_batch, settings, steps, history, task_ids)
+    results: dict[int, TrajectoryAudit | Exception] = {}
+    live: dict[int, tuple[ProbeSteps, Request]] = {}
+    for i, traj in enumerate(trajs):
+        wanted = None if steps is None else steps.get(traj.id, ())
+        _advance(live, results, i, probe_steps(traj, settings, None, wanted, history), first=True)
 
     def answered(key: tuple[str, int], reply: str) -> Request | None:
-        _advance(live, results, key, live[key][0], reply)
-        return live[key][1] if key in live else None
+        _advance(live, results, key[1], live[key[1]][0], reply)
+        return live[key[1]][1] if key[1] in live else None
 
-    stream([(key, live[key][1]) for key in sorted(live, key=lambda k: (histories.index(k[0]),
-                                                                          k[1]))], answered)
-    return {h: [results.get((h, i), RuntimeError("not probed")) for i in range(len(trajs))]
-            for h in histories}
+    stream([((history, i), live[i][1]) for i in sorted(live)], answered)
+    return [results.get(i, RuntimeError("not probed")) for i in range(len(trajs))]
 
 
 def _advance(live: dict[Any, tuple[ProbeSteps, Request]], results: dict[Any, Any], key: Any,
@@ -489,10 +468,10 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
         good = [i for i in batch if i.trajectory is not None]
         trajs = [i.trajectory for i in good]
         position = {id(i): k for k, i in enumerate(good)}
-        results = (probe_histories(trajs, answer_batch, settings, steps, histories, task_ids)
-                   if answer_batch is not None else
-                   {h: _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h)
-                    for h in histories})
+        results = {h: (probe_batched(trajs, answer_batch, settings, steps, h, task_ids)
+                       if answer_batch is not None else
+                       _one_at_a_time(trajs, rehearser, settings, env_cache, steps, h))
+                   for h in histories}
         if annotate is not None:
             for h in histories:
                 annotate(trajs, results[h])

@@ -187,8 +187,10 @@ def test_the_streamed_probe_feeds_trajectories_as_others_end_and_writes_in_input
     in rounds. The answerer is a stand-in (a fixed answer per request, given back in an order
     unlike the order asked, as a batched model's would be): the test is about the feed."""
     lines = files["dev"].read_text().splitlines()
+    alien = json.loads(lines[0])  # a record of an environment there is not: cannot replay
+    alien["id"], alien["env"]["name"] = "alien", "no-such-env"
     src = tmp_path / "dev.jsonl"
-    src.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    src.write_text("\n".join([lines[0], "{not json", json.dumps(alien), *lines[1:]]) + "\n")
 
     def reply(request) -> str:  # deterministic in the request, as a greedy model is
         return json.dumps({"n": len(request[0]), "tool": request[2]})
@@ -234,5 +236,6 @@ def test_the_streamed_probe_feeds_trajectories_as_others_end_and_writes_in_input
     ids = [json.loads(x)["trajectory_id"]
            for x in (tmp_path / "stream" / "trajectories.jsonl").read_text().splitlines()]
     assert ids == [json.loads(x)["id"] for x in lines]
-    assert a["counts"] == b["counts"] and a["counts"]["skipped"] == 1
-    assert [r["line"] for r in a["skipped_records"]] == [2]
+    assert a["counts"] == b["counts"] and a["counts"]["skipped"] == 2
+    assert [r["line"] for r in a["skipped_records"]] == [2, 3]
+    assert "cannot replay" in a["skipped_records"][1]["reason"]

@@ -32,7 +32,8 @@ def stream_probe(items: Iterator[Any], stream: Callable[..., None], settings: Au
     each of ``histories`` through ``stream(first, answered, more)``; ``emit(item, results)``
     in input order: per history the trajectory's audit or the exception that stopped it
     (None for an unreadable record)."""
-    from audit.probe import probe_steps  # the probe's generator (audit.probe imports this)
+    # lazy: audit.probe imports this module (an import cycle at module level)
+    from audit.probe import probe_steps
 
     places = itertools.count()
     order: dict[int, tuple[Any, dict[str, Any]]] = {}  # place -> (item, results by history)

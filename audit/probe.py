@@ -463,7 +463,8 @@ def _probe_into(w: AuditWriter, inputs: list[str], rehearser: WorldModel | None,
     items = _readable(inputs, limit, steps, skipped)
     streamed = stream is not None and not task_ids and annotate is None
     if streamed:  # one stream for every history and record, `chunk` conversations at once
-        stream_probe(items, stream, settings, steps, histories, max(1, chunk), emit)
+        stream_probe(items, lambda traj, wanted, h: probe_steps(traj, settings, None, wanted, h),
+                     stream, steps, histories, max(1, chunk), emit)
     for batch in [] if streamed else _chunks(items, max(1, chunk)):
         good = [i for i in batch if i.trajectory is not None]
         trajs = [i.trajectory for i in good]

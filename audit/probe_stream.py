@@ -1,6 +1,6 @@
 """The probe's continuous feed: trajectories join a streaming world model as others end.
 
-    stream_probe(items, answer_batch.stream, settings, steps, histories, live, emit)
+    stream_probe(items, start, answer_batch.stream, steps, histories, live, emit)
 
 A streaming answerer (the kept-cache path, `envace.evaluation.model_probe.kept_answers`) answers
 each trajectory's next request as soon as its previous answer ends. Asked chunk by chunk, every
@@ -10,31 +10,28 @@ conversations at once (each holds a KV cache: ``live`` bounds memory as the chun
 one ends, the next readable record's probes start in its place (``more``). Each record's
 result is handed to ``emit`` in input order as soon as it and every record before it are done,
 so rows are written as they finish, as the chunked probe writes them. The audits are the
-probe's own (`audit.probe.probe_steps`): a trajectory's requests and answers do not depend on
-which others share the stream.
+probe's own (``start`` is `audit.probe.probe_steps` bound to the run's settings): a trajectory's
+requests and answers do not depend on which others share the stream.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
-
-from audit.scoring.settings import AuditOptions
 
 Key = tuple[str, int]  # (history, the record's place in the input)
 
 
-def stream_probe(items: Iterator[Any], stream: Callable[..., None], settings: AuditOptions,
-                 steps: Mapping[str, Any] | None, histories: Sequence[str], live: int,
+def stream_probe(items: Iterator[Any], start: Callable[[Any, Any, str], Generator[Any, Any, Any]],
+                 stream: Callable[..., None], steps: Mapping[str, Any] | None,
+                 histories: Sequence[str], live: int,
                  emit: Callable[[Any, list[Any] | None], None]) -> None:
     """Probe every record of ``items`` (each with ``.trajectory``: None when unreadable) for
-    each of ``histories`` through ``stream(first, answered, more)``; ``emit(item, results)``
-    in input order: per history the trajectory's audit or the exception that stopped it
-    (None for an unreadable record)."""
-    # lazy: audit.probe imports this module (an import cycle at module level)
-    from audit.probe import probe_steps
-
+    each of ``histories`` through ``stream(first, answered, more)``: ``start(trajectory,
+    wanted_steps, history)`` is a trajectory's probe generator (it yields requests, is sent the
+    answers and returns the audit); ``emit(item, results)`` in input order: per history the
+    trajectory's audit or the exception that stopped it (None for an unreadable record)."""
     places = itertools.count()
     order: dict[int, tuple[Any, dict[str, Any]]] = {}  # place -> (item, results by history)
     gens: dict[Key, Any] = {}  # live conversations: their probe generators
@@ -84,7 +81,7 @@ def stream_probe(items: Iterator[Any], stream: Callable[..., None], settings: Au
             wanted = None if steps is None else steps.get(traj.id, ())
             for h in histories:
                 key = (h, place)
-                request = step(key, probe_steps(traj, settings, None, wanted, h), first=True)
+                request = step(key, start(traj, wanted, h), first=True)
                 if request is not None:
                     new.append((key, request))
         flush()

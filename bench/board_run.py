@@ -11,7 +11,8 @@ end, the wall-clock seconds, the models file's text, how each local model folder
 made was made (``models_made``: steps reached, what stopped it, its command) and the finished
 ``board.json`` (its cells, each with its seconds). With ``--serve MODEL=NAME`` it first starts a
 real vLLM OpenAI-compatible server (``VLLM_PYTHON -m vllm.entrypoints.openai.api_server``:
-fp32, seed 0, eager, at most 8 sequences) over the local model ``MODEL`` (a folder or a name
+fp32, seed 0, eager, at most 8 sequences, a context of the model's positions up to 8,192 or
+``--max-model-len``) over the local model ``MODEL`` (a folder or a name
 ``envace.model.models.resolve_model`` knows) served as ``NAME``
 on a free port, waits until it answers, writes its URL wherever the models file says
 ``${ENVACE_BOARD_ENDPOINT}`` (``endpoint: "${ENVACE_BOARD_ENDPOINT}#NAME"``; into a temporary
@@ -35,11 +36,13 @@ from typing import Any
 from bench.machine import run_record, write_result
 from envace.core.errors import UsageError
 from envace.evaluation.board_models import read_models
-from envace.model.models import default_cache_dir, resolve_model, sft_made
+from envace.model.models import default_cache_dir, position_limit, resolve_model, sft_made
 from envace.model.vllm_server import ServerError, VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
 START_DEADLINE_S = 600.0
+#: the served context when neither --max-model-len nor a smaller model limit says otherwise
+SERVED_CONTEXT = 8192
 
 
 def models_made(models_file: str) -> dict[str, dict[str, Any]]:
@@ -63,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True, help="bench/results/<name>.json")
     ap.add_argument("--serve", help="MODEL=NAME: serve MODEL with vLLM as NAME during the run")
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the served context (default: the model's positions, at most "
+                         f"{SERVED_CONTEXT})")
     ap.add_argument("rest", nargs="*", help="after --: more envace board arguments")
     args = ap.parse_args(argv)
     load_start = os.getloadavg()
@@ -77,15 +83,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve:
             model, _, name = args.serve.partition("=")
             path = resolve_model(model, default_cache_dir())
+            max_len = args.max_model_len or min(SERVED_CONTEXT,
+                                                position_limit(path) or SERVED_CONTEXT)
             try:
                 server = VLLMServer.start(path, name or model,
                                           out.parent / f"{out.name}.vllm-server.log",
-                                          python=args.vllm_python, deadline_s=START_DEADLINE_S)
+                                          python=args.vllm_python, deadline_s=START_DEADLINE_S,
+                                          max_model_len=max_len)
             except ServerError as e:
                 raise SystemExit(str(e)) from None
             record["server"] = {"model": model, "served_as": name or model,
                                 "startup_s": server.startup_s,
-                                "flags": "fp32, seed 0, --enforce-eager, --max-num-seqs 8"}
+                                "flags": "fp32, seed 0, --enforce-eager, --max-num-seqs 8",
+                                "max_model_len": max_len}
             models_path = Path(tmp.name) / "models.yaml"
             models_path.write_text(models_text.replace("${ENVACE_BOARD_ENDPOINT}", server.url))
         cmd = [sys.executable, "-m", "envace.cli", "board", "--models", str(models_path),

@@ -128,12 +128,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                          "`confidence` (its mean token log-probability) and the summary a "
                          "`confidence` block (AUROC, reliability, risk-coverage)")
     lk.add_argument("--context", type=count(1), default=None, metavar="N",
-                    help="with --likelihood (or --endpoint --confidence): the context in tokens "
-                         "(default: the model's fine-tuning seq_len, else 2048)")
+                    help="the context in tokens every prompt is cut to, as SFT windows are "
+                         "(default: the model's fine-tuning seq_len, else 2048); with --endpoint "
+                         "the cut prompt goes to the server as token ids")
     lk.add_argument("--tokenizer", metavar="PATH",
-                    help="with --endpoint and --likelihood or --confidence: a local folder with "
-                         "the served model's tokenizer (default: --model, when it is a local "
-                         "folder)")
+                    help="with --endpoint: a local folder (or smollm2) with the served model's "
+                         "tokenizer; the prompts are then cut to --context as the in-process "
+                         "probe cuts them and sent as token ids (needed by --likelihood and "
+                         "--confidence; default there: --model, when it is a local folder)")
     e = p.add_argument_group("served model (--endpoint)")
     e.add_argument("--api", default=SERVED_DEFAULTS["api"], choices=["completions", "chat"],
                    help="completions: envace's ChatML prompt (default); chat: chat/completions")
@@ -195,9 +197,15 @@ def _check_usage(args: argparse.Namespace) -> str | None:
             return "--likelihood --endpoint uses /v1/completions: not with --api chat"
         if getattr(args, "confidence", False):
             return "--confidence goes with a generating probe, not --likelihood"
-    elif (getattr(args, "context", None) or getattr(args, "tokenizer", None)) and not (
-            getattr(args, "confidence", False) and getattr(args, "endpoint", None)):
-        return "--context and --tokenizer go with --likelihood or --endpoint --confidence"
+    cutting = getattr(args, "context", None) or getattr(args, "tokenizer", None)
+    if getattr(args, "tokenizer", None) and not getattr(args, "endpoint", None):
+        return "--tokenizer is a served model's tokenizer: it goes with --endpoint"
+    if cutting and getattr(args, "ranker", None):
+        return "--context and --tokenizer cut a model's prompts: not with --ranker"
+    if cutting and getattr(args, "endpoint", None) \
+            and getattr(args, "api", "completions") != "completions":
+        return ("--context and --tokenizer send the cut prompt as token ids on /v1/completions: "
+                "not with --api chat")
     if getattr(args, "confidence", False) and getattr(args, "ranker", None):
         return "--confidence needs a model (it scores the answers with it), not the ranker"
     if getattr(args, "confidence", False) and getattr(args, "endpoint", None) \

@@ -67,6 +67,7 @@ from envace.evaluation.model_probe import context_length, probe_model
 from envace.model.endpoint import EndpointClient, EndpointError
 from envace.model.models import (
     auto_threads,
+    context_problem,
     default_cache_dir,
     load_model,
     resolve_model,
@@ -237,13 +238,16 @@ def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: 
     from dataclasses import replace
 
     model, tok, path = models.get(str(spec.model))
-    context = context_length(path, model)
+    why = context_problem(spec.context, path)
+    if why:
+        raise UsageError(f"model {spec.model}: {why}")
+    context = spec.context or context_length(path, model)
     if spec.score == "likelihood":  # bits per byte of the real responses: nothing generated
 
         summary = probe_likelihood(model, tok, [str(dev)], out, opts, context, limit,
                                    label=str(path))
         return summary, (f"envace probe --model {spec.model} {dev} --likelihood --reference "
-                         f"{train}")
+                         f"{train}{_context_flag(spec)}")
     grounding = replace(_grounding(spec, train),
                         max_chars=note_chars(max(64, context - spec.max_new_tokens)))
     summary = probe_model(model, tok, [str(dev)], out, opts, context, spec.max_new_tokens,
@@ -251,7 +255,8 @@ def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: 
                           confidence=spec.confidence)
     return summary, (f"envace probe --model {spec.model} {dev} --reference {train} "
                      f"--max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}"
-                     + (" --confidence" if spec.confidence else "") + _history_flag(histories))
+                     + (" --confidence" if spec.confidence else "") + _context_flag(spec)
+                     + _history_flag(histories))
 
 
 def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: Any,
@@ -264,9 +269,34 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
     except (ValueError, EndpointError) as exc:
         raise UsageError(f"endpoint {spec.endpoint}: {exc}") from None
     summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit,
-                             grounding=_grounding(spec, train), histories=histories)
+                             grounding=_grounding(spec, train), histories=histories,
+                             cut=_served_cut(spec))
     return summary, (f"envace probe --endpoint {url} --model {name} {dev} --reference "
-                     f"{train}{_flags(spec, train)}{_history_flag(histories)}")
+                     f"{train} --max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}"
+                     + (f" --tokenizer {spec.tokenizer}" if spec.tokenizer else "")
+                     + _context_flag(spec) + _history_flag(histories))
+
+
+def _context_flag(spec: ModelSpec) -> str:
+    return f" --context {spec.context}" if spec.context else ""
+
+
+def _served_cut(spec: ModelSpec) -> tuple[Any, int] | None:
+    """``(tokenizer, context)`` a served model's prompts are cut to, or None (its spec names
+    no tokenizer: the whole conversation goes as text)."""
+    if spec.tokenizer is None:
+        return None
+    try:
+        path = resolve_model(spec.tokenizer, default_cache_dir())
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(f"tokenizer {spec.tokenizer}: {exc}") from None
+    why = context_problem(spec.context, path)
+    if why:
+        raise UsageError(f"tokenizer {spec.tokenizer}: {why}")
+    # lazy: transformers is heavy and a board of references never needs it
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path), spec.context or context_length(path)
 
 
 def check_models(models: dict[str, ModelSpec]) -> None:

@@ -9,13 +9,18 @@
       served: {endpoint: "http://127.0.0.1:8000/v1#smollm2"}
       tiny-lk: {model: data/models/tiny-sft, score: likelihood}
       tiny-c: {model: data/models/tiny-sft, confidence: true}
+      cut:    {endpoint: "http://127.0.0.1:8000/v1#tiny", tokenizer: data/models/tiny-sft}
 
 Every reference, the ranker, ``memory_k`` and ``hybrid`` read the **train** split of the
 environment the cell is scored on (never the split scored). ``score: likelihood`` asks for bits
 per byte of the real response under a local model (``envace probe --likelihood``); a build
 without it refuses the model with a clear error, before anything runs. ``confidence: true``
 (a local model, generation scoring) scores each answer after its prompt, so the cell's audit has
-the ``confidence`` block (``envace probe --confidence``). A malformed file is one
+the ``confidence`` block (``envace probe --confidence``). ``tokenizer`` (a served model): its
+prompts are cut to ``context`` tokens (default: as a local model's, the tokenizer folder's SFT
+``seq_len``, else 2048) exactly as the in-process probe cuts them and sent as token ids, so a
+served cell asks what the same model's in-process cell asks and a long conversation is answered,
+not refused; ``context`` on a local model overrides its prompt budget. A malformed file is one
 :class:`envace.core.errors.UsageError` naming the model and the field.
 """
 
@@ -55,6 +60,10 @@ class ModelSpec(BaseModel):
     score: Literal["generation", "likelihood"] = "generation"
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
     confidence: bool = False  #: each answer's mean token log-probability (a local model)
+    #: a served model's tokenizer (a local folder or smollm2): its prompts are then cut to
+    #: ``context`` as a local model's are and sent as token ids (`envace probe --tokenizer`)
+    tokenizer: str | None = None
+    context: int | None = Field(default=None, ge=64, le=1_000_000)  #: prompt budget in tokens
 
     @model_validator(mode="after")
     def _one_kind(self) -> ModelSpec:
@@ -72,6 +81,14 @@ class ModelSpec(BaseModel):
         if self.confidence and (kinds[0] != "model" or self.score != "generation"):
             raise ValueError("confidence: true needs a local model that generates (model: "
                              "..., score: generation): it scores the answers with the model")
+        if self.tokenizer is not None and kinds[0] != "endpoint":
+            raise ValueError("tokenizer is a served model's (endpoint: ...); a local model's is "
+                             "in its folder")
+        if self.context is not None and kinds[0] not in ("model", "endpoint"):
+            raise ValueError(f"context cuts a model's prompts: not for a {kinds[0]}")
+        if self.context is not None and kinds[0] == "endpoint" and self.tokenizer is None:
+            raise ValueError("context on a served model needs its tokenizer (tokenizer: PATH): "
+                             "the prompts are cut in tokens")
         if self.endpoint is not None and "#" not in self.endpoint:
             raise ValueError("endpoint is URL#model (the served model's name after '#')")
         return self
@@ -154,10 +171,13 @@ def uses_history(spec: ModelSpec) -> bool:
 
 def cell_key(spec: ModelSpec, env: str, split: str, inputs: dict[str, str],
              options: dict[str, Any]) -> str:
-    """What makes a finished cell reusable: the model's spec (and its folder's files), the
+    """What makes a finished cell reusable: the model's spec (and its folder's files, or a
+    served model's tokenizer folder's), the
     environment, the split, the hashes of the input files the cell reads and the board's
     options. Any change gives another key: exactly the cells it touches are recomputed."""
     record = {"board": 1, "spec": spec.given(), "env": env, "split": split,
               "inputs": inputs, "options": options,
               "model_files": folder_fingerprint(spec.model) if spec.model else None}
+    if spec.tokenizer:  # a served model's tokenizer cuts its prompts (older keys unchanged)
+        record["tokenizer_files"] = folder_fingerprint(spec.tokenizer)
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]

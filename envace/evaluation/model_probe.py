@@ -37,6 +37,7 @@ from envace.model.chat import IM_END, encode_text, parse_assistant
 from envace.model.models import (
     auto_threads,
     context_length,
+    context_problem,
     default_cache_dir,
     load_model_or_say,
     resolve_model,
@@ -302,6 +303,10 @@ def run_model_probe(args: Any) -> int:
     except (ValueError, FileNotFoundError, UsageError) as exc:
         print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    why = context_problem(getattr(args, "context", None), path)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return EXIT_USAGE
     import torch  # lazy: this module is imported by `envace probe --help`, which needs no torch
 
     torch.set_num_threads(auto_threads())
@@ -310,7 +315,7 @@ def run_model_probe(args: Any) -> int:
         return EXIT_USAGE
     model, tokenizer = loaded
     opts = probe_options(args, progress=not args.quiet)
-    context = context_length(path, model)
+    context = getattr(args, "context", None) or context_length(path, model)
     # the note takes at most one character per token of the prompt budget (audit.worlds.memory)
     grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
     try:

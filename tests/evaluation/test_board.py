@@ -273,3 +273,47 @@ def test_confidence_is_refused_where_nothing_scores_the_answers():
                  {"model": "m", "score": "likelihood", "confidence": True}):
         with pytest.raises(UsageError, match="confidence"):
             parse_models({"models": {"x": spec}})
+
+
+def test_a_served_model_with_its_tokenizer_is_asked_the_in_process_prompts(tmp_path):
+    """An endpoint with ``tokenizer`` (and ``context``): the cell's prompts are cut as the
+    in-process probe cuts them and sent as token ids; the cell's command says so. The server is
+    the standard library's HTTP server answering a fixed text (`tests.model.test_endpoint`'s
+    FakeOpenAI): only what the board sends is under test here; the real vLLM server's answers
+    are compared with the in-process probe's in `tests/vllm/test_vllm_likelihood.py`."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from tests.model.test_endpoint import FakeOpenAI, _handler
+
+    state = FakeOpenAI()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        seed_inputs(tmp_path, "bfcl", 1, 4)
+        models = parse_models({"models": {"served": {
+            "endpoint": f"{url}#world", "tokenizer": TINY, "context": 400,
+            "max_new_tokens": 64}}})
+        board = run_board(models, ["bfcl"], tmp_path, BoardOptions(quiet=True))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    cell = board.cell("served", "bfcl")
+    assert cell.status == "done", cell.error
+    assert f"--tokenizer {TINY} --context 400" in cell.command
+    sent = [b["prompt"] for b in state.requests]
+    assert sent and all(isinstance(p, list) and len(p) <= 400 - 64 for p in sent)
+    summary = json.loads((tmp_path / cell.dir / "summary.json").read_text())
+    assert summary["endpoint"]["prompt"].startswith("token ids, cut to 400 tokens")
+
+
+def test_tokenizer_and_context_go_where_they_cut_prompts():
+    for spec, why in (({"model": TINY, "tokenizer": TINY}, "tokenizer is a served model's"),
+                      ({"reference": "lookup", "context": 512}, "context cuts a model's"),
+                      ({"endpoint": "http://h:1/v1#m", "context": 512}, "needs its tokenizer"),
+                      ({"model": TINY, "context": 8}, "greater than or equal to 64")):
+        with pytest.raises(UsageError, match=why):
+            parse_models({"models": {"x": spec}})
+    ok = parse_models({"models": {"x": {"endpoint": "http://h:1/v1#m", "tokenizer": TINY}}})
+    assert ok["x"].given() == {"endpoint": "http://h:1/v1#m", "tokenizer": TINY}

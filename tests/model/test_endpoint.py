@@ -17,6 +17,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ from envace.core.export import export_real
 from envace.core.schema import TrajectoryWriter
 from envace.model.endpoint import EndpointClient, EndpointError, normalize_base, request_for
 from tests.conftest import ROOT
+
+TINY = ROOT / "data" / "models" / "tiny-sft"
 
 ANSWER = '{"ok": true}'
 
@@ -341,3 +344,66 @@ def test_simulator_answers_a_failed_request_with_an_error_as_data(server):
     err = json.loads(sim(msgs, [], "ls", {}))
     assert err["error"].startswith("simulator endpoint failed: HTTP 400")
     assert (sim.calls, sim.failures) == (2, 1) and "prompt too long" in sim.last_error
+
+
+def _local_prompts(dev: Path, budget: int) -> list[list[int]]:
+    """The prompts the in-process probe builds for every probed step of `dev` (in order)."""
+    from transformers import AutoTokenizer
+
+    from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
+    from envace.model.windows import prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(TINY)
+    seen: list[list[int]] = []
+
+    def capture(messages, tools, tool, arguments):
+        seen.append(prompt_ids(tok, messages, tools, "tool", budget))
+        return ""
+
+    with tempfile.TemporaryDirectory() as d:
+        run_probe([str(dev)], d, capture, AuditOptions(progress=False, plots=False))
+    return seen
+
+
+def test_with_the_tokenizer_the_served_probe_sends_the_in_process_prompts(server, dev, tmp_path):
+    """--tokenizer: each prompt is the in-process probe's, cut to --context less the answer's
+    tokens as SFT windows are, sent as token ids (so a conversation longer than the server's
+    context is asked, not refused); without it the whole conversation goes as text."""
+    url, state = server
+    out = tmp_path / "probe"
+    r = _cli("probe", "--endpoint", url, "--model", "world", "--tokenizer", str(TINY),
+             "--context", "400", "--max-new-tokens", "64", str(dev), "--out", str(out),
+             "--concurrency", "1", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    sent = [b["prompt"] for b in state.requests]
+    assert sent and all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in sent)
+    assert sorted(map(tuple, sent)) == sorted(map(tuple, _local_prompts(dev, 400 - 64)))
+    assert max(len(p) for p in sent) <= 400 - 64
+    whole = [request_for(m, t, tool, a)["prompt"] for m, t, tool, a in _requests(dev)]
+    assert max(len(p) for p in whole) > 4 * (400 - 64)  # the cut did cut
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["endpoint"]["prompt"].startswith("token ids, cut to 400 tokens")
+    assert summary["endpoint"]["requests"] == len(sent) == summary["counts"]["steps"]
+
+
+def _requests(dev: Path) -> list[tuple]:
+    from audit.probe import run_probe
+    from audit.scoring.settings import AuditOptions
+
+    seen: list[tuple] = []
+    with tempfile.TemporaryDirectory() as d:
+        run_probe([str(dev)], d, lambda *req: seen.append(req) or "",
+                  AuditOptions(progress=False, plots=False))
+    return seen
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--model", "x", "--tokenizer", "t"], "--tokenizer is a served model's tokenizer"),
+    (["--endpoint", "http://127.0.0.1:9/v1", "--model", "x", "--tokenizer", "t", "--api",
+      "chat"], "not with --api chat"),
+])
+def test_cutting_options_that_cannot_work_are_one_line_and_exit_2(dev, tmp_path, args, why):
+    r = _cli("probe", *args, str(dev), "--out", str(tmp_path / "p"))
+    assert r.returncode == 2 and why in r.stderr, r.stderr[-1000:]
+    assert not (tmp_path / "p").exists()

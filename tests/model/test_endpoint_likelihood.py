@@ -158,8 +158,12 @@ def test_served_confidence_is_the_mean_served_logprob_of_answer_and_end_marker(s
         assert r["confidence_min"] == pytest.approx(min(want))
     assert s["endpoint"]["confidence_requests"] == len(rows)
     assert s["endpoint"]["confidence_failed"] == 0 and s["confidence"]["steps"] == len(rows)
-    scored = [b for b in state.bodies if isinstance(b["prompt"], list)]
+    scored = [b for b in state.bodies if "prompt_logprobs" in b]
+    asked = [b["prompt"] for b in state.bodies if "prompt_logprobs" not in b]
     assert all(b["prompt_logprobs"] == 0 and b["prompt"][-len(ids):] == ids for b in scored[1:])
+    # the answer was generated after the very prompt it is scored after (token ids, cut alike)
+    assert all(isinstance(p, list) for p in asked) and len(asked) == len(rows)
+    assert sorted(b["prompt"][:-len(ids)] for b in scored[1:]) == sorted(asked)
 
 
 @pytest.mark.parametrize("mode", ["openai", "400"])

@@ -118,3 +118,22 @@ def test_served_confidence_equals_in_process(server, dev, tmp_path):
     assert summary["endpoint"]["confidence_failed"] == 0
     assert summary["endpoint"]["confidence_requests"] == len(a)
     assert summary["confidence"]["steps"] == len(a)
+
+
+def test_served_generation_cut_to_the_context_equals_in_process(server, dev, tmp_path):
+    """`envace probe --endpoint --tokenizer --context N`: the served model is asked the
+    in-process probe's prompts (cut to N less the answer's tokens, as token ids), so greedy
+    served answers are the in-process answers, call by call, where the whole conversation would
+    not even fit (context 500: every BFCL prompt is cut). fp32 on both sides; a near-tie may
+    flip one answer."""
+    _probe_both(server, tmp_path, [str(dev), "--context", "500", "--max-new-tokens", "48"])
+    a, b = _answers(tmp_path / "served"), _answers(tmp_path / "local")
+    assert a.keys() == b.keys() and len(a) >= 8
+    summary = json.loads((tmp_path / "served" / "summary.json").read_text())
+    assert summary["endpoint"]["unanswered"] == 0
+    assert summary["endpoint"]["prompt"].startswith("token ids, cut to 500 tokens")
+    same = [k for k in a if a[k]["rehearsed"] == b[k]["rehearsed"]]
+    print(f"\n[cut to 500 tokens: {len(same)} of {len(a)} served answers equal the "
+          "in-process ones]")
+    assert len(same) >= len(a) - 1
+    assert all(a[k]["diverged"] == b[k]["diverged"] for k in same)

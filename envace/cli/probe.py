@@ -197,7 +197,12 @@ def _check_usage(args: argparse.Namespace) -> str | None:
             return "--likelihood --endpoint uses /v1/completions: not with --api chat"
         if getattr(args, "confidence", False):
             return "--confidence goes with a generating probe, not --likelihood"
-    cutting = getattr(args, "context", None) or getattr(args, "tokenizer", None)
+    context = getattr(args, "context", None)
+    if context is not None and not getattr(args, "likelihood", False) \
+            and context < getattr(args, "max_new_tokens", 0) + 64:
+        return (f"--context {context} leaves no room for a prompt: a generating probe needs at "
+                f"least --max-new-tokens + 64 ({getattr(args, 'max_new_tokens', 0) + 64})")
+    cutting = context or getattr(args, "tokenizer", None)
     if getattr(args, "tokenizer", None) and not getattr(args, "endpoint", None):
         return "--tokenizer is a served model's tokenizer: it goes with --endpoint"
     if cutting and getattr(args, "ranker", None):

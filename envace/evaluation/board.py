@@ -35,7 +35,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from envace.evaluation.board_figures import cell_figures
 from envace.evaluation.board_models import ModelSpec, cell_key, file_hash, uses_history
 from envace.evaluation.board_out import LOCK_FILE, check_out
 from envace.evaluation.board_report import write_report
+from envace.evaluation.endpoint_likelihood import chat_tokenizer
 from envace.evaluation.endpoint_probe import probe_endpoint
 from envace.evaluation.likelihood import probe_likelihood
 from envace.evaluation.model_probe import context_length, probe_model
@@ -235,8 +236,6 @@ def _history_flag(histories: Sequence[str]) -> str:
 def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: Path,
                  opts: Any, limit: int, histories: Sequence[str] = ("real",)
                  ) -> tuple[dict[str, Any], str]:
-    from dataclasses import replace
-
     model, tok, path = models.get(str(spec.model))
     why = context_problem(spec.context, path)
     if why:
@@ -268,9 +267,12 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
         client.check()
     except (ValueError, EndpointError) as exc:
         raise UsageError(f"endpoint {spec.endpoint}: {exc}") from None
-    summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit,
-                             grounding=_grounding(spec, train), histories=histories,
-                             cut=_served_cut(spec))
+    cut = _served_cut(spec)
+    grounding = _grounding(spec, train)
+    if cut is not None:  # the note cut as a local model's is (`_probe_model`)
+        grounding = replace(grounding, max_chars=note_chars(max(64, cut[1] - spec.max_new_tokens)))
+    summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit, grounding=grounding,
+                             histories=histories, cut=cut)
     return summary, (f"envace probe --endpoint {url} --model {name} {dev} --reference "
                      f"{train} --max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}"
                      + (f" --tokenizer {spec.tokenizer}" if spec.tokenizer else "")
@@ -293,10 +295,7 @@ def _served_cut(spec: ModelSpec) -> tuple[Any, int] | None:
     why = context_problem(spec.context, path)
     if why:
         raise UsageError(f"tokenizer {spec.tokenizer}: {why}")
-    # lazy: transformers is heavy and a board of references never needs it
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path), spec.context or context_length(path)
+    return chat_tokenizer(path), spec.context or context_length(path)
 
 
 def check_models(models: dict[str, ModelSpec]) -> None:

@@ -86,6 +86,10 @@ class ModelSpec(BaseModel):
                              "in its folder")
         if self.context is not None and kinds[0] not in ("model", "endpoint"):
             raise ValueError(f"context cuts a model's prompts: not for a {kinds[0]}")
+        if self.context is not None and self.score == "generation" \
+                and self.context < self.max_new_tokens + 64:
+            raise ValueError(f"context {self.context} leaves no room for a prompt: at least "
+                             f"max_new_tokens + 64 ({self.max_new_tokens + 64})")
         if self.context is not None and kinds[0] == "endpoint" and self.tokenizer is None:
             raise ValueError("context on a served model needs its tokenizer (tokenizer: PATH): "
                              "the prompts are cut in tokens")

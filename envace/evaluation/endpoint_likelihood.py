@@ -35,6 +35,7 @@ from envace.core.text import terminal_safe
 from envace.evaluation.likelihood import Passes, Window, likelihood_exit, plan_windows
 from envace.model.chat import IM_END, IM_START, marker_id
 from envace.model.endpoint import EndpointClient, EndpointError
+from envace.model.tokenizer_train import check_chat_tokens
 
 NEG_INF = -9999.0  # how vLLM sends a log-probability of -inf
 
@@ -183,17 +184,32 @@ def served_tokenizer(args: Any, prog: str, flag: str) -> tuple[Any, int] | None:
     try:
         path = resolve_model(spec, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
-        print(f"{prog}: {flag} --endpoint needs the served model's tokenizer (the scored tokens "
-              f"are sent as ids): give --tokenizer PATH ({exc})", file=sys.stderr)
+        print(f"{prog}: {flag} with --endpoint needs the served model's tokenizer (its prompts "
+              f"go to the server as token ids): give --tokenizer PATH ({exc})", file=sys.stderr)
         return None
     why = context_problem(getattr(args, "context", None), path)
     if why:
         print(f"{prog}: {why}", file=sys.stderr)
         return None
+    try:
+        tokenizer = chat_tokenizer(path)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: cannot use the tokenizer at {terminal_safe(str(path))}: "
+              f"{terminal_safe(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}",
+              file=sys.stderr)
+        return None
+    return tokenizer, getattr(args, "context", None) or context_length(path)
+
+
+def chat_tokenizer(path: Any) -> Any:
+    """The tokenizer of a local folder, checked to encode the ChatML markers as single tokens
+    (as `envace.model.models.load_model` checks a model's); OSError or ValueError if not."""
+    # lazy: transformers is heavy and the served path stays light until it needs a tokenizer
     from transformers import AutoTokenizer
 
-    return (AutoTokenizer.from_pretrained(path),
-            getattr(args, "context", None) or context_length(path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    check_chat_tokens(tokenizer)
+    return tokenizer
 
 
 def run_endpoint_likelihood_cli(args: Any) -> int:

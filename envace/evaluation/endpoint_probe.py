@@ -23,12 +23,13 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from audit.probe import HISTORY_CHOICES, run_probe
 from audit.probe_cli import load_grounding, print_history, probe_options
-from audit.worlds.memory import MemoryOptions
+from audit.worlds.memory import MemoryOptions, note_chars
 from envace.core.errors import EXIT_OK, EXIT_SKIPPED, EXIT_USAGE, UsageError
 from envace.core.layout import AUDIT
 from envace.core.text import terminal_safe
@@ -171,9 +172,13 @@ def run_endpoint_probe(args: Any) -> int:
         if confidence is None:
             return EXIT_USAGE
     elif getattr(args, "tokenizer", None) or getattr(args, "context", None):
-        cut = served_tokenizer(args, prog, "--context")
+        cut = served_tokenizer(args, prog, "--tokenizer" if getattr(args, "tokenizer", None)
+                               else "--context")
         if cut is None:
             return EXIT_USAGE
+    if (confidence or cut) is not None:  # the note cut as the in-process probe cuts it
+        budget = max(64, (confidence or cut)[1] - args.max_new_tokens)
+        grounding = replace(grounding, max_chars=note_chars(budget))
     try:
         summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
                                  args.limit, progress=None if args.quiet else _progress,

@@ -422,4 +422,6 @@ def context_length(model_dir: str | Path, model: Any = None) -> int:
     if seq:
         return int(seq)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is None and model is None:  # a served model's folder: its config.json says
+        limit = position_limit(model_dir)
     return min(DEFAULT_CONTEXT, int(limit)) if limit else DEFAULT_CONTEXT

@@ -312,7 +312,8 @@ def test_tokenizer_and_context_go_where_they_cut_prompts():
     for spec, why in (({"model": TINY, "tokenizer": TINY}, "tokenizer is a served model's"),
                       ({"reference": "lookup", "context": 512}, "context cuts a model's"),
                       ({"endpoint": "http://h:1/v1#m", "context": 512}, "needs its tokenizer"),
-                      ({"model": TINY, "context": 8}, "greater than or equal to 64")):
+                      ({"model": TINY, "context": 8}, "greater than or equal to 64"),
+                      ({"model": TINY, "context": 300}, "leaves no room")):
         with pytest.raises(UsageError, match=why):
             parse_models({"models": {"x": spec}})
     ok = parse_models({"models": {"x": {"endpoint": "http://h:1/v1#m", "tokenizer": TINY}}})

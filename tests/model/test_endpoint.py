@@ -402,8 +402,65 @@ def _requests(dev: Path) -> list[tuple]:
     (["--model", "x", "--tokenizer", "t"], "--tokenizer is a served model's tokenizer"),
     (["--endpoint", "http://127.0.0.1:9/v1", "--model", "x", "--tokenizer", "t", "--api",
       "chat"], "not with --api chat"),
+    (["--endpoint", "http://127.0.0.1:9/v1", "--model", "x", "--tokenizer", "t", "--context",
+      "100"], "leaves no room for a prompt"),
+    (["--model", "x", "--context", "300"], "at least --max-new-tokens + 64 (320)"),
 ])
 def test_cutting_options_that_cannot_work_are_one_line_and_exit_2(dev, tmp_path, args, why):
     r = _cli("probe", *args, str(dev), "--out", str(tmp_path / "p"))
     assert r.returncode == 2 and why in r.stderr, r.stderr[-1000:]
     assert not (tmp_path / "p").exists()
+
+
+def test_with_the_tokenizer_a_memory_note_is_cut_as_the_in_process_probe_cuts_it(server, dev,
+                                                                                  tmp_path):
+    """--memory with --tokenizer --context 400 --max-new-tokens 64: the note is held to the
+    characters the in-process probe allows for a 336-token prompt budget (it was 1,200, so the
+    cut dropped most notes whole and the served prompts were not the in-process ones)."""
+    from transformers import AutoTokenizer
+
+    from audit.worlds.memory import NOTE_TITLE, note_chars
+
+    url, state = server
+    train = tmp_path / "train.jsonl"
+    with TrajectoryWriter(train, mode="w") as w:
+        for t in export_real(split_tasks("train")[:60]):
+            w.write(t)
+    r = _cli("probe", "--endpoint", url, "--model", "world", "--tokenizer", str(TINY),
+             "--context", "400", "--max-new-tokens", "64", "--memory", str(train), str(dev),
+             "--out", str(tmp_path / "p"), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    tok = AutoTokenizer.from_pretrained(TINY)
+    notes = [text.split(NOTE_TITLE, 1)[1].split("<|im_end|>", 1)[0]
+             for text in (tok.decode(b["prompt"]) for b in state.requests) if NOTE_TITLE in text]
+    assert notes and max(len(n) for n in notes) <= note_chars(400 - 64) < 1200
+    # the prompts carry their notes, cut to fit (1,200-character notes did not fit and were
+    # dropped whole: 4 of 11 prompts had one); a note may still not fit beside a long system turn
+    assert len(notes) >= len(state.requests) - 1 >= 8
+
+
+def test_a_tokenizer_without_the_chat_markers_is_one_line_and_exit_2(server, dev, tmp_path):
+    """A folder transformers reads as some tokenizer without envace's ChatML markers: before,
+    a 60-line traceback from inside the probe (exit 1)."""
+    url, state = server
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((TINY / "config.json").read_text())
+    r = _cli("probe", "--endpoint", url, "--model", "world", "--tokenizer", str(bare), str(dev),
+             "--out", str(tmp_path / "p"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "cannot use the tokenizer" in r.stderr
+    assert not state.requests and not (tmp_path / "p").exists()
+
+
+def test_a_served_models_default_context_keeps_within_its_positions(tmp_path):
+    """A folder without an SFT record: the served default context is capped by its
+    config.json's positions, as the in-process default is by the loaded model's."""
+    from envace.model.models import context_length
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
+    assert context_length(folder) == 1024
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert context_length(folder) == 2048

@@ -8,7 +8,9 @@ trajectories through it (token-id prompts, ``prompt_logprobs: 0``) and the in-pr
 (transformers, fp32 log-softmax) audits the same ones, with the whole trajectory in one pass
 (context 2048) and with one window per call (context 500). Tolerance, stated: every step's
 nats agree within 0.02 + 0.1 % (two fp32 implementations of the same network: different
-attention kernels and summation orders), the token counts exactly.
+attention kernels and summation orders), the token counts exactly. The generating probe with
+the served model's tokenizer (`--tokenizer --context 500`) asks the in-process prompts as token
+ids: its greedy answers equal the in-process ones call by call (a near-tie may flip one).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from audit.stats.depth_tables import by_depth, group_stats
@@ -169,6 +169,7 @@ def test_repeating_every_step_within_its_trajectory_does_not_narrow_the_interval
 
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.floats(0.01, 0.99), min_size=8, max_size=30), st.integers(0, 5))
+@example(values=[0.5, 0.5, 0.5, 0.25, 0.25, 0.5, 0.25, 0.75], seed=0)
 def test_one_step_per_trajectory_agrees_with_scipys_percentile_bootstrap(values, seed):
     """With one step per trajectory the cluster bootstrap is the ordinary bootstrap of the mean:
     its interval agrees with scipy's percentile bootstrap (an independent implementation, its
@@ -183,6 +184,10 @@ def test_one_step_per_trajectory_agrees_with_scipys_percentile_bootstrap(values,
                     random_state=seed + 100).confidence_interval
     assert res["method"] == BOOTSTRAP
     tol = 4 * x.std(ddof=1) / np.sqrt(len(x)) / np.sqrt(4000) * 5 + 1e-3
+    # a mean of few repeated values lives on a lattice (here steps of 1/32): two bootstraps'
+    # percentiles may land one step apart (found by hypothesis: 0.343 against scipy's 0.3125)
+    gaps = np.diff(np.unique(x))
+    tol += gaps.min() / len(x) if gaps.size else 0.0
     assert res["ci"][0] == pytest.approx(ref.low, abs=tol)
     assert res["ci"][1] == pytest.approx(ref.high, abs=tol)
 

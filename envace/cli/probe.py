@@ -45,6 +45,7 @@ from envace.evaluation.endpoint_likelihood import run_endpoint_likelihood_cli
 from envace.evaluation.endpoint_probe import run_endpoint_probe
 from envace.evaluation.likelihood import run_likelihood_cli
 from envace.evaluation.model_probe import run_model_probe
+from envace.model.windows import MIN_PROMPT
 
 #: options of a generating or served model, refused with --ranker when changed
 SERVED_DEFAULTS = {"max_new_tokens": 256, "api": "completions", "concurrency": 4,
@@ -198,10 +199,10 @@ def _check_usage(args: argparse.Namespace) -> str | None:
         if getattr(args, "confidence", False):
             return "--confidence goes with a generating probe, not --likelihood"
     context = getattr(args, "context", None)
-    if context is not None and not getattr(args, "likelihood", False) \
-            and context < getattr(args, "max_new_tokens", 0) + 64:
+    room = getattr(args, "max_new_tokens", 0) + MIN_PROMPT
+    if context is not None and not getattr(args, "likelihood", False) and context < room:
         return (f"--context {context} leaves no room for a prompt: a generating probe needs at "
-                f"least --max-new-tokens + 64 ({getattr(args, 'max_new_tokens', 0) + 64})")
+                f"least --max-new-tokens + {MIN_PROMPT} ({room})")
     cutting = context or getattr(args, "tokenizer", None)
     if getattr(args, "tokenizer", None) and not getattr(args, "endpoint", None):
         return "--tokenizer is a served model's tokenizer: it goes with --endpoint"

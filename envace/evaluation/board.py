@@ -61,7 +61,7 @@ from envace.evaluation.board_figures import cell_figures
 from envace.evaluation.board_models import ModelSpec, cell_key, file_hash, uses_history
 from envace.evaluation.board_out import LOCK_FILE, check_out
 from envace.evaluation.board_report import write_report
-from envace.evaluation.endpoint_likelihood import chat_tokenizer
+from envace.evaluation.endpoint_likelihood import served_cut
 from envace.evaluation.endpoint_probe import probe_endpoint
 from envace.evaluation.likelihood import probe_likelihood
 from envace.evaluation.model_probe import context_length, probe_model
@@ -73,6 +73,7 @@ from envace.model.models import (
     load_model,
     resolve_model,
 )
+from envace.model.windows import prompt_budget
 
 TRAIN = "train"
 
@@ -248,7 +249,7 @@ def _probe_model(spec: ModelSpec, models: _Models, dev: Path, train: Path, out: 
         return summary, (f"envace probe --model {spec.model} {dev} --likelihood --reference "
                          f"{train}{_context_flag(spec)}")
     grounding = replace(_grounding(spec, train),
-                        max_chars=note_chars(max(64, context - spec.max_new_tokens)))
+                        max_chars=note_chars(prompt_budget(context, spec.max_new_tokens)))
     summary = probe_model(model, tok, [str(dev)], out, opts, context, spec.max_new_tokens,
                           limit, label=str(path), grounding=grounding, histories=histories,
                           confidence=spec.confidence)
@@ -267,12 +268,9 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
         client.check()
     except (ValueError, EndpointError) as exc:
         raise UsageError(f"endpoint {spec.endpoint}: {exc}") from None
-    cut = _served_cut(spec)
-    grounding = _grounding(spec, train)
-    if cut is not None:  # the note cut as a local model's is (`_probe_model`)
-        grounding = replace(grounding, max_chars=note_chars(max(64, cut[1] - spec.max_new_tokens)))
-    summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit, grounding=grounding,
-                             histories=histories, cut=cut)
+    cut = None if spec.tokenizer is None else served_cut(spec.tokenizer, spec.context)
+    summary = probe_endpoint(client, [str(dev)], out, opts, limit=limit,
+                             grounding=_grounding(spec, train), histories=histories, cut=cut)
     return summary, (f"envace probe --endpoint {url} --model {name} {dev} --reference "
                      f"{train} --max-new-tokens {spec.max_new_tokens}{_flags(spec, train)}"
                      + (f" --tokenizer {spec.tokenizer}" if spec.tokenizer else "")
@@ -281,21 +279,6 @@ def _probe_endpoint(spec: ModelSpec, dev: Path, train: Path, out: Path, opts: An
 
 def _context_flag(spec: ModelSpec) -> str:
     return f" --context {spec.context}" if spec.context else ""
-
-
-def _served_cut(spec: ModelSpec) -> tuple[Any, int] | None:
-    """``(tokenizer, context)`` a served model's prompts are cut to, or None (its spec names
-    no tokenizer: the whole conversation goes as text)."""
-    if spec.tokenizer is None:
-        return None
-    try:
-        path = resolve_model(spec.tokenizer, default_cache_dir())
-    except (ValueError, FileNotFoundError) as exc:
-        raise UsageError(f"tokenizer {spec.tokenizer}: {exc}") from None
-    why = context_problem(spec.context, path)
-    if why:
-        raise UsageError(f"tokenizer {spec.tokenizer}: {why}")
-    return chat_tokenizer(path), spec.context or context_length(path)
 
 
 def check_models(models: dict[str, ModelSpec]) -> None:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from envace.core.errors import UsageError
 from envace.core.infile import MAX_SMALL_BYTES, read_small_text
 from envace.core.yaml_load import YamlError, load_yaml
+from envace.model.windows import MIN_PROMPT
 
 #: a model folder with more files than this is refused (``model: /`` would walk the disk)
 MAX_MODEL_FILES = 10_000
@@ -87,9 +88,10 @@ class ModelSpec(BaseModel):
         if self.context is not None and kinds[0] not in ("model", "endpoint"):
             raise ValueError(f"context cuts a model's prompts: not for a {kinds[0]}")
         if self.context is not None and self.score == "generation" \
-                and self.context < self.max_new_tokens + 64:
+                and self.context < self.max_new_tokens + MIN_PROMPT:
             raise ValueError(f"context {self.context} leaves no room for a prompt: at least "
-                             f"max_new_tokens + 64 ({self.max_new_tokens + 64})")
+                             f"max_new_tokens + {MIN_PROMPT} "
+                             f"({self.max_new_tokens + MIN_PROMPT})")
         if self.context is not None and kinds[0] == "endpoint" and self.tokenizer is None:
             raise ValueError("context on a served model needs its tokenizer (tokenizer: PATH): "
                              "the prompts are cut in tokens")

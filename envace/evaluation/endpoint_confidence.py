@@ -31,7 +31,7 @@ from audit.stats.confidence import Rehearsal
 from envace.evaluation.endpoint_likelihood import request_body, token_logprobs
 from envace.model.chat import IM_END, encode_text, marker_id
 from envace.model.endpoint import EndpointClient
-from envace.model.windows import prompt_ids
+from envace.model.windows import prompt_budget, prompt_ids
 
 
 class ServedConfidence:
@@ -43,7 +43,7 @@ class ServedConfidence:
                  max_new_tokens: int, answer: Callable[[list[Any]], list[Any]],
                  concurrency: int = 4) -> None:
         self.client, self.tokenizer, self.answer = client, tokenizer, answer
-        self.budget = max(64, context - max_new_tokens)
+        self.budget = prompt_budget(context, max_new_tokens)
         self.stop = marker_id(tokenizer, IM_END)
         self.concurrency = concurrency
         self.requests = 0

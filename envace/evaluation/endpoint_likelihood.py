@@ -172,51 +172,54 @@ def probe_endpoint_likelihood(
                                 extra=lambda: {"likelihood_scorer": scorer.block()})
 
 
-def served_tokenizer(args: Any, prog: str, flag: str) -> tuple[Any, int] | None:
-    """``(tokenizer, context)`` of a served model (``--tokenizer``, else ``--model`` as a local
-    folder or preset; ``--context`` checked against the model's positions), or None after one
-    line on stderr. ``flag``: the option that needs it, for that line."""
-    # lazy: model_probe and the model loaders load torch: kept out of the served path's import
-    from envace.evaluation.model_probe import context_length
-    from envace.model.models import context_problem, default_cache_dir, resolve_model
+def served_cut(tokenizer: str, context: int | None = None) -> tuple[Any, int]:
+    """``(tokenizer, context)`` of a served model from a local folder or preset holding its
+    tokenizer: ``context`` checked against the folder's positions, else its default as the
+    in-process probe's (`envace.model.models.context_length`); the tokenizer checked to encode
+    the ChatML markers as single tokens. UsageError, one line, if any of it cannot be."""
+    from transformers import AutoTokenizer  # heavy: only once a tokenizer is wanted
 
-    spec = getattr(args, "tokenizer", None) or args.model
+    # lazy: the model loaders load torch: kept out of the served path's import
+    from envace.model.models import (
+        context_length,
+        context_problem,
+        default_cache_dir,
+        resolve_model,
+    )
+
     try:
-        path = resolve_model(spec, default_cache_dir())
+        path = resolve_model(tokenizer, default_cache_dir())
     except (ValueError, FileNotFoundError) as exc:
-        print(f"{prog}: {flag} with --endpoint needs the served model's tokenizer (its prompts "
-              f"go to the server as token ids): give --tokenizer PATH ({exc})", file=sys.stderr)
-        return None
-    why = context_problem(getattr(args, "context", None), path)
+        raise UsageError(f"no tokenizer for the served model at {tokenizer} ({exc}): give "
+                         "--tokenizer PATH (its prompts go to the server as token ids)") from None
+    why = context_problem(context, path)
     if why:
-        print(f"{prog}: {why}", file=sys.stderr)
-        return None
+        raise UsageError(why)
     try:
-        tokenizer = chat_tokenizer(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        check_chat_tokens(tok)
     except (OSError, ValueError) as exc:
-        print(f"{prog}: cannot use the tokenizer at {terminal_safe(str(path))}: "
-              f"{terminal_safe(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}",
-              file=sys.stderr)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot use the tokenizer at {path}: {first}") from None
+    return tok, context or context_length(path)
+
+
+def served_tokenizer(args: Any, prog: str) -> tuple[Any, int] | None:
+    """`served_cut` of ``--tokenizer`` (else ``--model``) and ``--context``, or None after one
+    line on stderr."""
+    try:
+        return served_cut(getattr(args, "tokenizer", None) or args.model,
+                          getattr(args, "context", None))
+    except UsageError as exc:
+        print(f"{prog}: {terminal_safe(str(exc))}", file=sys.stderr)
         return None
-    return tokenizer, getattr(args, "context", None) or context_length(path)
-
-
-def chat_tokenizer(path: Any) -> Any:
-    """The tokenizer of a local folder, checked to encode the ChatML markers as single tokens
-    (as `envace.model.models.load_model` checks a model's); OSError or ValueError if not."""
-    # lazy: transformers is heavy and the served path stays light until it needs a tokenizer
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    check_chat_tokens(tokenizer)
-    return tokenizer
 
 
 def run_endpoint_likelihood_cli(args: Any) -> int:
     """`envace probe --likelihood --endpoint URL --model NAME [--tokenizer PATH]`; the exit
     code (2, one line, nothing written, when the server cannot return prompt log-probabilities)."""
     prog = getattr(args, "prog", "envace probe")
-    served = served_tokenizer(args, prog, "--likelihood")
+    served = served_tokenizer(args, prog)
     if served is None:
         return EXIT_USAGE
     tokenizer, context = served

@@ -37,7 +37,7 @@ from envace.core.worldmodel import Unanswered
 from envace.evaluation.endpoint_confidence import ServedConfidence
 from envace.evaluation.endpoint_likelihood import check_prompt_logprobs, served_tokenizer
 from envace.model.endpoint import Answer, EndpointClient, EndpointError, request_for
-from envace.model.windows import prompt_ids
+from envace.model.windows import prompt_budget, prompt_ids
 
 
 class _Asker:
@@ -61,7 +61,7 @@ class _Asker:
         if self.cut is None:
             return request_for(messages, tools, tool, args, self.client.api)
         tokenizer, context = self.cut
-        budget = max(64, context - self.client.max_tokens)  # as the in-process probe's
+        budget = prompt_budget(context, self.client.max_tokens)  # as the in-process probe's
         return {"prompt": prompt_ids(tokenizer, messages, tools, "tool", budget)}
 
     def __call__(self, requests: list[Any]) -> list[str | Unanswered]:
@@ -113,8 +113,12 @@ def probe_endpoint(
     served model: each answer scored on the server (`envace.evaluation.endpoint_confidence`;
     checked first: `PromptLogprobsUnsupported` when the server cannot). `cut`:
     ``(tokenizer, context)``: the prompts are cut as the in-process probe cuts them and sent as
-    token ids (the scored prompts of `confidence` are these: given confidence, it cuts too)."""
+    token ids, and a memory note is held to the in-process probe's characters (the scored
+    prompts of `confidence` are these: given confidence, it cuts too)."""
     cut = cut or confidence
+    if cut is not None and grounding is not None:  # the note cut as the in-process probe's
+        grounding = replace(grounding, max_chars=note_chars(prompt_budget(cut[1],
+                                                                          client.max_tokens)))
     asker = _Asker(client, concurrency, progress, cut)
     scored: ServedConfidence | None = None
     if confidence is not None:
@@ -168,17 +172,13 @@ def run_endpoint_probe(args: Any) -> int:
     opts = probe_options(args, progress=False)
     confidence = cut = None
     if getattr(args, "confidence", False):
-        confidence = served_tokenizer(args, prog, "--confidence")
+        confidence = served_tokenizer(args, prog)
         if confidence is None:
             return EXIT_USAGE
     elif getattr(args, "tokenizer", None) or getattr(args, "context", None):
-        cut = served_tokenizer(args, prog, "--tokenizer" if getattr(args, "tokenizer", None)
-                               else "--context")
+        cut = served_tokenizer(args, prog)
         if cut is None:
             return EXIT_USAGE
-    if (confidence or cut) is not None:  # the note cut as the in-process probe cuts it
-        budget = max(64, (confidence or cut)[1] - args.max_new_tokens)
-        grounding = replace(grounding, max_chars=note_chars(budget))
     try:
         summary = probe_endpoint(client, list(args.inputs), args.out, opts, args.concurrency,
                                  args.limit, progress=None if args.quiet else _progress,

@@ -44,7 +44,7 @@ from envace.model.models import (
     load_model_or_say,
     resolve_model,
 )
-from envace.model.windows import message_blocks, prompt_ids
+from envace.model.windows import message_blocks, prompt_budget, prompt_ids
 
 TOO_LONG = "the response alone is longer than the context"
 
@@ -235,7 +235,7 @@ def with_confidence(model: Any, tokenizer: Any, context: int, max_new_tokens: in
     generated from (cut as `model_answers` cuts it) with its end marker: the log-probability
     the model wrote it with, so the probe's rows get ``confidence`` (one extra forward per
     call; greedy decoding's token log-probabilities are these up to fp32 rounding)."""
-    budget = max(64, context - max_new_tokens)
+    budget = prompt_budget(context, max_new_tokens)
     stop = marker_id(tokenizer, IM_END)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
 

@@ -42,7 +42,7 @@ from envace.model.models import (
     load_model_or_say,
     resolve_model,
 )
-from envace.model.windows import prompt_ids
+from envace.model.windows import prompt_budget, prompt_ids
 
 #: conversations probed at once on the kept-cache path (a trajectory under one history; its
 #: cache is held while it lasts, and the next trajectory starts when one ends:
@@ -105,7 +105,7 @@ def model_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int 
     together, in length-sorted batches of `batch_size`, each encoded from scratch (the per-step
     path). `timer` (anything with a `section(name)` context): each round's generation is a
     ``probe/generate`` section."""
-    budget = max(64, context - max_new_tokens)
+    budget = prompt_budget(context, max_new_tokens)
 
     def answer(requests: list[Any]) -> list[str]:
         prompts = [prompt_ids(tokenizer, messages, tools, "tool", budget)
@@ -135,7 +135,7 @@ def kept_answers(model: Any, tokenizer: Any, context: int, max_new_tokens: int =
     # lazy: loads torch: kept out of --help
     from envace.model.kept_prompts import KeptPrompts
 
-    budget = max(64, context - max_new_tokens)
+    budget = prompt_budget(context, max_new_tokens)
     stop = tokenizer.convert_tokens_to_ids(IM_END)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
     kept = KeptPrompts(model, pad, stop, batch_size, decode_threads=torch.get_num_threads())
@@ -217,7 +217,7 @@ def response_scorer(model: Any, tokenizer: Any, context: int, max_new_tokens: in
     response's log-probability (its ids, then `<|im_end|>`) after the request's prompt, cut as
     `model_answers` cuts it; None for a candidate longer than `max_new_tokens` tokens before
     its `<|im_end|>` (the model could not have written it)."""
-    budget = max(64, context - max_new_tokens)
+    budget = prompt_budget(context, max_new_tokens)
     stop = tokenizer.convert_tokens_to_ids(IM_END)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
 
@@ -317,7 +317,8 @@ def run_model_probe(args: Any) -> int:
     opts = probe_options(args, progress=not args.quiet)
     context = getattr(args, "context", None) or context_length(path, model)
     # the note takes at most one character per token of the prompt budget (audit.worlds.memory)
-    grounding = replace(grounding, max_chars=note_chars(max(64, context - args.max_new_tokens)))
+    budget = prompt_budget(context, args.max_new_tokens)
+    grounding = replace(grounding, max_chars=note_chars(budget))
     try:
         summary = probe_model(model, tokenizer, list(args.inputs), args.out, opts, context,
                               args.max_new_tokens, args.limit, label=str(path),
@@ -377,7 +378,7 @@ def act_probe(
     batch_size: int = 8,
 ) -> list[dict[str, Any]]:
     """Generate each request's assistant turn; report the parse and the agreement per step."""
-    budget = max(64, context - max_new_tokens)
+    budget = prompt_budget(context, max_new_tokens)
     prompts = [prompt_ids(tokenizer, r["messages"], r["tools"], "assistant", budget)
                for r in requests]
     texts = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)

@@ -15,6 +15,14 @@ from envace.model.chat import IM_START, Role, encode_with_roles, marker_id
 
 #: Tool descriptions in a prompt's tool listing are cut to this many characters by default.
 DESC_CHARS = 60
+#: the fewest prompt tokens a generating probe keeps, whatever the answer's room
+MIN_PROMPT = 64
+
+
+def prompt_budget(context: int, max_new_tokens: int) -> int:
+    """The tokens a generation prompt may take: the context less the answer's room, at least
+    :data:`MIN_PROMPT`."""
+    return max(MIN_PROMPT, context - max_new_tokens)
 
 
 def message_blocks(

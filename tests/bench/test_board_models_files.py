@@ -19,7 +19,8 @@ RECORDED = {"board_dev_models": "models-dev.yaml", "board_dev_smollm2": "models-
             "board_dev_smollm2_sft": "models-smollm2-sft.yaml",
             "board_dev_tiny_wm": "models-tiny-wm.yaml",
             "board_dev_tiny_vllm": "models-tiny-vllm.yaml",
-            "board_dev_tiny_wm_seeds": "models-tiny-wm-seeds.yaml"}
+            "board_dev_tiny_wm_seeds": "models-tiny-wm-seeds.yaml",
+            "board_dev_tiny_wmm": "models-tiny-wmm.yaml"}
 
 
 @pytest.mark.parametrize("path", sorted(BOARDS.glob("*.yaml")), ids=lambda p: p.name)

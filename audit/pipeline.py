@@ -45,6 +45,7 @@ from audit.store.models import place, skipped_row
 from audit.store.output import AuditWriter
 from audit.store.step_rows import step_line
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
+from envace.core.envs.guard import MAX_AHEAD
 from envace.core.errors import UsageError
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
 
@@ -204,23 +205,33 @@ def _work(job: Job, ahead: Any = None, then: Callable[[], None] | None = None
 
 
 def _work_in_turn(jobs: Iterator[Job]) -> Iterator[tuple[str, int, _Done | str]]:
-    """:func:`_work` over ``jobs`` in one process, each trajectory's calls sent to the
-    environment's process as soon as the one before has its real answers, so that process
-    runs them while this one scores (``audit.replay.send_ahead``). Results in input order, as
-    ``map(_work, jobs)`` gives them, figure for figure."""
+    """:func:`_work` over ``jobs`` in one process, the calls of the next trajectories sent to
+    the environment's process as soon as this one has its real answers, so that process runs
+    them while this one scores (``audit.replay.send_ahead``; up to
+    ``envace.core.envs.guard.MAX_AHEAD`` queued there, a trajectory's own variance absorbed).
+    Results in input order, as ``map(_work, jobs)`` gives them, figure for figure."""
     it = iter(jobs)
-    job = next(it, None)
-    ahead = None
-    while job is not None:
-        nxt = next(it, None)  # read before this one is replayed: one record ahead
-        sent: list[Any] = []
+    queue: deque[list[Any]] = deque()  # [job, what send_ahead sent for it or None]
 
-        def then(nxt: Job | None = nxt, sent: list[Any] = sent) -> None:
-            if nxt is not None and not sent:
-                sent.append(send_ahead(nxt[2], _WORKER["settings"], _WORKER["envs"]))
+    def fill() -> None:  # the records read ahead: one more than may be sent
+        while len(queue) <= MAX_AHEAD:
+            job = next(it, None)
+            if job is None:
+                return
+            queue.append([job, None])
 
+    def then() -> None:  # sent in input order: the first that cannot go stops the rest
+        for item in queue:
+            if item[1] is None:
+                item[1] = send_ahead(item[0][2], _WORKER["settings"], _WORKER["envs"])
+                if item[1] is None:
+                    return
+
+    fill()
+    while queue:
+        job, ahead = queue.popleft()
+        fill()
         yield _work(job, ahead, then)
-        job, ahead = nxt, (sent[0] if sent else None)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -282,8 +293,29 @@ def input_order(inputs: list[str]) -> Callable[[dict[str, Any]], tuple[int, floa
     return key
 
 
+#: records a worker replays in turn, as one process does (``_work_in_turn``: its environment's
+#: process runs the next ones while it scores)
+CHUNK = 8
+
+
+def _work_chunk(jobs: list[Job]) -> list[tuple[str, int, _Done | str]]:
+    return list(_work_in_turn(iter(jobs)))
+
+
+def _chunks(jobs: Iterator[Job], n: int) -> Iterator[list[Job]]:
+    chunk: list[Job] = []
+    for job in jobs:
+        chunk.append(job)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 class _Pool:
-    """Worker processes that die with this one, results in input order, a bounded window."""
+    """Worker processes that die with this one, results in input order, a bounded window;
+    each worker replays :data:`CHUNK` consecutive records at a time."""
 
     def __init__(self, opts: AuditOptions, triples: list[Triple] | None) -> None:
         self.args = (os.getpid(), opts, triples)
@@ -294,20 +326,20 @@ class _Pool:
         return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
 
     def map(self, jobs: Iterator[Job]) -> Iterator[tuple[str, int, Any]]:
-        pending: deque[tuple[Job, Future]] = deque()
-        for job in jobs:
-            pending.append((job, self._submit(job)))
-            if len(pending) >= 8 * self.n:
-                yield self._result(*pending.popleft())
+        pending: deque[tuple[list[Job], Future]] = deque()
+        for chunk in _chunks(jobs, CHUNK):
+            pending.append((chunk, self._submit(_work_chunk, chunk)))
+            if len(pending) >= 2 * self.n:
+                yield from self._results(*pending.popleft())
         while pending:
-            yield self._result(*pending.popleft())
+            yield from self._results(*pending.popleft())
 
-    def _submit(self, job: Job) -> Future:
+    def _submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
         try:
-            return self.ex.submit(_work, job)
+            return self.ex.submit(fn, arg)
         except BrokenProcessPool:  # a worker died: a fresh pool
             self._restart()
-            return self.ex.submit(_work, job)
+            return self.ex.submit(fn, arg)
 
     def _restart(self) -> None:
         """A fresh pool, unless the current one still works (an older pool broke)."""
@@ -316,20 +348,25 @@ class _Pool:
         self.ex.shutdown(wait=False, cancel_futures=True)
         self.ex = self._start()
 
-    def _result(self, job: Job, fut: Future) -> tuple[str, int, Any]:
-        """The record's result. When a worker died with it in flight it is replayed once more,
-        alone, in a fresh pool: only the record that kills a worker again is lost, never the
-        records that merely shared the pool with it."""
+    def _results(self, chunk: list[Job], fut: Future) -> Iterator[tuple[str, int, Any]]:
+        """The chunk's results. When a worker died with it in flight (or it could not be
+        sent), each of its records is replayed once more, alone, in a fresh pool: only the
+        record that kills a worker again is lost, never the records that merely shared the
+        pool or the chunk with it."""
+        try:
+            yield from fut.result()
+            return
+        except BrokenProcessPool:
+            self._restart()
+        except Exception:  # noqa: BLE001 - e.g. a record that could not be sent: each alone
+            pass
+        for job in chunk:
+            yield self._alone(job)
+
+    def _alone(self, job: Job) -> tuple[str, int, Any]:
         path, line = job[0], job[1]
         try:
-            return fut.result()
-        except BrokenProcessPool:
-            pass
-        except Exception as exc:  # e.g. the record could not be sent to a worker
-            return path, line, f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
-        self._restart()
-        try:
-            return self.ex.submit(_work, job).result()
+            return self._submit(_work, job).result()
         except BrokenProcessPool:
             self._restart()
             return path, line, "not audited: a worker process died replaying this record"

@@ -150,9 +150,12 @@ def send_ahead(traj: Trajectory, settings: AuditOptions,
         steps = traj.tool_steps()
         check_sizes(steps)
         op, arg = _reset_op(env, traj)
-        return env.send_ahead(op, arg, RealCalls.batch(steps), settings.state_change)
+        ahead = env.send_ahead(op, arg, RealCalls.batch(steps), settings.state_change)
     except Exception:  # noqa: BLE001 - the replay meets (and reports) the same problem
         return None
+    if ahead is not None:
+        ahead.note = (traj, steps)  # parsed and checked once: the replay takes them
+    return ahead
 
 
 def _message_text(m: Any) -> str:
@@ -252,8 +255,12 @@ def replay_trajectory(
     ``ahead``: its calls as :func:`send_ahead` sent them; ``then``: called once its real
     calls are answered, before they are scored (the audit sends the next trajectory's
     there; the tools' kinds are asked first, so scoring sends the environment nothing)."""
-    steps = traj.tool_steps()
-    check_sizes(steps)
+    note = getattr(ahead, "note", None)
+    if note is not None and note[0] is traj:  # parsed and checked when it was sent ahead
+        steps = note[1]
+    else:
+        steps = traj.tool_steps()
+        check_sizes(steps)
     env, results = _reset(env_cache if env_cache is not None else {}, traj, settings.limits,
                           RealCalls.batch(steps), settings.state_change, ahead)
     history = History()

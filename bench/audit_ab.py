@@ -1,9 +1,10 @@
 """Benchmark: the whole audit before and after a change, on the same machine in the same hour.
 
-    .venv/bin/python -m bench.audit_ab --before 0dd51a4 [--repeats 2] [--copies 10]
+    .venv/bin/python -m bench.audit_ab --before 0dd51a4 [--repeats 2] [--copies 10] [--workers 1]
 
 The code at ``--before`` (a git worktree in a temporary folder) and the working tree's, each
-running ``audit.pipeline.run_audit`` (1 worker, the default call limits, plots on) over the real
+running ``audit.pipeline.run_audit`` (``--workers``, default 1; the default call limits, plots
+on) over the real
 trajectories of all 800 BFCL tasks copied ``--copies`` times with fresh ids (46,250 steps at 10,
 as ``bench.audit_throughput`` builds them), alternating, ``--repeats`` times each, each run in a
 fresh process with its wall and CPU seconds and the 1-minute load around it; beside them
@@ -65,9 +66,9 @@ def build_input(tmp: Path, copies: int) -> Path:
 assert TIMED.count("c = time.process_time()") == 1 and "cpu_seconds" in TIMED
 
 
-def audit(tree: Path, path: Path, out: Path) -> dict:
+def audit(tree: Path, path: Path, out: Path, workers: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    r = subprocess.run([sys.executable, "-c", TIMED, str(path), str(out), "1", "on"],
+    r = subprocess.run([sys.executable, "-c", TIMED, str(path), str(out), str(workers), "on"],
                        capture_output=True, text=True, check=True, env=env, cwd=tree)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--copies", type=int, default=10)
     ap.add_argument("--name", default="audit_speed_ab")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="audit worker processes, both trees (default: %(default)s)")
     args = ap.parse_args(argv)
     load = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="envace-ab-"))
@@ -88,13 +91,14 @@ def main(argv: list[str] | None = None) -> None:
         path = build_input(tmp, args.copies)
         runs = [run_bfcl(list(load_tasks().values()), f"ab{r}") for r in range(3)]
         bfcl = statistics.median(t for t, _ in runs) * args.copies
-        res: dict = {"before": args.before, "copies": args.copies, "steps": None,
+        res: dict = {"before": args.before, "copies": args.copies, "workers": args.workers,
+                     "steps": None,
                      "bfcl_execute_seconds": bfcl, "runs": []}
         rows = [["bfcl-eval executes the calls (median of 3)", "-", bfcl, "-", 1.0]]
         for r in range(args.repeats):
             for label, tree in (("before", old), ("after", ROOT)):
                 out = tmp / f"out-{label}-{r}"
-                got = audit(tree, path, out)
+                got = audit(tree, path, out, args.workers)
                 if r == 0:
                     keep = tmp / f"keep-{label}"
                     shutil.copytree(out, keep)

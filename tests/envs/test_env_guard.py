@@ -294,14 +294,14 @@ def test_a_reset_and_its_calls_in_one_message_keep_every_guarantee():
 
 
 def test_calls_sent_ahead_are_answered_in_order_whatever_comes_between():
-    """``send_ahead`` / ``take_ahead`` (the audit sends the next trajectory's reset and calls
-    while it scores this one's): one batch ahead at a time; a request that comes first reads
-    the batch's answers before its own; a refused reset raises when taken, read early or not,
-    and runs none of its calls; a batch whose child was killed is sent again when taken."""
+    """``send_ahead`` / ``take_ahead`` (the audit sends the next trajectories' resets and calls
+    while it scores this one's): a request that comes first reads the batch's answers before
+    its own; a refused reset raises when taken, read early or not, and runs none of its calls;
+    a batch whose child was killed is sent again when taken."""
     env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=1.0))
     env.reset("t")
     a = env.send_ahead("reset", "t", [("count", {})] * 3)
-    assert a is not None and env.send_ahead("reset", "t", [("count", {})]) is None
+    assert a is not None
     assert env.state() == {"n": 3}  # asked between: the batch's answers were read first
     assert [r.content for r in env.take_ahead(a)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
     b = env.send_ahead("reset", "t", [("count", {}), ("die", {}), ("count", {})])
@@ -318,6 +318,53 @@ def test_calls_sent_ahead_are_answered_in_order_whatever_comes_between():
     e = env.send_ahead("reset", "t", [("count", {})] * 2)
     env._kill()  # e.g. a stall in a request between: the child and the answers are gone
     assert [r.content for r in env.take_ahead(e)] == ['{"n": 1}', '{"n": 2}']
+    env.close()
+
+
+def test_several_batches_ahead_are_taken_in_order_and_each_keeps_its_own_state():
+    """Up to ``MAX_AHEAD`` batches wait in the child, answered in the order sent; each ends with
+    the kinds of its tools as they stand after it (no question crosses the pipe while batches
+    wait);
+    a batch read early and taken after later ones ran is brought back before the next request
+    (its calls replayed in a fresh child); the queue and the bytes waiting are bounded."""
+    from envace.core.envs import guard
+
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=2.0))
+    env.reset("t")
+    a = env.send_ahead("reset", "t", [("count", {})] * 3)
+    b = env.send_ahead("reset", "t", [("count", {})])
+    c = env.send_ahead("reset", "t", [("count", {})] * 2)
+    assert a and b and c
+    sent = []
+    real_send = env._send
+    with mock.patch.object(env, "_send", side_effect=lambda m: sent.append(m[0]) or
+                           real_send(m)):
+        assert [r.content for r in env.take_ahead(a)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+        assert env.tool_kind("count") is ToolKind.WRITE  # came after a's calls
+        assert [r.content for r in env.take_ahead(b)] == ['{"n": 1}']
+    assert sent == []  # nothing asked: b and c were read in turn from the pipe
+    assert env.state() == {"n": 2}  # c's answers read first (c ran last)
+    assert [r.content for r in env.take_ahead(c)] == ['{"n": 1}', '{"n": 2}']
+
+    d = env.send_ahead("reset", "t", [("count", {})] * 3)
+    e = env.send_ahead("reset", "t", [("count", {})])
+    assert env.state() == {"n": 1}  # both read early; e ran last
+    restarts = env.restarts
+    assert [r.content for r in env.take_ahead(d)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+    assert env.execute("count", {}).content == '{"n": 4}'  # d's state, not e's
+    assert env.restarts == restarts + 1
+    assert [r.content for r in env.take_ahead(e)] == ['{"n": 1}']
+    assert env.execute("count", {}).content == '{"n": 2}'  # and now e's
+
+    queued = [env.send_ahead("reset", "t", [("count", {})]) for _ in range(guard.MAX_AHEAD + 1)]
+    assert all(queued[:-1]) and queued[-1] is None  # the queue is full
+    for q in queued[:-1]:
+        assert [r.content for r in env.take_ahead(q)] == ['{"n": 1}']
+    big = [("count", {"pad": "x" * guard.AHEAD_BYTES})]
+    first = env.send_ahead("reset", "t", big)
+    assert first is not None  # the first goes whatever its size: the child reads it now
+    assert env.send_ahead("reset", "t", big) is None  # not while the child is busy
+    assert [r.content for r in env.take_ahead(first)] == ['{"n": 1}']
     env.close()
 
 

@@ -31,8 +31,11 @@ the caller kills the child and propagates; the child itself ignores SIGINT and d
 parent (Linux).
 
 ``execute_many`` runs a list of calls in one message and streams each result back, so a
-trajectory costs one round trip, not one per call (bench/results/guard_overhead.json). The
-child's side of the pipe is ``guard_child.py``.
+trajectory costs one round trip, not one per call (bench/results/guard_overhead.json).
+``send_ahead`` queues up to :data:`MAX_AHEAD` later trajectories' batches (at most
+:data:`AHEAD_BYTES` of them unread by the child, so neither side can block the other on a full
+pipe), answered in order, each followed by the kinds of its tools: the child runs them while
+the audit scores. The child's side of the pipe is ``guard_child.py``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ import functools
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from envace.core.envs.base import (
@@ -65,6 +70,12 @@ from envace.core.envs.limits import (
 #: Seconds the child may take to build the environment (imports, loading task data).
 STARTUP_TIMEOUT_S = 300.0
 ERROR_PREFIX = "Error during execution: "
+#: batches (trajectories) that may wait in the child's queue, sent ahead of their turn
+MAX_AHEAD = 8
+#: bytes of batches sent ahead that the child may not have read yet, beyond the first: far
+#: below a pipe's capacity (64 KiB), so a send ahead never blocks while the child, busy, waits
+#: for this side to read its answers
+AHEAD_BYTES = 32 * 1024
 
 
 def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> Any:
@@ -83,10 +94,11 @@ def guarded_env(name: str, limits: CallLimits | None = None, **kwargs: Any) -> A
 # ---------------------------------------------------------------- the parent
 
 
-@dataclass
+@dataclass(eq=False)
 class SentAhead:
     """A reset and its calls sent to the environment's process, not yet read
-    (:meth:`GuardedEnv.send_ahead`); ``buffer``: their results once read early."""
+    (:meth:`GuardedEnv.send_ahead`); ``buffer``: their results once read early; ``size``: the
+    message's bytes."""
 
     env: Any
     op: str
@@ -95,6 +107,11 @@ class SentAhead:
     track: bool
     buffer: list[ToolResult] | None = None
     error: BaseException | None = None
+    size: int = 0
+    #: read early: what the environment knew after it (reset, calls, what the reset answered)
+    context: tuple[Any, ...] | None = None
+    #: the caller's own (the audit keeps the trajectory's checked steps here)
+    note: Any = None
 
 
 class GuardedEnv:
@@ -115,7 +132,11 @@ class GuardedEnv:
         self._lost_crashed = False  # what lost it: a death (crashed) or the limit (timeout)
         self._kinds: dict[str, ToolKind | None] = {}  # kept across resets: a tool's kind
         self._after_reset: dict[str, Any] = {}
-        self._ahead: SentAhead | None = None  # a reset and its calls sent, not yet answered
+        #: resets and their calls sent, not yet answered, in the order sent
+        self._ahead: deque[SentAhead] = deque()
+        self._ahead_bytes = 0  # their messages' bytes (see AHEAD_BYTES)
+        self._drained: SentAhead | None = None  # the batch sent ahead read early last
+        self._stale = False  # the child ran past the batch taken: restore before asking
         self._start()
 
     # -- the child's life ---------------------------------------------------------------------
@@ -148,7 +169,9 @@ class GuardedEnv:
         self._attrs = value
 
     def _kill(self) -> int | None:
-        self._ahead = None  # its answers die with the child: take_ahead sends it again
+        self._ahead.clear()  # their answers die with the child: take_ahead sends them again
+        self._ahead_bytes = 0
+        self._drained = None
         proc, self._proc = self._proc, None
         if self._conn is not None:
             with contextlib.suppress(OSError):
@@ -198,8 +221,11 @@ class GuardedEnv:
             raise
 
     def _send(self, msg: tuple[Any, ...]) -> bool:
-        if self._ahead is not None:  # answers on their way: read them before asking anew
+        if self._ahead:  # answers on their way: read them before asking anew
             self._drain()
+        if self._stale:  # a batch read early was taken after later ones ran: back to it
+            self._stale = False
+            self._restart()
         if self._proc is None:
             self._restart()
         try:
@@ -277,7 +303,7 @@ class GuardedEnv:
         per trajectory. The reset is answered (or raises, as :meth:`reset` does) before this
         returns; the calls' results are the iterator, each call under the limit as ever."""
         calls = list(calls)
-        if self._ahead is not None:
+        if self._ahead:
             self._drain()
         self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
@@ -305,17 +331,33 @@ class GuardedEnv:
         """:meth:`begin_many`'s message sent now, answered when :meth:`take_ahead` asks: the
         environment's process runs the next trajectory's calls while the audit scores this
         one's. Any other request first reads these answers (nothing is ever answered out of
-        order); each call's limit counts from when its answer is awaited. None: nothing was
-        sent (no calls, one already ahead, no child)."""
+        order); each call's limit counts from when its answer is awaited. Several may be
+        ahead (:data:`MAX_AHEAD`), taken in the order sent. None: nothing was sent (no calls,
+        no child, the queue full, or the message past what the child's pipe surely holds
+        while it is busy: :data:`AHEAD_BYTES`)."""
         calls = list(calls)
-        if not calls or self._ahead is not None or self._proc is None:
+        if not calls or self._proc is None or len(self._ahead) >= MAX_AHEAD:
             return None
         try:
-            self._conn.send(("begin_batch", op, target, calls, track_state))
+            data = ForkingPickler.dumps(("begin_batch", op, target, calls, track_state))
+        except Exception:  # noqa: BLE001 - what cannot be pickled is asked the plain way
+            return None
+        if self._ahead and self._ahead_bytes + len(data) > AHEAD_BYTES:
+            return None  # the child is busy: this could fill its pipe
+        try:
+            self._conn.send_bytes(data)  # the wire format of send(): the child's recv() reads it
         except (OSError, BrokenPipeError):
             return None
-        self._ahead = SentAhead(self, op, target, calls, track_state)
-        return self._ahead
+        ahead = SentAhead(self, op, target, calls, track_state, size=len(data))
+        self._ahead.append(ahead)
+        self._ahead_bytes += ahead.size
+        return ahead
+
+    def _pop_ahead(self) -> SentAhead:
+        """The oldest batch sent ahead, whose answers are read next."""
+        ahead = self._ahead.popleft()
+        self._ahead_bytes -= ahead.size
+        return ahead
 
     def take_ahead(self, ahead: SentAhead) -> Iterator[ToolResult]:
         """The results of what :meth:`send_ahead` sent, as :meth:`begin_many` returns them
@@ -323,21 +365,33 @@ class GuardedEnv:
         if ahead.buffer is not None:  # read already, when another request came first
             if ahead.error is not None:
                 raise ahead.error
+            if ahead.context is not None:  # what came with its reset; its calls for a restore
+                (self._reset_op, self._log, self._after_reset, self._lost,
+                 self._lost_crashed) = ahead.context
+                self._stale = ahead is not self._drained  # later batches ran in the child
             return iter(ahead.buffer)
-        if ahead is not self._ahead:  # its child was killed before it was read: again
-            return self.begin_many(ahead.op, ahead.target, ahead.calls, ahead.track)
-        self._ahead = None
+        while self._ahead and self._ahead[0] is not ahead and ahead in self._ahead:
+            self._drain_one()  # taken out of order: the ones sent before it are read first
+        if not self._ahead or self._ahead[0] is not ahead:  # its child was killed before it
+            return self.begin_many(ahead.op, ahead.target, ahead.calls, ahead.track)  # was read
+        self._pop_ahead()
         return self._answers(ahead.op, ahead.target, ahead.calls, ahead.track)
 
     def _drain(self) -> None:
-        """Read every answer of the batch sent ahead into it (a request came before it)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
+        """Read every answer of the batches sent ahead into them (a request came first)."""
+        while self._ahead:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        ahead = self._pop_ahead()
         try:
             ahead.buffer = list(self._answers(ahead.op, ahead.target, ahead.calls, ahead.track))
         except Exception as exc:  # the reset failed: take_ahead raises it
             ahead.buffer, ahead.error = [], exc
+            return
+        ahead.context = (self._reset_op, list(self._log), dict(self._after_reset), self._lost,
+                         self._lost_crashed)
+        self._drained = ahead
 
     def _tool_names(self) -> Any:
         """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""
@@ -366,8 +420,10 @@ class GuardedEnv:
 
     def _stream(self, calls: list[tuple[str, Any]], track: bool = False, sent: bool = False
                 ) -> Iterator[ToolResult]:
-        """``sent``: the first batch, ``calls`` whole, is on its way already."""
+        """``sent``: the first batch, ``calls`` whole, is on its way already (a ``begin_batch``,
+        whose child ends it with the kinds of its tools)."""
         i = 0
+        kinds_due = sent
         while i < len(calls):
             if self._lost is not None:
                 yield ToolResult(f"{ERROR_PREFIX}not run: {self._lost}", True,
@@ -388,15 +444,20 @@ class GuardedEnv:
                 if kind == "ok":
                     self._log.append(calls[i])
                     i += 1
+                    if kinds_due and i == len(calls):
+                        self._read_kinds()
                     yield value
                     continue
                 if kind == "raise":  # environments answer errors as results; this one raised
                     self._log.append(calls[i])
                     i += 1
+                    if kinds_due and i == len(calls):
+                        self._read_kinds()
                     yield ToolResult(f"{ERROR_PREFIX}{type(value).__name__}: {value}", True)
                     continue
                 took = time.monotonic() - t0
                 i += 1
+                kinds_due = False  # that child is gone; the rest goes as a plain batch
                 self._restart_quietly()
                 self._lost_crashed = kind != "timeout"
                 if kind == "timeout":
@@ -408,6 +469,16 @@ class GuardedEnv:
                     yield ToolResult(f"{ERROR_PREFIX}the environment process crashed during "
                                      f"this call ({exit_text(value)})", True, crashed=True)
                 break  # the rest goes to the new child in a new batch
+
+    def _read_kinds(self) -> None:
+        """The kinds a ``begin_batch``'s child sent after its last call; a tool's kind is kept
+        across resets, as :meth:`tool_kind` keeps it (the first answer stays)."""
+        kind, value = self._wait(self.limits.call_timeout_s)
+        if kind == "kinds":
+            for tool, tool_kind in value.items():
+                self._kinds.setdefault(tool, tool_kind)
+        elif kind in ("timeout", "died"):
+            self._restart_quietly()
 
     def tools(self) -> list[dict[str, Any]]:
         return self._call("tools")

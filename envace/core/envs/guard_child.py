@@ -19,7 +19,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from envace.core.envs.base import PluginLoadError, make_env
+from envace.core.envs.base import PluginLoadError, ToolKind, make_env
 from envace.core.envs.statediff import StateTracker
 
 #: protocol methods that change no state (a tracked batch after them still knows the state)
@@ -92,6 +92,7 @@ def child_main(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | No
             tracker.forget()
             if _answer(conn, _begin, (env, msg[1], msg[2]), {}):
                 _batch(conn, env, tracker, msg[3], msg[4])
+                conn.send(("kinds", _kinds(env, msg[3])))
             continue
         if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
             tracker.forget()  # the state may have changed outside a tracked batch
@@ -112,6 +113,25 @@ def _batch(conn: Any, env: Any, tracker: StateTracker, calls: Sequence[tuple[str
         tracker.forget()
     for tool, arguments in calls:
         _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
+
+
+def _kinds(env: Any, calls: Sequence[tuple[str, Any]]) -> dict[Any, ToolKind | None]:
+    """The kinds of the batch's tools as the environment knows them after it ran (what the
+    audit asks next: asked then, with later batches waiting in the pipe, it would read all
+    their answers first). A tool whose ``tool_kind`` raises or answers what is not a kind (nor
+    None) is left out: asked the plain way, that reports it."""
+    kinds: dict[Any, ToolKind | None] = {}
+    if not callable(getattr(env, "tool_kind", None)):
+        return kinds
+    for tool in dict.fromkeys(t for t, _ in calls):
+        try:
+            kind = env.tool_kind(tool)
+            hash(tool)
+        except Exception:  # noqa: BLE001
+            continue
+        if kind is None or isinstance(kind, ToolKind):
+            kinds[tool] = kind
+    return kinds
 
 
 def _begin(env: Any, op: str, target: Any) -> dict[str, Any]:

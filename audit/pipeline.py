@@ -280,8 +280,7 @@ def _jobs(paths: Iterable[str], skipped: list[dict], counts: dict[str, int],
 
 def input_order(inputs: list[str]) -> Callable[[dict[str, Any]], tuple[int, float]]:
     """The sort key of a skipped record or warning by its place in the input: (the input's
-    index, its line; a whole file's entry after that file's lines). One worker already lists
-    them in this order; more workers, or shards, are brought back to it."""
+    index, its line; a whole file's entry after that file's lines): what the audit lists."""
     index = {}
     for i, p in enumerate(inputs):
         index.setdefault(str(p), i)
@@ -453,8 +452,9 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
             pool.close(cancel=not done)
         if not done:
             agg.close()
-    if opts.workers > 1:  # workers may answer out of order: back to one worker's (input) order
-        skipped.sort(key=input_order(inputs))
+    # records read ahead (unreadable lines are listed as they are read) and workers answer
+    # ahead of a record's failed replay: back to input order
+    skipped.sort(key=input_order(inputs))
     return agg.summary(trajectories=trajectories, read=counts["read"], skipped=skipped,
                        warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
 

@@ -108,7 +108,7 @@ def _reset_op(env: Environment, traj: Trajectory) -> tuple[str, Any]:
 
 def _reset(env_cache: dict[str, Environment], traj: Trajectory,
            limits: CallLimits | None = None, batch: list[tuple[str, Any]] | None = None,
-           track_state: bool = False, ahead: Any = None
+           track_state: bool = False, ahead: Any = None, tools: tuple[Any, ...] = ()
            ) -> tuple[Environment, Iterator[Any] | None]:
     """The trajectory's environment (one per name in ``env_cache``, every call under ``limits``:
     ``envace.core.envs.guard``), reset to its initial state; and, where the environment runs
@@ -126,7 +126,7 @@ def _reset(env_cache: dict[str, Environment], traj: Trajectory,
         if ahead is not None and getattr(ahead, "env", None) is env:
             results = env.take_ahead(ahead)
         elif batch is not None and hasattr(env, "begin_many"):
-            results = env.begin_many(op, arg, batch, track_state=track_state)
+            results = env.begin_many(op, arg, batch, track_state=track_state, tools=tools)
         else:
             getattr(env, op)(arg)
     except UnknownTask as exc:
@@ -150,12 +150,19 @@ def send_ahead(traj: Trajectory, settings: AuditOptions,
         steps = traj.tool_steps()
         check_sizes(steps)
         op, arg = _reset_op(env, traj)
-        ahead = env.send_ahead(op, arg, RealCalls.batch(steps), settings.state_change)
+        ahead = env.send_ahead(op, arg, RealCalls.batch(steps), settings.state_change,
+                               tools=step_tools(steps))
     except Exception:  # noqa: BLE001 - the replay meets (and reports) the same problem
         return None
     if ahead is not None:
         ahead.note = (traj, steps)  # parsed and checked once: the replay takes them
     return ahead
+
+
+def step_tools(steps: list[Any]) -> tuple[Any, ...]:
+    """The tools of a trajectory's steps (malformed calls' too), once each, in order: the
+    kinds the replay asks before it scores."""
+    return tuple(dict.fromkeys(st.tool for st in steps))
 
 
 def _message_text(m: Any) -> str:
@@ -262,16 +269,18 @@ def replay_trajectory(
         steps = traj.tool_steps()
         check_sizes(steps)
     env, results = _reset(env_cache if env_cache is not None else {}, traj, settings.limits,
-                          RealCalls.batch(steps), settings.state_change, ahead)
+                          RealCalls.batch(steps), settings.state_change, ahead,
+                          step_tools(steps))
     history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env, settings.state_change)
     calls.prefetch(steps, results)
     if then is not None:
-        for tool in dict.fromkeys(st.tool for st in steps):
+        for tool in step_tools(steps):
             try:
-                env.tool_kind(tool)  # kept by the environment (a guarded one caches it)
+                env.tool_kind(tool)  # kept by the environment (a guarded one has it already:
+                # its process sends the kinds of these tools after the batch)
             except Exception:  # noqa: BLE001 - the step's own record meets it again
                 break
         then()

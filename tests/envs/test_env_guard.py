@@ -45,6 +45,8 @@ class HostileEnv:
         if task == "refuse":
             raise ValueError("no such task")
         self.n = 0
+        if task == "half":  # a reset that fails after it changed the state
+            raise ValueError("half-done reset")
 
     def tools(self):
         return []
@@ -366,6 +368,73 @@ def test_several_batches_ahead_are_taken_in_order_and_each_keeps_its_own_state()
     assert env.send_ahead("reset", "t", big) is None  # not while the child is busy
     assert [r.content for r in env.take_ahead(first)] == ['{"n": 1}']
     env.close()
+
+
+def test_a_batch_taken_after_later_batches_ran_gets_its_own_state_back():
+    """Found by a hostile review of the queue: a later batch whose reset failed half-way, or a
+    later batch taken first, had run in the child, yet the earlier batch, taken from what was
+    read early, was not brought back; and a reset asked next needs no restore at all."""
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=2.0))
+    env.reset("t")
+    a = env.send_ahead("reset", "t", [("count", {})] * 3)
+    b = env.send_ahead("reset", "half", [("count", {})])
+    assert env.state() == {"n": 0}  # b's reset ran (and failed) after a
+    assert [r.content for r in env.take_ahead(a)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+    assert env.execute("count", {}).content == '{"n": 4}'  # a's state
+    with pytest.raises(ValueError, match="half-done"):
+        env.take_ahead(b)
+
+    a = env.send_ahead("reset", "t", [("count", {})] * 3)
+    b = env.send_ahead("reset", "t", [("count", {})])
+    assert [r.content for r in env.take_ahead(b)] == ['{"n": 1}']  # out of order: a read first
+    assert [r.content for r in env.take_ahead(a)] == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+    assert env.execute("count", {}).content == '{"n": 4}'  # a's state, not b's
+
+    c = env.send_ahead("reset", "t", [("count", {})] * 2)
+    d = env.send_ahead("reset", "t", [("count", {})])
+    env.state()
+    list(env.take_ahead(c))
+    restarts = env.restarts
+    assert [r.content for r in env.begin_many("reset", "t", [("count", {})])] == ['{"n": 1}']
+    assert env.restarts == restarts  # a reset came next: nothing to restore
+    assert [r.content for r in env.take_ahead(d)] == ['{"n": 1}']
+    env.close()
+
+
+def test_the_kinds_of_every_tool_of_a_trajectory_come_after_its_batch():
+    """A malformed call is not run, so its tool is not in the batch; the audit still asks its
+    kind before it scores. Sent with the batch (``tools``), it comes back after the batch, not
+    asked in between (which would read every batch waiting behind it first)."""
+    env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=2.0))
+    env.reset("t")
+    a = env.send_ahead("reset", "t", [("count", {})], tools=("count", "eat"))
+    b = env.send_ahead("reset", "t", [("count", {})])
+    sent = []
+    real_send = env._send
+    with mock.patch.object(env, "_send", side_effect=lambda m: sent.append(m[0]) or
+                           real_send(m)):
+        list(env.take_ahead(a))
+        assert env.tool_kind("eat") is ToolKind.WRITE
+        assert [r.content for r in env.take_ahead(b)] == ['{"n": 1}']
+    assert sent == []
+    env.close()
+
+
+def test_skipped_records_are_listed_in_input_order_with_one_worker(tmp_path):
+    """Found by a hostile review: one worker reads records ahead, and an unreadable line was
+    listed before the failed replay of an earlier record; ``summary.json`` then differed from
+    two workers'."""
+    env = {"name": "test-hostile", "task": "t"}
+    lines = [json.dumps(_trajectory("r1", [("count", {})], {**env, "task": "refuse"})),
+             json.dumps(_trajectory("g1", [("count", {})], env)), "{not json",
+             json.dumps(_trajectory("g2", [("count", {})], env))]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    for workers in (1, 2):
+        summary = run_audit([str(src)], tmp_path / f"out{workers}",
+                            AuditOptions(workers=workers, progress=False, plots=False,
+                                         call_timeout_s=5))
+        assert [r["line"] for r in summary["skipped_records"]] == [1, 3], workers
 
 
 def test_the_probe_marks_ended_calls_as_the_replay_does():

@@ -112,6 +112,9 @@ class SentAhead:
     context: tuple[Any, ...] | None = None
     #: the caller's own (the audit keeps the trajectory's checked steps here)
     note: Any = None
+    #: the tools whose kinds the child sends after the batch (besides the calls' own)
+    tools: tuple[Any, ...] = ()
+    seq: int = 0  # its number, from 1, in the order sent
 
 
 class GuardedEnv:
@@ -135,7 +138,11 @@ class GuardedEnv:
         #: resets and their calls sent, not yet answered, in the order sent
         self._ahead: deque[SentAhead] = deque()
         self._ahead_bytes = 0  # their messages' bytes (see AHEAD_BYTES)
-        self._drained: SentAhead | None = None  # the batch sent ahead read early last
+        #: the number of the batch whose answers were read last (0: not one sent ahead): the
+        #: child's state is where that batch left it (a number, not the batch: the batch
+        #: refers to this object, and a cycle would keep the child alive until a collection)
+        self._last_read = 0
+        self._sent = 0  # batches sent ahead so far (their numbers)
         self._stale = False  # the child ran past the batch taken: restore before asking
         self._start()
 
@@ -171,7 +178,7 @@ class GuardedEnv:
     def _kill(self) -> int | None:
         self._ahead.clear()  # their answers die with the child: take_ahead sends them again
         self._ahead_bytes = 0
-        self._drained = None
+        self._last_read = 0
         proc, self._proc = self._proc, None
         if self._conn is not None:
             with contextlib.suppress(OSError):
@@ -290,6 +297,7 @@ class GuardedEnv:
     def _begin(self, op: str, target: Any) -> None:
         self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
+        self._stale = False  # a reset comes next: no state to bring back
         if self._proc is None:
             self._restart()
         kind, value = self._ask(("begin", op, target))
@@ -297,28 +305,35 @@ class GuardedEnv:
         self._reset_op = (op, target)
 
     def begin_many(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
-                   track_state: bool = False) -> Iterator[ToolResult]:
+                   track_state: bool = False, tools: Sequence[Any] = ()
+                   ) -> Iterator[ToolResult]:
         """``getattr(env, op)(target)`` (``reset`` or ``reset_record``), then
         :meth:`execute_many` of ``calls``, sent as one message: the audit's one round trip
         per trajectory. The reset is answered (or raises, as :meth:`reset` does) before this
-        returns; the calls' results are the iterator, each call under the limit as ever."""
+        returns; the calls' results are the iterator, each call under the limit as ever. After
+        the last call the child sends the kinds of the calls' tools and of ``tools`` as they
+        stand then, kept for :meth:`tool_kind`."""
         calls = list(calls)
         if self._ahead:
             self._drain()
         self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
+        self._stale = False  # a reset comes next: no state to bring back
         if self._proc is None:
             self._restart()
-        if not calls or not self._send(("begin_batch", op, target, calls, track_state)):
+        if not calls or not self._send(("begin_batch", op, target, calls, track_state,
+                                        tuple(tools))):
             self._begin(op, target)  # nothing to run, or no child to send to: the plain way
             return self.execute_many(calls, track_state)
         return self._answers(op, target, calls, track_state)
 
-    def _answers(self, op: str, target: Any, calls: list[tuple[str, Any]], track: bool
-                 ) -> Iterator[ToolResult]:
-        """The reset's answer (raised if it failed: the calls were not run), then the calls'."""
+    def _answers(self, op: str, target: Any, calls: list[tuple[str, Any]], track: bool,
+                 ahead: SentAhead | None = None) -> Iterator[ToolResult]:
+        """The reset's answer (raised if it failed: the calls were not run), then the calls'.
+        From here the child's state is this batch's (``ahead``: the one sent ahead it is)."""
         self._log, self._lost, self._after_reset = [], None, {}
         self._reset_op = None
+        self._last_read, self._stale = (ahead.seq if ahead is not None else 0), False
         kind, value = self._wait(self.limits.call_timeout_s)
         if kind in ("timeout", "died"):
             self._restart_quietly()
@@ -327,7 +342,8 @@ class GuardedEnv:
         return self._many(calls, track, sent=True)
 
     def send_ahead(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
-                   track_state: bool = False) -> SentAhead | None:
+                   track_state: bool = False, tools: Sequence[Any] = ()
+                   ) -> SentAhead | None:
         """:meth:`begin_many`'s message sent now, answered when :meth:`take_ahead` asks: the
         environment's process runs the next trajectory's calls while the audit scores this
         one's. Any other request first reads these answers (nothing is ever answered out of
@@ -339,7 +355,8 @@ class GuardedEnv:
         if not calls or self._proc is None or len(self._ahead) >= MAX_AHEAD:
             return None
         try:
-            data = ForkingPickler.dumps(("begin_batch", op, target, calls, track_state))
+            data = ForkingPickler.dumps(("begin_batch", op, target, calls, track_state,
+                                         tuple(tools)))
         except Exception:  # noqa: BLE001 - what cannot be pickled is asked the plain way
             return None
         if self._ahead and self._ahead_bytes + len(data) > AHEAD_BYTES:
@@ -348,7 +365,9 @@ class GuardedEnv:
             self._conn.send_bytes(data)  # the wire format of send(): the child's recv() reads it
         except (OSError, BrokenPipeError):
             return None
-        ahead = SentAhead(self, op, target, calls, track_state, size=len(data))
+        self._sent += 1
+        ahead = SentAhead(self, op, target, calls, track_state, size=len(data),
+                          tools=tuple(tools), seq=self._sent)
         self._ahead.append(ahead)
         self._ahead_bytes += ahead.size
         return ahead
@@ -368,14 +387,15 @@ class GuardedEnv:
             if ahead.context is not None:  # what came with its reset; its calls for a restore
                 (self._reset_op, self._log, self._after_reset, self._lost,
                  self._lost_crashed) = ahead.context
-                self._stale = ahead is not self._drained  # later batches ran in the child
+                self._stale = ahead.seq != self._last_read  # later batches ran in the child
             return iter(ahead.buffer)
         while self._ahead and self._ahead[0] is not ahead and ahead in self._ahead:
             self._drain_one()  # taken out of order: the ones sent before it are read first
         if not self._ahead or self._ahead[0] is not ahead:  # its child was killed before it
-            return self.begin_many(ahead.op, ahead.target, ahead.calls, ahead.track)  # was read
+            return self.begin_many(ahead.op, ahead.target, ahead.calls, ahead.track,
+                                   ahead.tools)  # was read
         self._pop_ahead()
-        return self._answers(ahead.op, ahead.target, ahead.calls, ahead.track)
+        return self._answers(ahead.op, ahead.target, ahead.calls, ahead.track, ahead)
 
     def _drain(self) -> None:
         """Read every answer of the batches sent ahead into them (a request came first)."""
@@ -385,13 +405,13 @@ class GuardedEnv:
     def _drain_one(self) -> None:
         ahead = self._pop_ahead()
         try:
-            ahead.buffer = list(self._answers(ahead.op, ahead.target, ahead.calls, ahead.track))
-        except Exception as exc:  # the reset failed: take_ahead raises it
-            ahead.buffer, ahead.error = [], exc
+            ahead.buffer = list(self._answers(ahead.op, ahead.target, ahead.calls, ahead.track,
+                                              ahead))
+        except Exception as exc:  # the reset failed (it may have changed the state, as a later
+            ahead.buffer, ahead.error = [], exc  # batch does): take_ahead raises it
             return
         ahead.context = (self._reset_op, list(self._log), dict(self._after_reset), self._lost,
                          self._lost_crashed)
-        self._drained = ahead
 
     def _tool_names(self) -> Any:
         """The environment's ``tool_names()`` (sent back with the reset: one round trip)."""

@@ -92,7 +92,8 @@ def child_main(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | No
             tracker.forget()
             if _answer(conn, _begin, (env, msg[1], msg[2]), {}):
                 _batch(conn, env, tracker, msg[3], msg[4])
-                conn.send(("kinds", _kinds(env, msg[3])))
+                more = msg[5] if len(msg) > 5 else ()  # tools asked besides the calls' own
+                conn.send(("kinds", _kinds(env, [*(t for t, _ in msg[3]), *more])))
             continue
         if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
             tracker.forget()  # the state may have changed outside a tracked batch
@@ -115,7 +116,7 @@ def _batch(conn: Any, env: Any, tracker: StateTracker, calls: Sequence[tuple[str
         _answer(conn, tracker.execute if track else env.execute, (tool, arguments), {})
 
 
-def _kinds(env: Any, calls: Sequence[tuple[str, Any]]) -> dict[Any, ToolKind | None]:
+def _kinds(env: Any, tools: Sequence[Any]) -> dict[Any, ToolKind | None]:
     """The kinds of the batch's tools as the environment knows them after it ran (what the
     audit asks next: asked then, with later batches waiting in the pipe, it would read all
     their answers first). A tool whose ``tool_kind`` raises or answers what is not a kind (nor
@@ -123,11 +124,12 @@ def _kinds(env: Any, calls: Sequence[tuple[str, Any]]) -> dict[Any, ToolKind | N
     kinds: dict[Any, ToolKind | None] = {}
     if not callable(getattr(env, "tool_kind", None)):
         return kinds
-    for tool in dict.fromkeys(t for t, _ in calls):
+    for tool in tools:
         try:
+            if tool in kinds:
+                continue
             kind = env.tool_kind(tool)
-            hash(tool)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - unhashable, or the environment's own error
             continue
         if kind is None or isinstance(kind, ToolKind):
             kinds[tool] = kind

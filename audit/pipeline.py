@@ -45,7 +45,7 @@ from audit.store.models import place, skipped_row
 from audit.store.output import AuditWriter
 from audit.store.step_rows import step_line
 from audit.worlds.reference import REFERENCE_NAMES, build_reference
-from envace.core.envs.guard import MAX_AHEAD
+from envace.core.envs.guard_ahead import MAX_AHEAD
 from envace.core.errors import UsageError
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_trajectories
 
@@ -208,7 +208,7 @@ def _work_in_turn(jobs: Iterator[Job]) -> Iterator[tuple[str, int, _Done | str]]
     """:func:`_work` over ``jobs`` in one process, the calls of the next trajectories sent to
     the environment's process as soon as this one has its real answers, so that process runs
     them while this one scores (``audit.replay.send_ahead``; up to
-    ``envace.core.envs.guard.MAX_AHEAD`` queued there, a trajectory's own variance absorbed).
+    ``envace.core.envs.guard_ahead.MAX_AHEAD`` queued there, a trajectory's own variance absorbed).
     Results in input order, as ``map(_work, jobs)`` gives them, figure for figure."""
     it = iter(jobs)
     queue: deque[list[Any]] = deque()  # [job, what send_ahead sent for it or None]

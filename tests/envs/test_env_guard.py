@@ -329,7 +329,7 @@ def test_several_batches_ahead_are_taken_in_order_and_each_keeps_its_own_state()
     wait);
     a batch read early and taken after later ones ran is brought back before the next request
     (its calls replayed in a fresh child); the queue and the bytes waiting are bounded."""
-    from envace.core.envs import guard
+    from envace.core.envs import guard_ahead as guard
 
     env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=2.0))
     env.reset("t")

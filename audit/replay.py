@@ -268,16 +268,16 @@ def replay_trajectory(
     else:
         steps = traj.tool_steps()
         check_sizes(steps)
+    tools = step_tools(steps)
     env, results = _reset(env_cache if env_cache is not None else {}, traj, settings.limits,
-                          RealCalls.batch(steps), settings.state_change, ahead,
-                          step_tools(steps))
+                          RealCalls.batch(steps), settings.state_change, ahead, tools)
     history = History()
     seen_upto = 0
     records: list[dict[str, Any]] = []
     calls = RealCalls(env, settings.state_change)
     calls.prefetch(steps, results)
     if then is not None:
-        for tool in step_tools(steps):
+        for tool in tools:
             try:
                 env.tool_kind(tool)  # kept by the environment (a guarded one has it already:
                 # its process sends the kinds of these tools after the batch)

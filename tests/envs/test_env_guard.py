@@ -325,18 +325,18 @@ def test_calls_sent_ahead_are_answered_in_order_whatever_comes_between():
 
 def test_several_batches_ahead_are_taken_in_order_and_each_keeps_its_own_state():
     """Up to ``MAX_AHEAD`` batches wait in the child, answered in the order sent; each ends with
-    the kinds of its tools as they stand after it (no question crosses the pipe while batches
-    wait);
-    a batch read early and taken after later ones ran is brought back before the next request
-    (its calls replayed in a fresh child); the queue and the bytes waiting are bounded."""
+    the kinds of the tools asked and not known yet, as they stand after it (no question crosses
+    the pipe while batches wait); a batch read early and taken after later ones ran is brought
+    back before the next request (its calls replayed in a fresh child); the queue and the bytes
+    waiting are bounded."""
     from envace.core.envs import guard_ahead as guard
 
     env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=2.0))
     env.reset("t")
-    a = env.send_ahead("reset", "t", [("count", {})] * 3)
+    a = env.send_ahead("reset", "t", [("count", {})] * 3, tools=("count",))
     b = env.send_ahead("reset", "t", [("count", {})])
     c = env.send_ahead("reset", "t", [("count", {})] * 2)
-    assert a and b and c
+    assert a and b and c and a.tools == ("count",)
     sent = []
     real_send = env._send
     with mock.patch.object(env, "_send", side_effect=lambda m: sent.append(m[0]) or
@@ -347,6 +347,9 @@ def test_several_batches_ahead_are_taken_in_order_and_each_keeps_its_own_state()
     assert sent == []  # nothing asked: b and c were read in turn from the pipe
     assert env.state() == {"n": 2}  # c's answers read first (c ran last)
     assert [r.content for r in env.take_ahead(c)] == ['{"n": 1}', '{"n": 2}']
+    known = env.send_ahead("reset", "t", [("count", {})], tools=("count", "eat", "count"))
+    assert known.tools == ("eat",)  # a kind known already is not asked again
+    list(env.take_ahead(known))
 
     d = env.send_ahead("reset", "t", [("count", {})] * 3)
     e = env.send_ahead("reset", "t", [("count", {})])

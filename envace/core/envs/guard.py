@@ -136,9 +136,7 @@ class GuardedEnv(AheadQueue):
         self._attrs = value
 
     def _kill(self) -> int | None:
-        self._ahead.clear()  # their answers die with the child: take_ahead sends them again
-        self._ahead_bytes = 0
-        self._last_read = 0
+        self._drop_queue()
         proc, self._proc = self._proc, None
         if self._conn is not None:
             with contextlib.suppress(OSError):
@@ -271,7 +269,7 @@ class GuardedEnv(AheadQueue):
         :meth:`execute_many` of ``calls``, sent as one message: the audit's one round trip
         per trajectory. The reset is answered (or raises, as :meth:`reset` does) before this
         returns; the calls' results are the iterator, each call under the limit as ever. After
-        the last call the child sends the kinds of the calls' tools and of ``tools`` as they
+        the last call the child sends the kinds of those of ``tools`` not known yet, as they
         stand then, kept for :meth:`tool_kind`."""
         calls = list(calls)
         if self._ahead:
@@ -282,7 +280,7 @@ class GuardedEnv(AheadQueue):
         if self._proc is None:
             self._restart()
         if not calls or not self._send(("begin_batch", op, target, calls, track_state,
-                                        tuple(tools))):
+                                        self._kinds_wanted(tools))):
             self._begin(op, target)  # nothing to run, or no child to send to: the plain way
             return self.execute_many(calls, track_state)
         return self._answers(op, target, calls, track_state)

@@ -49,10 +49,9 @@ class SentAhead:
     context: tuple[Any, ...] | None = None
     #: the caller's own (the audit keeps the trajectory's checked steps here)
     note: Any = None
-    #: the tools whose kinds the child sends after the batch (besides the calls' own)
+    #: the tools whose kinds the child sends after the batch
     tools: tuple[Any, ...] = ()
     seq: int = 0  # its number, from 1, in the order sent
-
 
 
 class AheadQueue:
@@ -62,16 +61,35 @@ class AheadQueue:
     _conn: Any
     _proc: Any
 
+    _kinds: dict[Any, Any]
+
     def _init_queue(self) -> None:
         #: resets and their calls sent, not yet answered, in the order sent
         self._ahead: deque[SentAhead] = deque()
-        self._ahead_bytes = 0  # their messages' bytes (see AHEAD_BYTES)
+        self._sent = 0  # batches sent ahead so far (their numbers)
+        self._stale = False  # the child ran past the batch taken: restore before asking
+        self._drop_queue()
+
+    def _drop_queue(self) -> None:
+        """Forget what was sent: its answers died with the child (taken, it is sent again)."""
+        self._ahead.clear()
+        self._ahead_bytes = 0  # the waiting messages' bytes (see AHEAD_BYTES)
         #: the number of the batch whose answers were read last (0: not one sent ahead): the
         #: child's state is where that batch left it (a number, not the batch: the batch
         #: refers to this object, and a cycle would keep the child alive until a collection)
         self._last_read = 0
-        self._sent = 0  # batches sent ahead so far (their numbers)
-        self._stale = False  # the child ran past the batch taken: restore before asking
+
+    def _kinds_wanted(self, tools: Sequence[Any]) -> tuple[Any, ...]:
+        """Those of ``tools`` whose kind is not known yet, once each: the child sends their
+        kinds after the batch (a tool that cannot be a key is asked the plain way)."""
+        out: dict[Any, None] = {}
+        for tool in tools:
+            try:
+                if tool not in self._kinds:
+                    out[tool] = None
+            except TypeError:
+                continue
+        return tuple(out)
 
     def send_ahead(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
                    track_state: bool = False, tools: Sequence[Any] = ()
@@ -86,9 +104,9 @@ class AheadQueue:
         calls = list(calls)
         if not calls or self._proc is None or len(self._ahead) >= MAX_AHEAD:
             return None
+        tools = self._kinds_wanted(tools)
         try:
-            data = ForkingPickler.dumps(("begin_batch", op, target, calls, track_state,
-                                         tuple(tools)))
+            data = ForkingPickler.dumps(("begin_batch", op, target, calls, track_state, tools))
         except Exception:  # noqa: BLE001 - what cannot be pickled is asked the plain way
             return None
         if self._ahead and self._ahead_bytes + len(data) > AHEAD_BYTES:
@@ -98,8 +116,8 @@ class AheadQueue:
         except (OSError, BrokenPipeError):
             return None
         self._sent += 1
-        ahead = SentAhead(self, op, target, calls, track_state, size=len(data),
-                          tools=tuple(tools), seq=self._sent)
+        ahead = SentAhead(self, op, target, calls, track_state, size=len(data), tools=tools,
+                          seq=self._sent)
         self._ahead.append(ahead)
         self._ahead_bytes += ahead.size
         return ahead

@@ -92,8 +92,7 @@ def child_main(conn: Any, name: str, kwargs: dict[str, Any], memory_mb: int | No
             tracker.forget()
             if _answer(conn, _begin, (env, msg[1], msg[2]), {}):
                 _batch(conn, env, tracker, msg[3], msg[4])
-                more = msg[5] if len(msg) > 5 else ()  # tools asked besides the calls' own
-                conn.send(("kinds", _kinds(env, [*(t for t, _ in msg[3]), *more])))
+                conn.send(("kinds", _kinds(env, msg[5] if len(msg) > 5 else ())))
             continue
         if op == "begin" or (op == "call" and msg[1] not in _READS_NOTHING):
             tracker.forget()  # the state may have changed outside a tracked batch
@@ -117,10 +116,11 @@ def _batch(conn: Any, env: Any, tracker: StateTracker, calls: Sequence[tuple[str
 
 
 def _kinds(env: Any, tools: Sequence[Any]) -> dict[Any, ToolKind | None]:
-    """The kinds of the batch's tools as the environment knows them after it ran (what the
-    audit asks next: asked then, with later batches waiting in the pipe, it would read all
-    their answers first). A tool whose ``tool_kind`` raises or answers what is not a kind (nor
-    None) is left out: asked the plain way, that reports it."""
+    """The kinds of ``tools`` (those of the batch's trajectory the parent does not know yet) as
+    the environment knows them after the batch ran (what the audit asks next: asked then, with
+    later batches waiting in the pipe, it would read all their answers first). A tool whose
+    ``tool_kind`` raises or answers what is not a kind (nor None) is left out: asked the plain
+    way, that reports it."""
     kinds: dict[Any, ToolKind | None] = {}
     if not callable(getattr(env, "tool_kind", None)):
         return kinds

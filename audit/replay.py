@@ -14,7 +14,6 @@ through it (in worker processes when asked) and writes the audit directory.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from audit.scoring.scorers import ScoreContext
 from audit.scoring.settings import AuditOptions, Override
 from audit.stats.confidence import mean_token_logprob
 from audit.stats.population import assign_depths, is_rehearsed
-from audit.stats.steps import novelty
+from audit.stats.steps import novelty, tokens
 from envace.core.envs.base import Environment
 from envace.core.envs.guard import guarded_env
 from envace.core.envs.limits import CallLimits
@@ -34,8 +33,6 @@ from envace.core.envs.task_common import UnknownTask
 from envace.core.schema import MAX_CALL_BYTES, Trajectory, json_text, utf8_len
 
 MAX_HISTORY_CHARS = 200_000  # novelty looks at most at this much of the history
-#: novelty's tokens (``audit.stats.compounding.novelty``: numbers and runs of letters)
-_TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d]+")
 
 
 class History:
@@ -57,7 +54,7 @@ class History:
     def _tokens(self, text: str) -> list[str]:
         if text == self._last[0]:
             return self._last[1]
-        return _TOKEN.findall(text.lower())
+        return tokens(text)
 
     def add(self, text: str) -> None:
         self.parts.append(text)
@@ -76,12 +73,11 @@ class History:
         """:func:`audit.stats.compounding.novelty` of ``actual`` against this history."""
         if self.chars > MAX_HISTORY_CHARS:
             return novelty(actual, self.text())
-        tokens = self._tokens(actual)
-        self._last = (actual, tokens)
-        if not tokens:
+        found = self._tokens(actual)
+        self._last = (actual, found)
+        if not found:
             return 0.0
-        seen = self.tokens
-        return sum(1 for t in tokens if t not in seen) / len(tokens)
+        return (len(found) - sum(map(self.tokens.__contains__, found))) / len(found)
 
 
 class ReplayError(Exception):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from audit.stats.compounding import compounding_ratio, logistic_divergence
 from audit.stats.depth_tables import by_depth, strata
 from audit.stats.intervals import wilson_ci
-from audit.stats.steps import novelty
+from audit.stats.steps import novelty, tokens
 from audit.stats.summary import summarize
 from audit.stats.survival import first_divergence_survival
 
@@ -275,3 +275,18 @@ def test_import_audit_modules_without_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(alphabet=st.characters(max_codepoint=127), max_size=80),
+                 st.text(max_size=80)))
+def test_tokens_equal_the_unicode_pattern_on_any_text(text):
+    """The ASCII fast path (issue 44) finds the tokens the Unicode classes find, in order."""
+    import re
+
+    assert tokens(text) == re.findall(r"\d+(?:\.\d+)?|[^\W\d]+", text.lower())
+
+
+def test_tokens_known_answer():
+    assert tokens('Ab_c 12.5x, "ÉTÉ" 3..4 K') == ["ab_c", "12.5", "x", "été", "3", "4", "k"]
+    assert tokens("\u212a9") == ["k", "9"]  # the Kelvin sign lower-cases to ASCII "k"

@@ -333,22 +333,29 @@ def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:
     p = str(path)
     with open(p, "rb") as fh:
         for lineno, raw, too_long in bounded_lines(fh):
-            if too_long:
-                yield ReadItem(p, lineno, error=f"line longer than {MAX_LINE_BYTES} bytes")
-                continue
-            ended = raw.endswith(b"\n")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield ReadItem(p, lineno, error=f"not UTF-8 at byte {exc.start}", raw=None)
-                continue
-            if not text.strip():
-                continue
-            traj, err, nonfinite = _parse_line(text)
-            if err and not ended:
-                err = f"truncated last line (no newline): {err}"
-            yield ReadItem(p, lineno, trajectory=traj, error=err, raw=None if traj else text[:200],
-                           maybe_nonfinite=traj is None or may_hold_nonfinite(traj, nonfinite))
+            item = read_line(p, lineno, raw, too_long)
+            if item is not None:
+                yield item
+
+
+def read_line(path: str, lineno: int, raw: bytes, too_long: bool = False) -> ReadItem | None:
+    """One line of a trajectory file as :func:`read_trajectories` reads it (``raw``, ``too_long``:
+    as :func:`bounded_lines` gives them); None for a blank line. The audit's workers read the
+    lines their parent hands them with it (``audit.workers``)."""
+    if too_long:
+        return ReadItem(path, lineno, error=f"line longer than {MAX_LINE_BYTES} bytes")
+    ended = raw.endswith(b"\n")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ReadItem(path, lineno, error=f"not UTF-8 at byte {exc.start}", raw=None)
+    if not text.strip():
+        return None
+    traj, err, nonfinite = _parse_line(text)
+    if err and not ended:
+        err = f"truncated last line (no newline): {err}"
+    return ReadItem(path, lineno, trajectory=traj, error=err, raw=None if traj else text[:200],
+                    maybe_nonfinite=traj is None or may_hold_nonfinite(traj, nonfinite))
 
 
 def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:

@@ -284,7 +284,7 @@ def test_a_training_step_replays_each_rollout_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fidelity, "replay_trajectory", counted)
     monkeypatch.setattr("audit.replay.replay_trajectory", counted)
-    monkeypatch.setattr("audit.pipeline.replay_trajectory", counted)
+    monkeypatch.setattr("audit.workers.replay_trajectory", counted)
     cfg = TrainConfig(prompts_per_step=2, group_size=2, micro_batch_size=4, lr=1e-3,
                       audit_scorers=["exact", "json_f1"], grounded_lambda=0.5)
     (tmp_path / RUN.rollouts).mkdir()

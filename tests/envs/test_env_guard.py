@@ -256,6 +256,31 @@ def test_without_the_guard_a_worker_killer_still_costs_one_record(tmp_path):
     assert skip["line"] == 6 and "worker process died" in skip["reason"]
 
 
+def test_a_worker_killer_is_judged_as_one_worker_would_judge_it(tmp_path):
+    """Pool workers read their lines themselves (issue 44): a record that kills its worker is
+    read again by the parent, so a killer that repeats an earlier id is a duplicate, as with
+    one worker (which never replays it), and another shard's killer is not this shard's."""
+    from audit.shard import shard_of
+
+    env = {"name": "test-hostile", "task": "t"}
+    recs = [_trajectory(f"a{i}", [("count", {})], env) for i in range(5)]
+    recs += [_trajectory("a2", [("die", {})], env)]  # line 6: a duplicate id that kills
+    recs += [_trajectory(f"b{i}", [("count", {})], env) for i in range(10)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    off = {"call_timeout_s": None, "call_memory_mb": None, "progress": False, "plots": False}
+    s = run_audit([str(src)], tmp_path / "out", AuditOptions(workers=2, **off))
+    (skip,) = s["skipped_records"]
+    assert skip["line"] == 6 and skip["reason"].startswith("duplicate trajectory id 'a2'")
+    assert s["counts"]["trajectories"] == 15 and s["reconciles"]
+    recs[5] = _trajectory("killer", [("die", {})], env)
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    other = 1 - shard_of("killer", 2)
+    s = run_audit([str(src)], tmp_path / "o2", AuditOptions(workers=2, shard=(other, 2), **off))
+    assert s["skipped_records"] == []
+    assert s["counts"]["records_read"] == sum(shard_of(r["id"], 2) == other for r in recs)
+
+
 def test_a_batch_left_unread_never_answers_a_later_call():
     env = GuardedEnv("test-hostile", {}, CallLimits(call_timeout_s=5))
     env.reset("t")

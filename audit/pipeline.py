@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,36 +93,62 @@ def reference_triples(path: str | os.PathLike[str]) -> list[Triple]:
 class _Admit:
     """Which records the audit audits, as it reads them in input order: one per trajectory id
     (the first; a later one is skipped as a duplicate), this shard's only (``audit.shard``;
-    unreadable lines are shard ``UNREADABLE_OWNER``'s to report), each counted as read."""
+    unreadable lines are shard ``UNREADABLE_OWNER``'s to report), each counted as read. What
+    it skips it keeps with its place in the input (``seq``: the line's, in the order the
+    inputs are read, a file named twice twice), so that :meth:`skipped` lists them in input
+    order whatever order they were found in."""
 
-    def __init__(self, skipped: list[dict], counts: dict[str, int],
-                 shard: tuple[int, int] | None) -> None:
-        self.skipped, self.counts, self.shard = skipped, counts, shard
+    def __init__(self, counts: dict[str, int], shard: tuple[int, int] | None) -> None:
+        self.counts, self.shard = counts, shard
         self.first: dict[str, int] = {}  # id -> where it was first read: file index << 40 | line
         self.files: list[str] = []
         #: whether this audit reports what belongs to no shard (a missing file, a bad line)
         self.mine = shard is None or shard[0] == UNREADABLE_OWNER
+        self.seq = 0  # lines (and whole files) read so far
+        self._rows: list[tuple[int, dict[str, Any]]] = []
+        #: the places of the admitted records whose results have not come back yet
+        self.pending: deque[int] = deque()
+        #: hashes of the lines handed out so far (``_lines``: a repeated line is a copy)
+        self.hashes: set[int] = set()
 
-    def problem(self, path: str, line: int | None, why: str) -> None:
+    def next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def problem(self, path: str, line: int | None, why: str, seq: int) -> None:
         """A file or line that cannot be read."""
         if self.mine:
             self.counts["read"] += line is not None
-            self.skipped.append(skipped_row(path, line, why))
+            self._rows.append((seq, skipped_row(path, line, why)))
 
-    def admit(self, path: str, line: int, tid: str) -> bool:
-        """Count this shard's record as read; whether it is the first with its id."""
+    def admit(self, path: str, line: int, tid: str, seq: int) -> bool:
+        """Count this shard's record as read; whether it is the first with its id (then its
+        result is awaited: ``pending``)."""
         self.counts["read"] += 1
         if tid in self.first:
             at = self.first[tid]
             f, ln = self.files[at >> 40], at & ((1 << 40) - 1)
-            self.skipped.append(skipped_row(
+            self._rows.append((seq, skipped_row(
                 path, line, f"duplicate trajectory id {tid!r:.80} (first at {f}:{ln}, which is "
-                            "audited); skipped"))
+                            "audited); skipped")))
             return False
         if not self.files or self.files[-1] != path:
             self.files.append(path)
         self.first[tid] = (len(self.files) - 1) << 40 | line
+        self.pending.append(seq)
         return True
+
+    def failed(self, path: str, line: int, why: str) -> None:
+        """The next awaited record could not be audited."""
+        self._rows.append((self.pending.popleft(), skipped_row(path, line, why)))
+
+    def audited(self) -> None:
+        """The next awaited record was audited."""
+        self.pending.popleft()
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """Every skipped line and file, in input order."""
+        return [row for _, row in sorted(self._rows, key=lambda kv: kv[0])]
 
 
 def _jobs(paths: Iterable[str], admit: _Admit) -> Iterator[Job]:
@@ -129,43 +156,53 @@ def _jobs(paths: Iterable[str], admit: _Admit) -> Iterator[Job]:
     shard = admit.shard
     for p in paths:
         if not Path(p).exists():
-            admit.problem(str(p), None, "file not found")
+            admit.problem(str(p), None, "file not found", admit.next())
             continue
         try:
             for item in read_trajectories(p):
-                traj = item.trajectory
+                traj, seq = item.trajectory, admit.next()
                 if traj is None:
-                    admit.problem(item.path, item.line, item.error or "unreadable")
+                    admit.problem(item.path, item.line, item.error or "unreadable", seq)
                 elif (shard is None or shard_of(traj.id, shard[1]) == shard[0]) and \
-                        admit.admit(item.path, item.line, traj.id):
+                        admit.admit(item.path, item.line, traj.id, seq):
                     yield item.path, item.line, traj, item.maybe_nonfinite
         except OSError as exc:
-            admit.problem(p, None, f"cannot read: {exc.strerror or exc}")
+            admit.problem(p, None, f"cannot read: {exc.strerror or exc}", admit.next())
 
 
 def _lines(paths: Iterable[str], admit: _Admit) -> Iterator[RawJob]:
-    """Every line of the inputs, unread, for a pool's workers to read (``audit.workers``)."""
+    """Every line of the inputs, unread, for a pool's workers to read (``audit.workers``); a
+    line whose bytes repeat an earlier line's is marked a ``copy`` (its record, if it is one,
+    repeats an id: the worker does not replay it)."""
     for p in paths:
         if not Path(p).exists():
-            admit.problem(str(p), None, "file not found")
+            admit.problem(str(p), None, "file not found", admit.next())
             continue
         try:
             with open(p, "rb") as fh:
                 for lineno, raw, too_long in bounded_lines(fh):
-                    yield str(p), lineno, raw, too_long
+                    h = hash(raw)
+                    copy = not too_long and h in admit.hashes
+                    admit.hashes.add(h)
+                    yield RawJob(str(p), lineno, raw, too_long, admit.next(), copy)
         except OSError as exc:
-            admit.problem(p, None, f"cannot read: {exc.strerror or exc}")
+            admit.problem(p, None, f"cannot read: {exc.strerror or exc}", admit.next())
 
 
-def _admitted(reads: Iterable[Read], admit: _Admit) -> Iterator[tuple[str, int, Done | str]]:
-    """The workers' results of the records the audit audits, in input order."""
-    for r in reads:
+def _admitted(reads: Iterable[tuple[RawJob, Read]], admit: _Admit,
+              pool: Pool) -> Iterator[tuple[str, int, Done | str]]:
+    """The workers' results of the records the audit audits, in input order. A record the
+    worker presumed a duplicate that is the first with its id after all (a hash collision,
+    or a worker that read a later line first: a retry) is audited now, on its own."""
+    for job, r in reads:
         if r.blank:
             continue
         if r.error is not None:
-            admit.problem(r.path, r.line, r.error)
+            admit.problem(r.path, r.line, r.error, r.seq)
         elif r.mine and r.trajectory_id is not None and admit.admit(r.path, r.line,
-                                                                      r.trajectory_id):
+                                                                      r.trajectory_id, r.seq):
+            if r.presumed_duplicate:
+                r = pool.alone(job)
             yield r.path, r.line, r.result if r.result is not None else "not audited"
 
 
@@ -218,18 +255,17 @@ def run_audit(inputs: list[str], out_dir: str | os.PathLike[str],
 
 def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
                 triples: list[Triple] | None) -> dict[str, Any]:
-    skipped: list[dict] = []
     warnings: list[dict] = []
     counts = {"read": 0}
     agg = SummaryAggregator(opts)  # the statistics' running aggregates (flat memory)
     trajectories = 0
     t0 = time.perf_counter()
     bar = _progress(opts.progress)
-    admit = _Admit(skipped, counts, opts.shard)
+    admit = _Admit(counts, opts.shard)
     pool = None
     if opts.workers > 1:  # the workers read the lines: this process parses nothing
         pool = Pool(opts, triples)
-        results: Iterable = _admitted(pool.map(_lines(inputs, admit)), admit)
+        results: Iterable = _admitted(pool.map(_lines(inputs, admit)), admit, pool)
     else:
         setup_worker(opts, triples)
         results = work_in_turn(_jobs(inputs, admit))
@@ -237,8 +273,9 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
     try:
         for path, line, res in results:
             if isinstance(res, str):
-                skipped.append(skipped_row(path, line, res))
+                admit.failed(path, line, res)
                 continue
+            admit.audited()
             trajectories += 1
             for msg in res.warnings:
                 warnings.append({"file": path, "line": line,
@@ -255,8 +292,7 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
             agg.close()
     # records read ahead (unreadable lines are listed as they are read) and workers answer
     # ahead of a record's failed replay: back to input order
-    skipped.sort(key=input_order(inputs))
-    return agg.summary(trajectories=trajectories, read=counts["read"], skipped=skipped,
+    return agg.summary(trajectories=trajectories, read=counts["read"], skipped=admit.skipped(),
                        warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
 
 

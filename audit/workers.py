@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from audit.replay import ReplayError, replay_trajectory, send_ahead
 from audit.scoring.settings import AuditOptions, Override
@@ -201,45 +201,68 @@ def _one_line(exc: BaseException) -> str:
 #: environment's process runs the next ones while it scores)
 CHUNK = 8
 
-#: one line for a pool's worker: (file, line number, its bytes, whether it passed the line
-#: limit: ``envace.core.schema.bounded_lines``)
-RawJob = tuple[str, int, bytes, bool]
+class RawJob(NamedTuple):
+    """One line for a pool's worker to read and, if it is a record of this shard, audit."""
+
+    path: str
+    line: int
+    raw: bytes  #: the line (empty when it passed the line limit)
+    too_long: bool  #: whether it passed the line limit (``envace.core.schema.bounded_lines``)
+    seq: int  #: its place in the input (the order of ``skipped_records``)
+    #: the same bytes as an earlier line (a record there repeats an id: not replayed)
+    copy: bool = False
+    #: whether the worker may leave a presumed duplicate unreplayed (False: replay it)
+    dedup: bool = True
 
 
 @dataclass
 class Read:
     """What a worker made of one line: nothing (``blank``), or why it is unreadable
     (``error``), or the record's ``trajectory_id``, whether it is in this audit's shard
-    (``mine``) and, when it is, what its audit gave (``result``: :class:`Done`, or why not)."""
+    (``mine``) and, when it is, what its audit gave (``result``: :class:`Done`, or why not;
+    None with ``presumed_duplicate``: an earlier line had its id, so it was not replayed)."""
 
     path: str
     line: int
+    seq: int
     trajectory_id: str | None = None
     error: str | None = None
     blank: bool = False
     mine: bool = True
     result: Done | str | None = None
+    presumed_duplicate: bool = False
 
 
-def _read(job: RawJob, shard: tuple[int, int] | None) -> tuple[Read, Job | None]:
+def _read(job: RawJob, shard: tuple[int, int] | None,
+          seen: set[str] | None = None) -> tuple[Read, Job | None]:
     """The line read as the audit reads it (``read_line``), and the job to audit it, if any
-    (``shard``: (I, N), this audit's shard of the records, ``audit.shard``)."""
-    path, line, raw, too_long = job
-    item = read_line(path, line, raw, too_long)
+    (``shard``: (I, N), this audit's shard of the records, ``audit.shard``). ``seen``: the
+    ids of this shard's records the worker read before (it reads its lines in input order):
+    a record repeating one, or whose line repeats an earlier line, is a duplicate the parent
+    skips, so it is not replayed (the parent replays it after all if it is not)."""
+    item = read_line(job.path, job.line, job.raw, job.too_long)
     if item is None:
-        return Read(path, line, blank=True), None
+        return Read(job.path, job.line, job.seq, blank=True), None
     traj = item.trajectory
     if traj is None:
-        return Read(path, line, error=item.error), None
+        return Read(job.path, job.line, job.seq, error=item.error), None
     mine = shard is None or shard_of(traj.id, shard[1]) == shard[0]
-    return (Read(path, line, trajectory_id=traj.id, mine=mine),
-            (path, line, traj, item.maybe_nonfinite) if mine else None)
+    r = Read(job.path, job.line, job.seq, trajectory_id=traj.id, mine=mine)
+    if not mine:
+        return r, None
+    if job.dedup and seen is not None:
+        if job.copy or traj.id in seen:
+            r.presumed_duplicate = True
+            return r, None
+        seen.add(traj.id)
+    return r, (job.path, job.line, traj, item.maybe_nonfinite)
 
 
 def _work_lines(jobs: list[RawJob]) -> list[Read]:
     """A worker's chunk: each line read, and this shard's records replayed in turn."""
     shard = _WORKER["settings"].shard
-    reads = [_read(job, shard) for job in jobs]
+    seen = _WORKER.setdefault("seen", set())
+    reads = [_read(job, shard, seen) for job in jobs]
     todo = [(r, job) for r, job in reads if job is not None]
     for (r, _), (_, _, res) in zip(todo, work_in_turn(iter([j for _, j in todo])),
                                    strict=True):
@@ -270,7 +293,7 @@ class Pool:
     def _start(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.n, initializer=_pool_init, initargs=self.args)
 
-    def map(self, jobs: Iterator[RawJob]) -> Iterator[Read]:
+    def map(self, jobs: Iterator[RawJob]) -> Iterator[tuple[RawJob, Read]]:
         pending: deque[tuple[list[RawJob], Future]] = deque()
         for chunk in _chunks(jobs, CHUNK):
             pending.append((chunk, self._submit(_work_lines, chunk)))
@@ -293,22 +316,24 @@ class Pool:
         self.ex.shutdown(wait=False, cancel_futures=True)
         self.ex = self._start()
 
-    def _results(self, chunk: list[RawJob], fut: Future) -> Iterator[Read]:
+    def _results(self, chunk: list[RawJob], fut: Future) -> Iterator[tuple[RawJob, Read]]:
         """The chunk's results. When a worker died with it in flight (or it could not be
         sent), each of its lines is read and replayed once more, alone, in a fresh pool: only
         the record that kills a worker again is lost, never the records that merely shared
         the pool or the chunk with it."""
         try:
-            yield from fut.result()
+            yield from zip(chunk, fut.result(), strict=True)
             return
         except BrokenProcessPool:
             self._restart()
         except Exception:  # noqa: BLE001 - e.g. a record that could not be sent: each alone
             pass
         for job in chunk:
-            yield self._alone(job)
+            yield job, self.alone(job)
 
-    def _alone(self, job: RawJob) -> Read:
+    def alone(self, job: RawJob) -> Read:
+        """``job`` read and audited on its own, replayed even if presumed a duplicate."""
+        job = job._replace(dedup=False)
         try:
             return self._submit(_work_lines, [job]).result()[0]
         except BrokenProcessPool:
@@ -318,7 +343,7 @@ class Pool:
             why = f"replay failed: {type(exc).__name__}: {_one_line(exc)}"
         # read here what the worker could not answer: an unreadable line, another shard's
         # record or a duplicate id is reported as such, not as the failure
-        r, todo = _read(job, self.args[1].shard)
+        r, todo = _read(job, self.args[1].shard)  # dedup=False: never presumed a duplicate
         if todo is not None:
             r.result = why
         return r

@@ -4,6 +4,7 @@ unreadable, non-UTF-8, over-long and truncated lines, a missing file, and shards
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,64 @@ def test_two_workers_give_the_one_process_audit(inputs, tmp_path, shard):
                      "file not found", "truncated last line"):
             assert kind in reasons, kind
         assert s["counts"]["trajectories"] == 14 and s["reconciles"]
+
+
+def _traj(tid: str, env: dict) -> str:
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c0", "type": "function",
+                     "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+                {"role": "tool", "tool_call_id": "c0", "name": "add", "content": "{}",
+                 "rehearsed": True}]
+    return json.dumps({"schema": "envace.trajectory/1", "id": tid, "task_id": tid, "env": env,
+                       "source": "rehearsed", "messages": messages})
+
+
+MATH = {"name": "bfcl", "state": {"involved_classes": ["MathAPI"]}}
+
+
+def test_a_file_named_twice_lists_its_skipped_lines_in_input_order(tmp_path):
+    """The review of issue 44: rows of the two readings of one file tied on (file, line) and
+    kept the order they were found in, which the read-ahead and the workers made differ."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(_traj("r1", {"name": "no-such-env", "task": "t"}) + "\n"
+                   + _traj("g1", MATH) + "\n")
+    one = _audit([str(src), str(src)], tmp_path / "w1")
+    two = _audit([str(src), str(src)], tmp_path / "w2", workers=2)
+    assert two == one
+    reasons = [r["reason"][:20] for r in one[0]["skipped_records"]]
+    assert reasons == ["cannot replay: unkno", "duplicate trajectory", "duplicate trajectory"]
+
+
+def test_workers_do_not_replay_duplicates(tmp_path, monkeypatch):
+    """Neither one process nor the workers replay a record whose id came before (the workers
+    read the lines, so they presume it from a repeated line or an id they read before)."""
+    import audit.workers as W
+
+    log = tmp_path / "replayed.txt"
+    real = W.replay_trajectory
+
+    def logged(traj, *a, **k):  # workers fork: the patch reaches them; each logs to the file
+        with open(log, "a") as fh:
+            fh.write(traj.id + "\n")
+        return real(traj, *a, **k)
+
+    monkeypatch.setattr(W, "replay_trajectory", logged)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(_traj(t, MATH) + "\n" for t in ["a", "b", "a", "a", "c", "b"]))
+    outs = []
+    for w in (1, 2):
+        log.write_text("")
+        outs.append(_audit([str(src), str(src)], tmp_path / f"w{w}", workers=w))
+        assert sorted(log.read_text().split()) == ["a", "b", "c"], w
+    assert outs[0] == outs[1]
+
+
+def test_a_presumed_duplicate_that_is_first_after_all_is_audited(inputs, tmp_path, monkeypatch):
+    """Every line hashing alike (as a collision would): the workers presume every record after
+    the first a duplicate; the parent finds each first with its id and has it audited alone."""
+    import audit.pipeline as P
+
+    one = _audit(inputs, tmp_path / "w1")
+    monkeypatch.setattr(P, "hash", lambda raw: 0, raising=False)
+    assert _audit(inputs, tmp_path / "w2", workers=2) == one

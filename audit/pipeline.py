@@ -86,10 +86,6 @@ def reference_triples(path: str | os.PathLike[str]) -> list[Triple]:
     return read_reference(path)[0]
 
 
-
-
-
-
 class _Admit:
     """Which records the audit audits, as it reads them in input order: one per trajectory id
     (the first; a later one is skipped as a duplicate), this shard's only (``audit.shard``;
@@ -162,7 +158,7 @@ def _jobs(paths: Iterable[str], admit: _Admit) -> Iterator[Job]:
             for item in read_trajectories(p):
                 traj, seq = item.trajectory, admit.next()
                 if traj is None:
-                    admit.problem(item.path, item.line, item.error or "unreadable", seq)
+                    admit.problem(item.path, item.line, str(item.error), seq)
                 elif (shard is None or shard_of(traj.id, shard[1]) == shard[0]) and \
                         admit.admit(item.path, item.line, traj.id, seq):
                     yield item.path, item.line, traj, item.maybe_nonfinite
@@ -218,8 +214,6 @@ def input_order(inputs: list[str]) -> Callable[[dict[str, Any]], tuple[int, floa
         return index.get(str(row.get("file")), len(index)), (math.inf if line is None else line)
 
     return key
-
-
 
 
 # ---------------------------------------------------------------- the audit
@@ -290,8 +284,6 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
             pool.close(cancel=not done)
         if not done:
             agg.close()
-    # records read ahead (unreadable lines are listed as they are read) and workers answer
-    # ahead of a record's failed replay: back to input order
     return agg.summary(trajectories=trajectories, read=counts["read"], skipped=admit.skipped(),
                        warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
 

@@ -3,7 +3,7 @@
     for path, line, res in work_in_turn(jobs):          # one process: parsed records in
         ...                                             # res: Done (its lines and rows) or why not
     pool = Pool(opts, triples)
-    for read in pool.map(raw_jobs):                     # N processes: the file's lines in
+    for job, read in pool.map(raw_jobs):                # N processes: the file's lines in
         ...                                             # Read: what a worker made of one line
 
 One process (``work_in_turn``) replays the records its reader parsed, the calls of the next ones
@@ -80,7 +80,6 @@ def nonfinite_paths(obj: Any, limit: int = 5) -> list[str]:
     return found
 
 
-
 # ---------------------------------------------------------------- the work on one record
 
 
@@ -105,6 +104,8 @@ def setup_worker(opts: AuditOptions, triples: list[Triple] | None) -> None:
         settings=replace(opts, references={} if override else refs),
         override=override,
         envs={},
+        #: the ids of this shard's records a pool's worker has read (``_read``: duplicates)
+        seen=set(),
     )
 
 
@@ -196,7 +197,6 @@ def _one_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-
 #: lines a worker reads and replays in turn, as one process does (``work_in_turn``: its
 #: environment's process runs the next ones while it scores)
 CHUNK = 8
@@ -261,7 +261,7 @@ def _read(job: RawJob, shard: tuple[int, int] | None,
 def _work_lines(jobs: list[RawJob]) -> list[Read]:
     """A worker's chunk: each line read, and this shard's records replayed in turn."""
     shard = _WORKER["settings"].shard
-    seen = _WORKER.setdefault("seen", set())
+    seen = _WORKER["seen"]
     reads = [_read(job, shard, seen) for job in jobs]
     todo = [(r, job) for r, job in reads if job is not None]
     for (r, _), (_, _, res) in zip(todo, work_in_turn(iter([j for _, j in todo])),

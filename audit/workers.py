@@ -352,10 +352,34 @@ class Pool:
         """Wait for the workers; ``cancel`` (Ctrl-C, an error): kill them instead, so that a
         call in flight (an environment call up to its limit) does not hold the exit."""
         if cancel:
-            for proc in list((getattr(self.ex, "_processes", None) or {}).values()):
+            procs = list((getattr(self.ex, "_processes", None) or {}).values())
+            for proc in procs:
                 with contextlib.suppress(OSError, AttributeError):
                     proc.kill()
+            for proc in procs:
+                with contextlib.suppress(OSError, AttributeError, AssertionError):
+                    proc.join(5)
+            _unblock(self.ex)  # before shutdown, which drops the executor's queues
             self.ex.shutdown(wait=False, cancel_futures=True)
             return
         self.ex.shutdown(wait=True)
 
+
+
+def _unblock(ex: ProcessPoolExecutor) -> None:
+    """After its workers were killed, let ``ex``'s threads end, so that the interpreter's exit,
+    which joins them, does not hang (Ctrl-C with ``--workers 2``, issue 44's CI). A worker killed
+    while it wrote a result leaves part of a message in the result pipe: the executor's manager
+    thread waits in ``recv`` for the rest, and its feeder thread waits to write the next chunk
+    into a full call pipe. This process holds the other end of both pipes, so neither wait ends
+    when the workers die: closing this process's write end of the results gives the manager an
+    end of file (it then marks the pool broken and cleans up), and closing its read end of the
+    calls gives the feeder a broken pipe. CPython's executor keeps these ends in private
+    attributes (3.11-3.13); where they are missing, nothing is done."""
+    for queue, end in (("_result_queue", "_writer"), ("_call_queue", "_reader")):
+        q = getattr(ex, queue, None)
+        if end == "_reader" and q is not None:
+            with contextlib.suppress(AttributeError, AssertionError):
+                q.cancel_join_thread()  # never wait at exit for what it could not send
+        with contextlib.suppress(AttributeError, OSError):
+            getattr(q, end).close()

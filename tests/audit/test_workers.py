@@ -115,3 +115,38 @@ def test_a_presumed_duplicate_that_is_first_after_all_is_audited(inputs, tmp_pat
     one = _audit(inputs, tmp_path / "w1")
     monkeypatch.setattr(P, "hash", lambda raw: 0, raising=False)
     assert _audit(inputs, tmp_path / "w2", workers=2) == one
+
+
+_STUCK = """
+import os, struct, sys, time
+from audit.scoring.settings import AuditOptions
+from audit.workers import Pool
+
+pool = Pool(AuditOptions(workers=2), None)
+pool.ex.submit(int, 1).result()  # the workers are up
+# what a worker killed while it wrote a result leaves: the head of a message, not its body
+os.write(pool.ex._result_queue._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 10)
+time.sleep(0.5)  # the executor's manager thread now waits in recv for the rest
+pool.close(cancel=True)
+print("closed", flush=True)
+"""
+
+
+def test_a_cancelled_pool_lets_the_process_exit_when_a_result_was_cut_off(tmp_path):
+    """Ctrl-C with --workers 2 once hung at exit (CI, issue 44): the workers were killed while
+    one wrote its result, and the executor's manager thread, which the interpreter joins at exit,
+    waited for the rest of that message through a pipe this process still held open."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stuck.py"
+    script.write_text(_STUCK)
+    p = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).parents[2],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("the process hung at exit after its pool was cancelled")
+    assert p.returncode == 0 and out.strip() == "closed", err

@@ -365,21 +365,17 @@ class Pool:
         self.ex.shutdown(wait=True)
 
 
-
 def _unblock(ex: ProcessPoolExecutor) -> None:
-    """After its workers were killed, let ``ex``'s threads end, so that the interpreter's exit,
-    which joins them, does not hang (Ctrl-C with ``--workers 2``, issue 44's CI). A worker killed
-    while it wrote a result leaves part of a message in the result pipe: the executor's manager
-    thread waits in ``recv`` for the rest, and its feeder thread waits to write the next chunk
-    into a full call pipe. This process holds the other end of both pipes, so neither wait ends
-    when the workers die: closing this process's write end of the results gives the manager an
-    end of file (it then marks the pool broken and cleans up), and closing its read end of the
-    calls gives the feeder a broken pipe. CPython's executor keeps these ends in private
-    attributes (3.11-3.13); where they are missing, nothing is done."""
-    for queue, end in (("_result_queue", "_writer"), ("_call_queue", "_reader")):
-        q = getattr(ex, queue, None)
-        if end == "_reader" and q is not None:
-            with contextlib.suppress(AttributeError, AssertionError):
-                q.cancel_join_thread()  # never wait at exit for what it could not send
-        with contextlib.suppress(AttributeError, OSError):
-            getattr(q, end).close()
+    """After its workers were killed, let ``ex``'s manager thread end, so that the interpreter's
+    exit, which joins it, does not hang (Ctrl-C with ``--workers 2``: CI, issue 44). A worker
+    killed while it wrote a result leaves part of a message in the result pipe, and the manager
+    thread waits in ``recv`` for the rest: this process holds the pipe's other write end, so
+    the workers' deaths alone never end that wait. Closing it gives the manager an end of file;
+    it then marks the pool broken and cleans up as CPython does for a dead worker (it closes the
+    call pipe's read end, which frees a feeder thread blocked on a full call pipe). Nothing else
+    closes this end before ``shutdown`` drops it, so no other thread can close it twice. CPython
+    keeps it in private attributes (3.11-3.13); where they are missing, nothing is done."""
+    with contextlib.suppress(AttributeError, AssertionError):
+        ex._call_queue.cancel_join_thread()  # never wait at exit for what it could not send
+    with contextlib.suppress(AttributeError, OSError):
+        ex._result_queue._writer.close()

@@ -11,10 +11,12 @@
 
 Exit codes: 0 audit written and every record audited; 3 audit written but some records were
 skipped (each listed with file, line and reason in summary.json and on stderr); 2 bad usage,
-unreadable input or a refused output (nothing written); 130 interrupted (Ctrl-C; nothing
-written); 1 an internal error (a bug). Outputs go to a fresh directory renamed into place when
-complete, never over an input or another tool's files (``audit.store.output``). The teacher-forced
-probe of a model is `envace probe` (it needs the model runtime); `envace-audit probe` says so.
+unreadable input or a refused output (nothing written); 130 interrupted (Ctrl-C), 143 SIGTERM,
+129 SIGHUP (one line: nothing written, or, when the stop came after the output was moved into
+place, that it is complete); 1 an internal error (a bug). Outputs go to a fresh directory
+renamed into place when complete, never over an input or another tool's files
+(``audit.store.output``). The teacher-forced probe of a model is `envace probe` (it needs the
+model runtime); `envace-audit probe` says so.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from envace.core.envs.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MEMORY_MB, l
 from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.errors import (
     EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SKIPPED,
     EXIT_USAGE,
     UsageError,
 )
+from envace.core.interrupts import Stopped, ignore_stops, stop_signals, stopped_line, stopping
 from envace.core.layout import AUDIT
 from envace.core.outfile import input_problem
 from envace.core.text import terminal_safe
@@ -317,12 +319,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; return its exit code (Ctrl-C: 130 with one line, no traceback)."""
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print("envace-audit: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    """Run one command; return its exit code. Ctrl-C, SIGTERM and SIGHUP stop it with one line
+    and ``128 + signal`` (130, 143, 129), no traceback (``envace.core.interrupts``)."""
+    with stop_signals() as stop:
+        try:
+            rc = _main(argv)
+        except KeyboardInterrupt:
+            print(stopped_line("envace-audit", stop), file=sys.stderr)
+            rc = stop.exit_code
+    if argv is None:  # the command line's own process, about to exit: its code is decided
+        ignore_stops()
+    return rc
 
 
 def _main(argv: list[str] | None) -> int:
@@ -351,10 +358,6 @@ def _main(argv: list[str] | None) -> int:
         return args.func(args)
     except BrokenPipeError:
         return EXIT_OK
-    except KeyboardInterrupt:
-        print("envace-audit: interrupted; nothing written (an earlier output is unchanged)",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
     except UsageError as exc:
         print(f"envace-audit: {terminal_safe(exc)}; nothing written", file=sys.stderr)
         return EXIT_USAGE
@@ -364,6 +367,8 @@ def _main(argv: list[str] | None) -> int:
               "written", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
+        if (signum := stopping()) is not None:  # e.g. a C extension interrupted while loading
+            raise Stopped(signum) from None
         if os.environ.get("ENVACE_DEBUG"):
             raise
         print(f"envace-audit: internal error: {type(exc).__name__}: {terminal_safe(exc)} "

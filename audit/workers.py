@@ -360,7 +360,10 @@ class Pool:
                 with contextlib.suppress(OSError, AttributeError, AssertionError):
                     proc.join(5)
             _unblock(self.ex)  # before shutdown, which drops the executor's queues
+            manager = getattr(self.ex, "_executor_manager_thread", None)
             self.ex.shutdown(wait=False, cancel_futures=True)
+            if manager is not None:  # ended here, not raced by the interpreter's exit (which
+                manager.join(5)  # can write to a wakeup pipe it closes: a traceback)
             return
         self.ex.shutdown(wait=True)
 

@@ -46,6 +46,7 @@ from audit.store.models import summary_data
 from audit.store.report import write_report
 from audit.store.step_rows import step_line
 from envace.core.errors import UsageError
+from envace.core.interrupts import note_written, signals_held
 from envace.core.layout import AUDIT
 from envace.core.schema import json_text
 
@@ -250,23 +251,28 @@ class OutputDir:
             self._unlock()
 
     def _commit(self) -> None:
+        """The earlier output renamed aside, the new one into place, as one step: a stop signal
+        that comes between the two renames takes effect after them (``signals_held``), so a
+        stopped command leaves the earlier output or the new one, never neither."""
         assert self.tmp is not None
         out, old = self.out, None
         try:
-            if out.exists():
-                old = self._sibling_dir("old")
-                os.rename(out, old)  # onto the empty directory just made: a unique name
-            os.rename(self.tmp, out)
-        except OSError as exc:
-            if old is not None and not out.exists():
-                os.rename(old, out)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            if old is not None:
+            with signals_held():
+                try:
+                    if out.exists():
+                        old = self._sibling_dir("old")
+                        os.rename(out, old)  # onto the empty directory just made: a unique name
+                    os.rename(self.tmp, out)
+                except OSError as exc:
+                    if old is not None and not out.exists():
+                        os.rename(old, out)
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+                    raise OutputRefused(f"cannot move the new output into {out}: "
+                                        f"{exc.strerror or exc}") from None
+                note_written(out)
+        finally:  # the earlier output goes once another is in place (restored, or the new one)
+            if old is not None and out.exists():
                 shutil.rmtree(old, ignore_errors=True)
-            raise OutputRefused(f"cannot move the new output into {out}: "
-                                f"{exc.strerror or exc}") from None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

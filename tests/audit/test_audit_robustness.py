@@ -487,6 +487,62 @@ def test_ctrl_c_exits_130_with_one_line(long_input, tmp_path, audited, workers):
     assert not [q for q in tmp_path.iterdir() if ".partial-" in q.name]
 
 
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGTERM, 143, "SIGTERM"),
+                                                   (signal.SIGHUP, 129, "SIGHUP")])
+def test_sigterm_and_sighup_stop_as_ctrl_c_does(long_input, tmp_path, audited, sig, code, word):
+    """`kill PID` or a closed terminal: the parent cleans up as for Ctrl-C (they once left the
+    partial directory and the lock behind), exits 128 + signal with one line."""
+    before = tree(audited)
+    p = subprocess.Popen([*AUDIT, "replay", str(long_input), "--out", str(audited),
+                          "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    assert _wait_for(lambda: any(".partial-" in q.name for q in tmp_path.iterdir())
+                     and len(psutil.Process(p.pid).children()) >= 2)
+    time.sleep(0.3)
+    assert p.poll() is None, "the audit finished before it could be stopped"
+    p.send_signal(sig)
+    rc = p.wait(timeout=120)
+    err = p.stderr.read()
+    assert rc == code and "Traceback" not in err and err.strip().count("\n") == 0, err
+    assert word in err and "nothing written" in err
+    assert tree(audited) == before
+    assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".")] == []  # nor lock
+
+
+@pytest.fixture
+def python_handlers():
+    """Ctrl-C and SIGTERM as a command line's process starts with them (a suite started in the
+    background may inherit SIGINT ignored); the handlers before are restored afterwards."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+def test_a_stop_between_the_commits_renames_waits_for_them(examples, tmp_path, audited,
+                                                           monkeypatch, python_handlers):
+    """A stop that came after the earlier output was renamed aside and before the new one was
+    moved in once left neither (only .old and .partial siblings) while saying the earlier was
+    unchanged. Now the renames finish first and the line says the new output is complete."""
+    one = tmp_path / "one.jsonl"
+    one.write_text(good_line(examples) + "\n")
+    real = os.rename
+
+    def rename(a, b):
+        real(a, b)
+        if ".old-" in str(b):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "rename", rename)
+    rc, _, err = cli("replay", one, "--out", audited)
+    assert rc == 143 and err.strip().count("\n") == 0, err
+    assert "after its output was complete" in err and str(audited) in err
+    assert len(lines(audited / "trajectories.jsonl")) == 1  # the new audit, complete
+    assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".")] == []
+
+
 def test_workers_die_with_their_parent(long_input, tmp_path):
     p = subprocess.Popen([*AUDIT, "replay", str(long_input), "--out", str(tmp_path / "o"),
                           "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -41,6 +41,7 @@ from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.envs.mcp.taskfile import TaskFileError
 from envace.core.envs.task_common import DATA_DIR
 from envace.core.errors import UsageError
+from envace.core.interrupts import ignore_stops, stop_signals, stop_word
 from envace.core.outfile import atomic_output
 from envace.core.text import terminal_safe
 
@@ -255,15 +256,20 @@ _EXTRA: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand; Ctrl-C ends it with one line and exit code 130 (no traceback)."""
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print("envace: interrupted", file=sys.stderr)
-        return 130
-    except UsageError as exc:  # bad input found deep in a command: one line, exit 2
-        print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
-        return 2
+    """Run a subcommand. Ctrl-C, SIGTERM (a cluster's preemption) and SIGHUP end it with one line
+    and ``128 + signal`` (130, 143, 129), no traceback (``envace.core.interrupts``)."""
+    with stop_signals() as stop:
+        try:
+            rc = _main(argv)
+        except KeyboardInterrupt:
+            print(f"envace: {stop_word(stop.signum)}", file=sys.stderr)
+            rc = stop.exit_code
+        except UsageError as exc:  # bad input found deep in a command: one line, exit 2
+            print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
+            rc = 2
+    if argv is None:  # the command line's own process, about to exit: its code is decided
+        ignore_stops()
+    return rc
 
 
 def _main(argv: list[str] | None) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["STOP_SIGNALS", "Stop", "Stopped", "ignore_stops", "note_written", "signals_held",
-           "stop_signals", "stopped_line", "stopping"]
+           "stop_signals", "stop_word", "stopped_line", "stopping"]
 
 #: the signals that ask a command to stop
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -149,9 +149,14 @@ _WHAT = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)",
          signal.SIGHUP: "hung up (SIGHUP)"}
 
 
+def stop_word(signum: int | None) -> str:
+    """What stopped a command, in a word or three: ``interrupted`` for Ctrl-C (or none known)."""
+    return _WHAT.get(signum or signal.SIGINT, "stopped")
+
+
 def stopped_line(prog: str, stop: Stop) -> str:
     """The one line a stopped command prints: what stopped it and what it left."""
-    what = _WHAT.get(stop.signum or signal.SIGINT, "stopped")
+    what = stop_word(stop.signum)
     if stop.written:
         return (f"{prog}: {what} after its output was complete: "
                 + ", ".join(str(p) for p in stop.written))

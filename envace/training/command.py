@@ -14,10 +14,12 @@ The train command lives with the trainer, not in ``envace.cli``, because two com
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from envace.core.interrupts import stop_word, stopping
 from envace.core.layout import RUN
 from envace.core.text import terminal_safe
 from envace.model.models import PRESETS
@@ -91,9 +93,10 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         print(f"envace train: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"envace train: interrupted; continue with `envace train --resume {cfg.run_dir}`",
-              file=sys.stderr)
-        return 130
+        signum = stopping()
+        print(f"envace train: {stop_word(signum)}; continue with `envace train --resume "
+              f"{cfg.run_dir}`", file=sys.stderr)
+        return 128 + (signum or signal.SIGINT)
     except (OSError, RuntimeError) as exc:  # a full disk, a read-only output_dir
         line = _write_failure(cfg.run_dir, exc)
         if line is None:

@@ -309,10 +309,12 @@ def default_sigint() -> None:
 
 
 @pytest.mark.slow
-def test_sigint_then_a_torn_tail_then_resume(tmp_path):
-    """Ctrl-C (SIGINT) in a real run: exit 130, one line, no traceback; the dashboard reads it
-    as died; then its last metrics line is torn (a kill mid-write) and --resume brings every
-    step back exactly."""
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_sigint_then_a_torn_tail_then_resume(tmp_path, sig, code, word):
+    """Ctrl-C (SIGINT), or a cluster's preemption (SIGTERM), in a real run: exit 130 (143), one
+    line, no traceback; the dashboard reads it as died; then its last metrics line is torn (a
+    kill mid-write) and --resume brings every step back exactly."""
     from dashboard.runs import run_status
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -334,12 +336,12 @@ def test_sigint_then_a_torn_tail_then_resume(tmp_path):
     while 1 not in logged() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)  # step 1 done: whichever row is torn below, a checkpoint precedes it
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("Loading", "Writing"))]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
-    assert lines[-1] == f"envace train: interrupted; continue with `envace train --resume {run}`"
+    assert lines[-1] == f"envace train: {word}; continue with `envace train --resume {run}`"
     assert (run / "RUNNING").exists() and not (run / "report.md").exists()
     assert run_status(run) == "died"  # fresh heartbeat, but its process is gone
     before = _rows(run) if (run / "metrics.jsonl").exists() else {}

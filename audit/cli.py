@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from envace.core.errors import (
     EXIT_USAGE,
     UsageError,
 )
-from envace.core.interrupts import Stopped, ignore_stops, stop_signals, stopped_line, stopping
+from envace.core.interrupts import Stop, Stopped, say_stopped, stop_signals, stopping
 from envace.core.layout import AUDIT
 from envace.core.outfile import input_problem
 from envace.core.text import terminal_safe
@@ -321,14 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code. Ctrl-C, SIGTERM and SIGHUP stop it with one line
     and ``128 + signal`` (130, 143, 129), no traceback (``envace.core.interrupts``)."""
-    with stop_signals() as stop:
-        try:
-            rc = _main(argv)
-        except KeyboardInterrupt:
-            print(stopped_line("envace-audit", stop), file=sys.stderr)
-            rc = stop.exit_code
-    if argv is None:  # the command line's own process, about to exit: its code is decided
-        ignore_stops()
+    try:
+        with stop_signals(final=argv is None) as stop:
+            try:
+                rc: int | None = _main(argv)
+            except KeyboardInterrupt:
+                rc = None
+            if rc is None or stop.signum is not None:  # a stop something swallowed ends it too
+                rc = say_stopped("envace-audit", stop)
+    except KeyboardInterrupt:  # a stop while the handlers were being put in place
+        rc = say_stopped("envace-audit", Stop(signal.SIGINT))
     return rc
 
 

@@ -1,9 +1,9 @@
 """How a command stops when it is told to: Ctrl-C, SIGTERM and SIGHUP take one path.
 
-    with stop_signals() as stop:          # a command line's main, in the main thread
+    with stop_signals(final=argv is None) as stop:   # a command line's main (main thread)
         ...                               # each of the three raises Stopped (a KeyboardInterrupt)
     stop.signum, stop.written             # which came (None: none), outputs complete before it
-    print(stopped_line("envace-audit", stop)); return stop.exit_code
+    return say_stopped("envace-audit", stop)             # its line; 130, 143 or 129
 
     with signals_held():                  # steps that must not be cut in two (an output's commit)
         ...                               # a signal that comes now takes effect when they are done
@@ -12,7 +12,9 @@
 Inside ``stop_signals`` a stop raises :class:`Stopped` wherever the command is, so the same
 cleanup that Ctrl-C always ran (partial directories removed, locks released, workers killed) runs
 for SIGTERM and SIGHUP too, and the command exits ``128 + signal`` (130, 143, 129) with one line;
-a second stop while it stops is ignored, so that the cleanup is not cut short.
+a second stop while it stops is ignored, so that the cleanup is not cut short (a third ends the
+process as the signal did before). A stop that something swallowed (a close that waits) is still
+the command's end: ``stop.signum`` is checked when the command returns.
 ``stop.signum`` is set even when a library turned the interrupt into another error (a C
 extension interrupted while it loads raises ImportError), so the command can still report it as
 a stop. Outside the main thread, or where a signal is ignored (``nohup``, a background job),
@@ -24,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "Stop", "Stopped", "ignore_stops", "note_written", "signals_held",
+__all__ = ["STOP_SIGNALS", "Stop", "Stopped", "note_written", "say", "say_stopped", "signals_held",
            "stop_signals", "stop_word", "stopped_line", "stopping"]
 
 #: the signals that ask a command to stop
@@ -44,6 +47,9 @@ class Stopped(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a Ray task) and copied by its number
+        return (Stopped, (self.signum,))
+
 
 @dataclass
 class Stop:
@@ -51,6 +57,7 @@ class Stop:
 
     signum: int | None = None
     written: list[Path] = field(default_factory=list)
+    count: int = 0  #: stops received (a third ends the process as the signal did before)
 
     @property
     def exit_code(self) -> int:
@@ -58,6 +65,20 @@ class Stop:
 
 
 _ACTIVE: list[Stop] = []
+#: the dispositions a forked child gets back at once (``os.register_at_fork``): a worker or an
+#: environment stuck in C code still ends on SIGTERM as before, not at its next bytecode
+_BEFORE: dict[int, Any] = {}
+
+
+def _child_defaults() -> None:
+    with contextlib.suppress(ValueError, OSError):
+        for s, h in _BEFORE.items():
+            signal.signal(s, h)
+    _BEFORE.clear()
+    _ACTIVE.clear()
+
+
+os.register_at_fork(after_in_child=_child_defaults)
 
 
 def _main_thread() -> bool:
@@ -72,35 +93,61 @@ def _takes_over(signum: int) -> bool:
 
 
 @contextlib.contextmanager
-def stop_signals() -> Iterator[Stop]:
+def _blocked() -> Iterator[None]:
+    """Stop signals held by the kernel while handlers are swapped (none lands between two)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
+def stop_signals(final: bool = False) -> Iterator[Stop]:
     """Within: each stop signal raises :class:`Stopped` and is recorded in the yielded
-    :class:`Stop`; the handlers before are restored on leaving."""
+    :class:`Stop`; a second while stopping is ignored (the cleanup is not cut short), a third
+    does what the signal did before. On leaving, the handlers before are restored, or with
+    ``final`` (a command line's own process, about to exit: its code is decided) the signals
+    are ignored from then on."""
     stop = Stop()
     if not _main_thread():
         yield stop
         return
-
     owner = os.getpid()
     old = {s: signal.getsignal(s) for s in STOP_SIGNALS if _takes_over(s)}
+    closing = False
 
     def handler(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a forked child (a worker, an environment): as before
+        if os.getpid() != owner:  # a forked child (a backstop to _child_defaults): as before
             _as_before(signum, old[signum], frame)
             return
-        if stop.signum is not None:  # already stopping: a second Ctrl-C must not cut the
-            return  # cleanup short (SIGKILL still ends it; the next run clears what it left)
+        stop.count += 1
+        if stop.count >= 3 and not closing:
+            _as_before(signum, old[signum], frame)
+            return
+        if stop.signum is not None or closing:  # stopping already, or done: recorded only
+            stop.signum = stop.signum or signum
+            return
         stop.signum = signum
         raise Stopped(signum)
 
-    _ACTIVE.append(stop)
-    try:
+    with _blocked():
+        outer = not _BEFORE
+        if outer:
+            _BEFORE.update(old)
+        _ACTIVE.append(stop)
         for s in old:
             signal.signal(s, handler)
+    try:
         yield stop
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        _ACTIVE.remove(stop)
+        closing = True
+        with _blocked():
+            for s, h in old.items():
+                signal.signal(s, signal.SIG_IGN if final else h)
+            _ACTIVE.remove(stop)
+            if outer:
+                _BEFORE.clear()
 
 
 def _as_before(signum: int, handler: Any, frame: Any) -> None:
@@ -121,15 +168,17 @@ def signals_held() -> Iterator[None]:
         yield
         return
     held: list[int] = []
-    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    old = {s: h for s, h in old.items() if h is not signal.SIG_IGN and h is not None}
-    for s in old:
-        signal.signal(s, lambda signum, frame: held.append(signum))
+    with _blocked():
+        old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        old = {s: h for s, h in old.items() if h is not signal.SIG_IGN and h is not None}
+        for s in old:
+            signal.signal(s, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        with _blocked():
+            for s, h in old.items():
+                signal.signal(s, h)
         for s in dict.fromkeys(held):  # the first raises: Stopped, or KeyboardInterrupt
             _as_before(s, old[s], None)
 
@@ -154,19 +203,24 @@ def stop_word(signum: int | None) -> str:
     return _WHAT.get(signum or signal.SIGINT, "stopped")
 
 
-def stopped_line(prog: str, stop: Stop) -> str:
-    """The one line a stopped command prints: what stopped it and what it left."""
+def stopped_line(prog: str, stop: Stop, atomic: bool = True) -> str:
+    """The one line a stopped command prints: what stopped it and what it left (``atomic``: a
+    command whose outputs are all renamed into place when complete says that none was)."""
     what = stop_word(stop.signum)
     if stop.written:
         return (f"{prog}: {what} after its output was complete: "
                 + ", ".join(str(p) for p in stop.written))
-    return f"{prog}: {what}; nothing written (an earlier output is unchanged)"
+    return f"{prog}: {what}; nothing written (an earlier output is unchanged)" if atomic else \
+        f"{prog}: {what}"
 
 
-def ignore_stops() -> None:
-    """A command that has finished and is only exiting: a stop now must not turn its exit code
-    into a signal's (call it only where the process ends next, never in a library)."""
-    if _main_thread():
-        for s in STOP_SIGNALS:
-            if _takes_over(s):
-                signal.signal(s, signal.SIG_IGN)
+def say(line: str) -> None:
+    """One line to stderr; a hung-up terminal refuses it, and that must not change the exit."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def say_stopped(prog: str, stop: Stop, atomic: bool = True) -> int:
+    """Print :func:`stopped_line` (:func:`say`) and return the stop's exit code."""
+    say(stopped_line(prog, stop, atomic))
+    return stop.exit_code

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envace.core.interrupts import stop_word, stopping
+from envace.core.interrupts import say, stop_word, stopping
 from envace.core.layout import RUN
 from envace.core.text import terminal_safe
 from envace.model.models import PRESETS
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace, train_fn: Any = None) -> int:
         return 2
     except KeyboardInterrupt:
         signum = stopping()
-        print(f"envace train: {stop_word(signum)}; continue with `envace train --resume "
-              f"{cfg.run_dir}`", file=sys.stderr)
+        say(f"envace train: {stop_word(signum)}; continue with `envace train --resume "
+            f"{cfg.run_dir}`")
         return 128 + (signum or signal.SIGINT)
     except (OSError, RuntimeError) as exc:  # a full disk, a read-only output_dir
         line = _write_failure(cfg.run_dir, exc)

@@ -11,7 +11,6 @@ import pytest
 
 from envace.core.interrupts import (
     Stopped,
-    ignore_stops,
     note_written,
     signals_held,
     stop_signals,
@@ -107,15 +106,44 @@ def test_a_forked_child_keeps_what_the_signal_did_before():
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 9
 
 
-def test_ignore_stops_leaves_a_finished_command_to_exit_with_its_code():
+def test_a_final_scope_leaves_a_finished_command_to_exit_with_its_code():
     pid = os.fork()
     if pid == 0:
-        ignore_stops()
+        with stop_signals(final=True):
+            pass
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGINT)
+        _let_handlers_run()
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_forked_child_busy_in_c_code_still_ends_on_sigterm_at_once():
+    """A Python handler runs only between bytecodes: the child gets the dispositions before
+    back at fork, so a worker stuck in C code ends on SIGTERM as it did (it once took seconds)."""
+    import time
+
+    with stop_signals():
+        pid = os.fork()
+        if pid == 0:
+            sum(range(10**11))  # one C call, minutes long
+            os._exit(0)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert time.monotonic() - t0 < 2
+
+
+def test_stopped_pickles_and_copies_by_its_signal():
+    import copy
+    import pickle
+
+    for e in (pickle.loads(pickle.dumps(Stopped(signal.SIGTERM))), copy.copy(Stopped(1))):
+        assert isinstance(e, Stopped)
+    assert pickle.loads(pickle.dumps(Stopped(signal.SIGTERM))).signum == signal.SIGTERM
 
 
 def test_a_second_stop_while_stopping_does_not_cut_the_cleanup_short():
@@ -129,3 +157,39 @@ def test_a_second_stop_while_stopping_does_not_cut_the_cleanup_short():
             _let_handlers_run()
             cleaned.append(True)
     assert cleaned == [True] and stop.signum == signal.SIGINT
+
+
+def test_a_third_stop_does_what_the_signal_did_before():
+    """Two stops leave the cleanup alone; a third, the user insisting, is Python's own Ctrl-C."""
+    with stop_signals() as stop:
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGINT)
+            _let_handlers_run()
+        os.kill(os.getpid(), signal.SIGINT)  # ignored
+        _let_handlers_run()
+        with pytest.raises(KeyboardInterrupt) as caught:
+            os.kill(os.getpid(), signal.SIGINT)
+            _let_handlers_run()
+    assert not isinstance(caught.value, Stopped) and stop.count == 3
+
+
+@pytest.mark.parametrize("prog", ["audit.cli", "envace.cli.main"])
+def test_a_stop_that_something_swallowed_still_ends_the_command(prog, monkeypatch, capsys):
+    """A plugin's loader or a server's close that catches everything once turned SIGTERM into
+    a note or exit 2, and later stops were ignored: the command now ends with 143 and its line."""
+    import importlib
+
+    mod = importlib.import_module(prog)
+
+    def swallowing(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            _let_handlers_run()
+        except BaseException:  # noqa: BLE001 - what the swallowing code does
+            pass
+        return 0
+
+    monkeypatch.setattr(mod, "_main", swallowing)
+    assert mod.main([]) == 143
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SIGTERM" in err

@@ -40,6 +40,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from envace.core.envs.family import FAMILIES, MCP_MODULES, MCP_PREFIX
+from envace.core.interrupts import Stopped
 
 ENTRY_POINT_GROUP = "envace.environments"
 #: Built-in environments: the families (``envace.core.envs.family``); importing a family's record
@@ -157,6 +158,8 @@ def _distribution(ep: EntryPoint) -> str:
 def _load_plugin(name: str, ep: EntryPoint) -> Callable[..., Environment]:
     try:
         factory = ep.load()
+    except Stopped:  # the command was told to stop while the plugin loaded: not its failure
+        raise
     except BaseException as exc:  # noqa: BLE001 (a plugin's sys.exit or KeyboardInterrupt on
         # import is the plugin's failure, reported, never the command's exit)
         raise PluginLoadError(
@@ -183,6 +186,8 @@ def make_env(name: str, **kwargs: Any) -> Environment:
     factory = _load_plugin(name, plugins[name])
     try:
         return factory(**kwargs)
+    except Stopped:
+        raise
     except BaseException as exc:  # noqa: BLE001 (as on import)
         raise PluginLoadError(f"environment plugin {name!r} ({plugins[name].value}) failed to "
                               f"construct: {type(exc).__name__}: {exc}") from exc

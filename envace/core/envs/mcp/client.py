@@ -42,6 +42,7 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from envace.core.envs.mcp import group, lines
 from envace.core.envs.mcp.lines import REFUSED_ANSWER
+from envace.core.interrupts import Stopped
 
 # stdout read as bounded lines: an answer too long, not text, or with a lone surrogate is that
 # call's own clear error at once, never a timeout (envace/core/envs/mcp/lines.py)
@@ -187,6 +188,9 @@ class ServerProcess:
             loop.call_soon_threadsafe(self._stop.set)
         try:
             main.result(timeout=CLOSE_WAIT_S)
+        except Stopped:  # the command is stopping: it still ends, the server with it
+            main.cancel()
+            raise
         except BaseException:  # noqa: BLE001 - a close reports nothing; the process is gone
             main.cancel()
 

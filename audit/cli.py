@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from envace.core.errors import (
     EXIT_USAGE,
     UsageError,
 )
-from envace.core.interrupts import Stop, Stopped, say_stopped, stop_signals, stopping
+from envace.core.interrupts import Stopped, run_command, stopping
 from envace.core.layout import AUDIT
 from envace.core.outfile import input_problem
 from envace.core.text import terminal_safe
@@ -322,17 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code. Ctrl-C, SIGTERM and SIGHUP stop it with one line
     and ``128 + signal`` (130, 143, 129), no traceback (``envace.core.interrupts``)."""
-    try:
-        with stop_signals(final=argv is None) as stop:
-            try:
-                rc: int | None = _main(argv)
-            except KeyboardInterrupt:
-                rc = None
-            if rc is None or stop.signum is not None:  # a stop something swallowed ends it too
-                rc = say_stopped("envace-audit", stop)
-    except KeyboardInterrupt:  # a stop while the handlers were being put in place
-        rc = say_stopped("envace-audit", Stop(signal.SIGINT))
-    return rc
+    return run_command("envace-audit", lambda: _main(argv), final=argv is None)
 
 
 def _main(argv: list[str] | None) -> int:

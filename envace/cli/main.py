@@ -21,7 +21,6 @@ Heavy modules (torch, transformers) are imported only by the subcommands that ne
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +41,7 @@ from envace.core.envs.mcp.options import McpOptionError, take_mcp_options
 from envace.core.envs.mcp.taskfile import TaskFileError
 from envace.core.envs.task_common import DATA_DIR
 from envace.core.errors import UsageError
-from envace.core.interrupts import Stop, say_stopped, stop_signals
+from envace.core.interrupts import run_command, stopping
 from envace.core.outfile import atomic_output
 from envace.core.text import terminal_safe
 
@@ -259,25 +258,16 @@ _EXTRA: dict[str, str] = {
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand. Ctrl-C, SIGTERM (a cluster's preemption) and SIGHUP end it with one line
     and ``128 + signal`` (130, 143, 129), no traceback (``envace.core.interrupts``)."""
-    try:
-        with stop_signals(final=argv is None) as stop:
-            try:
-                rc: int | None = _main(argv)
-            except KeyboardInterrupt:
-                rc = None
-            except UsageError as exc:  # bad input found deep in a command: one line, exit 2
-                if stop.signum is None:
-                    print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
-                rc = 2
-            except Exception:  # e.g. a C extension interrupted while loading: a stop still
-                if stop.signum is None:
-                    raise
-                rc = None
-            if rc is None or (stop.signum is not None and rc != stop.exit_code):
-                rc = say_stopped("envace", stop, atomic=False)  # a swallowed stop too
-    except KeyboardInterrupt:  # a stop while the handlers were being put in place
-        rc = say_stopped("envace", Stop(signal.SIGINT), atomic=False)
-    return rc
+    def body() -> int:
+        try:
+            return _main(argv)
+        except UsageError as exc:  # bad input found deep in a command: one line, exit 2
+            if stopping() is not None:
+                raise
+            print(f"envace: {terminal_safe(exc)}", file=sys.stderr)
+            return 2
+
+    return run_command("envace", body, final=argv is None, atomic=False)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -1,9 +1,9 @@
 """How a command stops when it is told to: Ctrl-C, SIGTERM and SIGHUP take one path.
 
-    with stop_signals(final=argv is None) as stop:   # a command line's main (main thread)
+    return run_command("envace-audit", lambda: _main(argv), final=argv is None)   # a CLI's main
+    with stop_signals() as stop:          # what it runs the command in (main thread)
         ...                               # each of the three raises Stopped (a KeyboardInterrupt)
     stop.signum, stop.written             # which came (None: none), outputs complete before it
-    return say_stopped("envace-audit", stop)             # its line; 130, 143 or 129
 
     with signals_held():                  # steps that must not be cut in two (an output's commit)
         ...                               # a signal that comes now takes effect when they are done
@@ -28,13 +28,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "Stop", "Stopped", "note_written", "say", "say_stopped", "signals_held",
-           "stop_signals", "stop_word", "stopped_line", "stopping"]
+__all__ = ["STOP_SIGNALS", "Stop", "Stopped", "note_written", "run_command", "say", "say_stopped",
+           "signals_held", "stop_signals", "stop_word", "stopped_line", "stopping"]
 
 #: the signals that ask a command to stop
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -224,3 +224,26 @@ def say_stopped(prog: str, stop: Stop, atomic: bool = True) -> int:
     """Print :func:`stopped_line` (:func:`say`) and return the stop's exit code."""
     say(stopped_line(prog, stop, atomic))
     return stop.exit_code
+
+
+def run_command(prog: str, body: Callable[[], int], final: bool, atomic: bool = True) -> int:
+    """A command line's main: ``body()`` within :func:`stop_signals` (``final``: this process
+    exits next), its exit code, or, when a stop came, the stop's with its one line (unless the
+    command printed its own and returned that code). An error raised after a stop is the stop
+    (a C extension interrupted while it loads raises ImportError), and so is a stop something
+    swallowed."""
+    try:
+        with stop_signals(final=final) as stop:
+            try:
+                rc: int | None = body()
+            except KeyboardInterrupt:
+                rc = None
+            except Exception:
+                if stop.signum is None:
+                    raise
+                rc = None
+            if rc is None or (stop.signum is not None and rc != stop.exit_code):
+                rc = say_stopped(prog, stop, atomic)
+    except KeyboardInterrupt:  # a stop while the handlers were being put in place
+        rc = say_stopped(prog, Stop(signal.SIGINT), atomic)
+    return rc

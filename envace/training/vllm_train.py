@@ -12,12 +12,11 @@ the GPU check (``scripts/gpu_vllm_check.sh``) and tests/vllm/ use it. Needs the 
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
 # imported first: it sets OMP_WAIT_POLICY before torch is imported (see its docstring)
-from envace.core.interrupts import Stop, say_stopped, stop_signals
+from envace.core.interrupts import run_command
 from envace.model.backends.vllm_backend import VLLMRollouts
 from envace.training.command import add_parser, run
 from envace.training.config import TrainConfig
@@ -63,14 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             rollouts.close()
 
-    try:  # SIGTERM (a cluster's preemption) and SIGHUP stop it as Ctrl-C does
-        with stop_signals(final=argv is None) as stop:
-            try:
-                code = run(args, train_fn=with_vllm)  # a stop in training: its resume line
-            except KeyboardInterrupt:  # a stop before the run began
-                code = say_stopped("envace train", stop, atomic=False)
-    except KeyboardInterrupt:
-        code = say_stopped("envace train", Stop(signal.SIGINT), atomic=False)
+    # SIGTERM (a cluster's preemption) and SIGHUP stop it as Ctrl-C does (a stop in training:
+    # its resume line)
+    code = run_command("envace train", lambda: run(args, train_fn=with_vllm),
+                       final=argv is None, atomic=False)
     for line in syncs:
         print(line, flush=True)
     return code

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 # imported first: it sets OMP_WAIT_POLICY before torch is imported (see its docstring)
-from envace.core.interrupts import run_command
-from envace.model.backends.vllm_backend import VLLMRollouts
+from envace.model.backends.vllm_backend import VLLMRollouts  # isort: skip
+from envace.core.interrupts import run_command  # imports no torch
 from envace.training.command import add_parser, run
 from envace.training.config import TrainConfig
 

@@ -487,6 +487,13 @@ def test_ctrl_c_exits_130_with_one_line(long_input, tmp_path, audited, workers):
     assert not [q for q in tmp_path.iterdir() if ".partial-" in q.name]
 
 
+def default_stops() -> None:
+    """In the child: the stop signals as a terminal's shell leaves them (a suite started with
+    nohup inherits SIGHUP ignored, and an ignored signal is left ignored, by design)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGTERM, 143, "SIGTERM"),
                                                    (signal.SIGHUP, 129, "SIGHUP")])
 def test_sigterm_and_sighup_stop_as_ctrl_c_does(long_input, tmp_path, audited, sig, code, word):
@@ -495,7 +502,7 @@ def test_sigterm_and_sighup_stop_as_ctrl_c_does(long_input, tmp_path, audited, s
     before = tree(audited)
     p = subprocess.Popen([*AUDIT, "replay", str(long_input), "--out", str(audited),
                           "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=default_stops)
     assert _wait_for(lambda: any(".partial-" in q.name for q in tmp_path.iterdir())
                      and len(psutil.Process(p.pid).children()) >= 2)
     time.sleep(0.3)

@@ -5,7 +5,8 @@
 
 The exit codes of `envace-audit` and `envace probe` (docs/audit.md, "Formats and exit codes"):
 0 everything done; 3 written, but some records skipped (each listed with file, line and reason);
-2 bad usage, unreadable input or a refused output (nothing written); 130 Ctrl-C; 1 only a bug.
+2 bad usage, unreadable input or a refused output (nothing written); 130 Ctrl-C, 143 SIGTERM,
+129 SIGHUP (128 + the signal: ``envace.core.interrupts``); 1 only a bug.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_SKIPPED = 3
-EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):

@@ -140,7 +140,9 @@ def test_a_catastrophic_or_broken_schema_pattern_is_the_calls_error_within_the_l
         t0 = time.monotonic()
         r = env.execute(tool, args)
         took = time.monotonic() - t0
-        assert took < 6, (tool, took)  # before: a stall for ever (redos) or minutes (uniq)
+        # before: a stall for ever (redos) or minutes (uniq); well under a second on a quiet
+        # machine, 6 s once under a load of 5, so the bound is one a loaded machine keeps
+        assert took < 30, (tool, took)
         assert r.error and why in r.content, (tool, r.content[:300])
         assert not called(env, tool), tool  # refused before the server
     assert not env.execute("ok", {}).error  # the server goes on

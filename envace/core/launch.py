@@ -26,6 +26,7 @@ def launch(prog: str, module: str, atomic: bool = True) -> int:
     try:
         import importlib
 
+        # lazy: loaded under the try, so that a Ctrl-C while it loads gets the one line too
         from envace.core.interrupts import run_command
     except KeyboardInterrupt:  # Ctrl-C while the stop handling itself loads
         line = f"{prog}: interrupted; nothing written (an earlier output is unchanged)" \

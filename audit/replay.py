@@ -142,6 +142,8 @@ def send_ahead(traj: Trajectory, settings: AuditOptions,
     env = env_cache.get(traj.env.get("name"))
     if env is None or not hasattr(env, "send_ahead"):
         return None
+    if not getattr(env, "can_send_ahead", lambda: True)():
+        return None  # the queue is full: nothing to build (it is asked again later)
     try:
         steps = traj.tool_steps()
         check_sizes(steps)

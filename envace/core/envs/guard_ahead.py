@@ -91,6 +91,12 @@ class AheadQueue:
                 continue
         return tuple(out)
 
+    def can_send_ahead(self) -> bool:
+        """Whether :meth:`send_ahead` may send now (a child, room in the queue), so that a
+        caller need not build a batch that would not go (the audit's next trajectory's
+        calls: issue 44, half its attempts met a full queue)."""
+        return self._proc is not None and len(self._ahead) < MAX_AHEAD
+
     def send_ahead(self, op: str, target: Any, calls: Sequence[tuple[str, Any]],
                    track_state: bool = False, tools: Sequence[Any] = ()
                    ) -> SentAhead | None:

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
+import select
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -97,6 +98,8 @@ class GuardedEnv(AheadQueue):
         self._proc: Any = None
         self._conn: Any = None
         self._attrs: dict[str, bool] = {}
+        #: (the pipe, a ``select.poll`` watching it): :meth:`_ready`
+        self._poller: tuple[Any, Any] | None = None
         self._reset_op: tuple[str, Any] | None = None
         self._log: list[tuple[str, Any]] = []  # calls since the last reset
         self._lost: str | None = None
@@ -137,6 +140,7 @@ class GuardedEnv(AheadQueue):
 
     def _kill(self) -> int | None:
         self._drop_queue()
+        self._poller = None
         proc, self._proc = self._proc, None
         if self._conn is not None:
             with contextlib.suppress(OSError):
@@ -175,7 +179,7 @@ class GuardedEnv(AheadQueue):
     def _wait(self, timeout: float | None) -> tuple[str, Any]:
         """The next answer, or ("timeout", None) / ("died", exit code); Ctrl-C kills the child."""
         try:
-            if not self._conn.poll(timeout):
+            if not self._ready(timeout):
                 self._kill()
                 return "timeout", None
             return self._conn.recv()
@@ -184,6 +188,21 @@ class GuardedEnv(AheadQueue):
         except BaseException:  # KeyboardInterrupt: the call is abandoned, the child too
             self._kill()
             raise
+
+    def _ready(self, timeout: float | None) -> bool:
+        """``self._conn.poll(timeout)``: whether an answer (or the pipe's end) is there within
+        ``timeout`` seconds (None: wait for it), by one ``select.poll`` kept per pipe rather
+        than the selector ``poll`` builds per call (issue 44: the audit waits about seven
+        times per trajectory). Any event counts, as in ``poll``: a hang-up is read as the end."""
+        conn = self._conn
+        if not hasattr(select, "poll") or conn is None or conn.closed:
+            return conn.poll(timeout)  # not POSIX, or no pipe: as it ever was (it raises)
+        if self._poller is None or self._poller[0] is not conn:
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            self._poller = (conn, poller)
+        ms = None if timeout is None else max(timeout, 0.0) * 1000.0  # poll: milliseconds
+        return bool(self._poller[1].poll(ms))
 
     def _send(self, msg: tuple[Any, ...]) -> bool:
         if self._ahead:  # answers on their way: read them before asking anew

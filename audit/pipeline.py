@@ -20,6 +20,8 @@ on each record (replay, scores, its lines) is ``audit.workers``'s.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
 import sys
@@ -36,6 +38,7 @@ from audit.stats.aggregate import SummaryAggregator
 from audit.store.models import place, skipped_row
 from audit.store.output import AuditWriter
 from audit.workers import (
+    GC_YOUNG,
     Done,
     Job,
     Pool,
@@ -265,18 +268,19 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
         results = work_in_turn(_jobs(inputs, admit))
     done = False
     try:
-        for path, line, res in results:
-            if isinstance(res, str):
-                admit.failed(path, line, res)
-                continue
-            admit.audited()
-            trajectories += 1
-            for msg in res.warnings:
-                warnings.append({"file": path, "line": line,
-                                 "trajectory_id": res.trajectory_id, "message": msg})
-            w.write_lines(res.steps_text, res.traj_text)
-            agg.add(res.rows)
-            bar.update(res.n_steps)
+        with _fewer_collections():  # the records stream
+            for path, line, res in results:
+                if isinstance(res, str):
+                    admit.failed(path, line, res)
+                    continue
+                admit.audited()
+                trajectories += 1
+                for msg in res.warnings:
+                    warnings.append({"file": path, "line": line,
+                                     "trajectory_id": res.trajectory_id, "message": msg})
+                w.write_lines(res.steps_text, res.traj_text)
+                agg.add(res.rows)
+                bar.update(res.n_steps)
         done = True
     finally:
         bar.close()
@@ -286,6 +290,20 @@ def _audit_into(w: AuditWriter, inputs: list[str], opts: AuditOptions,
             agg.close()
     return agg.summary(trajectories=trajectories, read=counts["read"], skipped=admit.skipped(),
                        warnings=warnings, inputs=inputs, seconds=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """The cyclic garbage collector's youngest generation collected every :data:`GC_YOUNG`
+    allocations rather than every 700, while the records stream: every record's objects
+    (thousands, freed by reference counting) triggered collections that walked the records
+    in flight (issue 44: 2 % of the audit's CPU). The threshold is restored after."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], GC_YOUNG), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 class _NoBar:

@@ -18,6 +18,7 @@ bottleneck). A worker that dies costs only the record that kills it again (``Poo
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -39,11 +40,14 @@ from audit.worlds.reference import REFERENCE_NAMES, build_reference
 from envace.core.envs.guard_ahead import MAX_AHEAD
 from envace.core.schema import MAX_LINE_BYTES, Trajectory, json_text, read_line
 
-__all__ = ["CHUNK", "Done", "Job", "Pool", "RawJob", "Read", "Triple", "nonfinite_paths",
-           "setup_worker", "work_in_turn"]
+__all__ = ["CHUNK", "GC_YOUNG", "Done", "Job", "Pool", "RawJob", "Read", "Triple",
+           "nonfinite_paths", "setup_worker", "work_in_turn"]
 
 Triple = tuple[str, dict, str]
 _WORKER: dict[str, Any] = {}
+#: allocations between two collections of the garbage collector's youngest generation while
+#: records stream (CPython's default: 700; ``audit.pipeline``, and a pool's workers)
+GC_YOUNG = 10_000
 
 
 #: where a trajectory's calls keep their arguments: JSON text there is parsed and walked too
@@ -124,6 +128,8 @@ def _die_with_parent(parent: int) -> None:
 def _pool_init(parent: int, opts: AuditOptions, triples: list[Triple] | None) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    young, *older = gc.get_threshold()  # this process only streams records
+    gc.set_threshold(max(young, GC_YOUNG), *older)
     setup_worker(opts, triples)
 
 

@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from envace.core.jsonfast import loads_noting_nonfinite
+
 SCHEMA_ID = "envace.trajectory/1"
 #: Size limits (docs/audit.md, "Size limits"), the same for every reader and writer: a JSONL
 #: line (a trajectory, a step row) longer than MAX_LINE_BYTES is one skipped record, never
@@ -243,25 +245,11 @@ def may_hold_nonfinite(traj: Trajectory, parsed_nonfinite: bool = True) -> bool:
     return False
 
 
-def _loads(text: str) -> tuple[Any, bool]:
+def _loads(text: str, raw: bytes | None = None) -> tuple[Any, bool]:
     """``json.loads(text)`` and whether a number in it was non-finite (the constants NaN and
-    Infinity, or a float literal such as 1e999): the hooks see every constant and float
-    literal, and return what json's own parsing returns."""
-    nonfinite = False
-
-    def constant(name: str) -> float:
-        nonlocal nonfinite
-        nonfinite = True
-        return float(name)  # "NaN", "Infinity", "-Infinity": as json parses them
-
-    def number(literal: str) -> float:
-        nonlocal nonfinite
-        value = float(literal)
-        if not math.isfinite(value):
-            nonfinite = True
-        return value
-
-    return json.loads(text, parse_constant=constant, parse_float=number), nonfinite
+    Infinity, or a float literal such as 1e999), by orjson where that gives the same objects
+    (``envace.core.jsonfast``; ``raw``: the text's UTF-8 bytes, when the caller has them)."""
+    return loads_noting_nonfinite(text, raw)
 
 
 def _describe(exc: ValidationError) -> str:
@@ -278,10 +266,12 @@ def parse_line(text: str) -> tuple[Trajectory | None, str | None]:
     return traj, err
 
 
-def _parse_line(text: str) -> tuple[Trajectory | None, str | None, bool]:
-    """:func:`parse_line`, and whether the JSON held a non-finite number."""
+def _parse_line(text: str, raw: bytes | None = None
+                ) -> tuple[Trajectory | None, str | None, bool]:
+    """:func:`parse_line`, and whether the JSON held a non-finite number (``raw``: the text's
+    UTF-8 bytes, when the caller has them)."""
     try:
-        data, nonfinite = _loads(text)
+        data, nonfinite = _loads(text, raw)
     except json.JSONDecodeError as exc:
         return None, f"invalid JSON: {exc.msg} at column {exc.colno}", True
     except RecursionError:
@@ -351,7 +341,7 @@ def read_line(path: str, lineno: int, raw: bytes, too_long: bool = False) -> Rea
         return ReadItem(path, lineno, error=f"not UTF-8 at byte {exc.start}", raw=None)
     if not text.strip():
         return None
-    traj, err, nonfinite = _parse_line(text)
+    traj, err, nonfinite = _parse_line(text, raw)
     if err and not ended:
         err = f"truncated last line (no newline): {err}"
     return ReadItem(path, lineno, trajectory=traj, error=err, raw=None if traj else text[:200],

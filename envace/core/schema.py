@@ -359,6 +359,8 @@ def json_text(data: Any, **kw: Any) -> str:
     this value, which reads back as the same data. Every JSON writer goes through this, so a
     surrogate never crashes a writer nor changes what is written for any other text."""
     text = json.dumps(data, ensure_ascii=False, **kw)
+    if text.isascii():  # O(1) in CPython: no surrogate, and no copy to find that out
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

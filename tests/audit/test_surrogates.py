@@ -52,6 +52,11 @@ def test_json_text_round_trips_and_is_unchanged_otherwise():
     text.encode("utf-8")
     assert json.loads(text) == {"a": f"x{S}"}
     assert hash_state({"a": S}) != hash_state({"a": "x"})
+    # ASCII text (the fast path: no encoding to look for a surrogate) is json.dumps's
+    for data in ({"a": 1, "b": [1.5, None, True]}, "\\ud800 escaped already", [], {"k": "\x7f"}):
+        assert json_text(data) == json.dumps(data, ensure_ascii=False)
+        assert json_text(data, sort_keys=True) == json.dumps(data, ensure_ascii=False,
+                                                              sort_keys=True)
 
 
 def _traj(tid: str, tool: str, content: str, env: dict) -> dict:

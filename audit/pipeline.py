@@ -50,7 +50,7 @@ from audit.workers import (
     work_in_turn,
 )
 from envace.core.errors import UsageError
-from envace.core.schema import bounded_lines, read_trajectories
+from envace.core.schema import READ_BUFFER_BYTES, bounded_lines, read_trajectories
 
 __all__ = ["read_reference", "reference_triples", "run_audit", "nonfinite_paths"]
 
@@ -178,7 +178,7 @@ def _lines(paths: Iterable[str], admit: _Admit) -> Iterator[RawJob]:
             admit.problem(str(p), None, "file not found", admit.next())
             continue
         try:
-            with open(p, "rb") as fh:
+            with open(p, "rb", buffering=READ_BUFFER_BYTES) as fh:
                 for lineno, raw, too_long in bounded_lines(fh):
                     h = hash(raw)
                     copy = not too_long and h in admit.hashes

@@ -39,6 +39,9 @@ SCHEMA_ID = "envace.trajectory/1"
 #: MAX_CALL_BYTES (UTF-8) makes its trajectory one skipped record, before any replay.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MAX_CALL_BYTES = 1024 * 1024
+#: the read buffer of a trajectory file: a line (20 kB and more) is found in it at once, not
+#: gathered from 8 kB reads (a line read in 5.5 us, not 13.5: issue 44)
+READ_BUFFER_BYTES = 1024 * 1024
 
 
 class RecordTooLarge(ValueError):
@@ -321,7 +324,7 @@ def read_trajectories(path: str | os.PathLike[str]) -> Iterator[ReadItem]:
     not parseable) are reported with their line number; reading goes on.
     """
     p = str(path)
-    with open(p, "rb") as fh:
+    with open(p, "rb", buffering=READ_BUFFER_BYTES) as fh:
         for lineno, raw, too_long in bounded_lines(fh):
             item = read_line(p, lineno, raw, too_long)
             if item is not None:

@@ -164,7 +164,7 @@ def _jobs(paths: Iterable[str], admit: _Admit) -> Iterator[Job]:
                     admit.problem(item.path, item.line, str(item.error), seq)
                 elif (shard is None or shard_of(traj.id, shard[1]) == shard[0]) and \
                         admit.admit(item.path, item.line, traj.id, seq):
-                    yield item.path, item.line, traj, item.maybe_nonfinite
+                    yield item.path, item.line, traj, item.maybe_nonfinite, item.size
         except OSError as exc:
             admit.problem(p, None, f"cannot read: {exc.strerror or exc}", admit.next())
 

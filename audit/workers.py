@@ -133,16 +133,17 @@ def _pool_init(parent: int, opts: AuditOptions, triples: list[Triple] | None) ->
     setup_worker(opts, triples)
 
 
-#: one record to audit: (file, line, trajectory, whether its line may hold a non-finite number)
-Job = tuple[str, int, Trajectory, bool]
+#: one record to audit: (file, line, trajectory, whether its line may hold a non-finite number,
+#: the line's bytes or None: ``audit.replay.sizes_certain``)
+Job = tuple[str, int, Trajectory, bool, int | None]
 
 
 def _work(job: Job, ahead: Any = None, then: Callable[[], None] | None = None
           ) -> tuple[str, int, Done | str]:
-    path, line, traj, maybe_nonfinite = job
+    path, line, traj, maybe_nonfinite, size = job
     try:
         res = replay_trajectory(traj, _WORKER["settings"], _WORKER["envs"], _WORKER["override"],
-                                ahead=ahead, then=then)
+                                ahead=ahead, then=then, line_bytes=size)
     except ReplayError as exc:
         return path, line, f"cannot replay: {exc}"
     except RecursionError:
@@ -187,7 +188,8 @@ def work_in_turn(jobs: Iterator[Job]) -> Iterator[tuple[str, int, Done | str]]:
     def then() -> None:  # sent in input order: the first that cannot go stops the rest
         for item in queue:
             if item[1] is None:
-                item[1] = send_ahead(item[0][2], _WORKER["settings"], _WORKER["envs"])
+                item[1] = send_ahead(item[0][2], _WORKER["settings"], _WORKER["envs"],
+                                     line_bytes=item[0][4])
                 if item[1] is None:
                     return
 
@@ -261,7 +263,7 @@ def _read(job: RawJob, shard: tuple[int, int] | None,
             r.presumed_duplicate = True
             return r, None
         seen.add(traj.id)
-    return r, (job.path, job.line, traj, item.maybe_nonfinite)
+    return r, (job.path, job.line, traj, item.maybe_nonfinite, item.size)
 
 
 def _work_lines(jobs: list[RawJob]) -> list[Read]:

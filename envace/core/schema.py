@@ -220,6 +220,8 @@ class ReadItem:
     raw: str | None = None  # the start of the bad line, for the report
     #: False when the line cannot hold a non-finite number (:func:`may_hold_nonfinite`)
     maybe_nonfinite: bool = True
+    #: the line's bytes as read (None: not known)
+    size: int | None = None
 
 
 def may_hold_nonfinite(traj: Trajectory, parsed_nonfinite: bool = True) -> bool:
@@ -348,7 +350,8 @@ def read_line(path: str, lineno: int, raw: bytes, too_long: bool = False) -> Rea
     if err and not ended:
         err = f"truncated last line (no newline): {err}"
     return ReadItem(path, lineno, trajectory=traj, error=err, raw=None if traj else text[:200],
-                    maybe_nonfinite=traj is None or may_hold_nonfinite(traj, nonfinite))
+                    maybe_nonfinite=traj is None or may_hold_nonfinite(traj, nonfinite),
+                    size=len(raw))
 
 
 def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:

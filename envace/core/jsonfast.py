@@ -33,8 +33,9 @@ try:
 except ImportError:  # pragma: no cover - a dependency; json alone gives the same objects
     orjson = None
 
-#: every byte to a space, but digits to "0": a run of digits becomes a run of "0"
-_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+#: every byte to a space, but digits to "0" (a run of digits becomes a run of "0") and the
+#: opening brackets "[" and "{" to "[" (counted at once)
+_CLASSES = bytes(48 if 48 <= b <= 57 else 91 if b in b"[{" else 32 for b in range(256))
 #: the shortest integer literal that orjson may read as a float (below -2**63 or past 2**64-1)
 _LONG_RUN = b"0" * 19
 #: frames json.loads may add on top of the caller's, and some to spare (C calls that count)
@@ -51,9 +52,10 @@ def _stack_depth() -> int:
 
 def _orjson_same(raw: bytes) -> bool:
     """Whether orjson, if it accepts ``raw``, gives what json gives (see the module docstring)."""
-    if _LONG_RUN in raw.translate(_DIGITS):
+    classes = raw.translate(_CLASSES)
+    if _LONG_RUN in classes:
         return False
-    opening = raw.count(b"[") + raw.count(b"{")  # at least the deepest nesting
+    opening = classes.count(b"[")  # at least the deepest nesting
     return opening + _stack_depth() + _MARGIN < sys.getrecursionlimit()
 
 

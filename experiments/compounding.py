@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                               "resampling_unit": s.get("resampling_unit"),
                               "history": s.get("history"), "kept": True}
             print(f"{label}: kept from {out}", flush=True)
+            _report(args.name, info, results, load_start)  # a run of kept models writes too
             continue
         path = resolve_model(model_spec or label, default_cache_dir())
         model, tok = load_model(path)

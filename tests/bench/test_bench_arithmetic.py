@@ -276,3 +276,27 @@ def test_compounding_report_rows(tmp_path, monkeypatch):
                        "60.0%", "11.7%", "[+3.4%, +21.2%]"]
     assert rows[1] == ["none", None, "n/a", "n/a", "n/a", "n/a", None, None, "n/a", "n/a",
                        "n/a", "n/a"]
+
+
+def test_compounding_of_models_all_kept_still_writes_its_result(tmp_path, monkeypatch):
+    """A run whose every model's audit is kept under --keep probes nothing and still writes
+    bench/results/<name>.json from those audits (it wrote nothing before 2026-12-08)."""
+    import bench.machine
+    from envace.core.layout import AUDIT
+    from experiments.compounding import main
+
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(bench.machine, "RESULTS", results)
+    keep = tmp_path / "keep"
+    history = {"overall": {"n": 3, "real": {"point": 0.5}, "own": {"point": 0.75},
+                           "diff": {"diff": 0.25, "ci": [0.0, 0.5]}, "induced": {"count": 1}}}
+    (keep / "m_plus_x").mkdir(parents=True)
+    (keep / "m_plus_x" / AUDIT.summary).write_text(json.dumps(
+        {"history": history, "seconds": 7.5, "resampling_unit": "scenario"}))
+    assert main(["--models", "m + x=some/model", "--keep", str(keep), "--name", "c",
+                 "--trajectories", "2"]) == 0
+    got = json.loads((results / "c.json").read_text())
+    assert got["models"]["m + x"]["kept"] is True
+    assert got["models"]["m + x"]["history"] == history
+    assert got["table"]["rows"][0][:4] == ["m + x", 3, "50.0%", "75.0%"]

@@ -161,6 +161,9 @@ HOSTILE = ["__import__('os').system('touch /tmp/envace_pwned')", "os.system", "_
 # the strategy forms valid write calls carrying hostile values, not only unknown names.
 FS_TOOLS = ["touch", "mkdir", "echo", "cd", "rm", "cat", "ls"]
 FS_KEYS = ["file_name", "dir_name", "folder", "content"]
+#: the characters bfcl-eval's file system refuses in a file or folder name ("Invalid character",
+#: its _validate_file_or_directory_name): such a write is its own error result, not a write
+BFCL_REFUSED_IN_NAMES = '|/\\?%*:"><'
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,6 +172,7 @@ FS_KEYS = ["file_name", "dir_name", "folder", "content"]
        value=st.one_of(st.sampled_from(HOSTILE), st.text(max_size=30), st.integers()))
 @example(name="touch", key="file_name", value="__import__('os').getcwd()")  # a valid write
 @example(name="mkdir", key="dir_name", value="$(id)")
+@example(name="touch", key="file_name", value=":")  # refused by bfcl-eval: an error, no write
 def test_injection_attempts_execute_nothing(name, key, value):
     """Hostile names and values are data: an unknown tool or a bad argument is an error result
     that leaves the state alone; a real tool with its own argument runs as itself, the hostile
@@ -182,7 +186,7 @@ def test_injection_attempts_execute_nothing(name, key, value):
     else:
         assert name in FS_TOOLS and key in FS_KEYS
     if (name, key) in {("touch", "file_name"), ("mkdir", "dir_name")} and isinstance(value, str) \
-            and value and "/" not in value:
+            and value and not set(value) & set(BFCL_REFUSED_IN_NAMES):
         assert not r.error and env.state_hash() != before  # the write happened, as data
     assert not os.path.exists("/tmp/envace_pwned")
 

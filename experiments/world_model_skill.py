@@ -33,7 +33,10 @@ not be kept here), a cell probed again replacing the one of its label. A cell wh
 was made by `envace sft` also records, as ``model_made``, what its ``envace_sft.json`` says the
 training did (steps reached, what stopped it, the steps asked, its command), and a folder cut
 short by its time budget is warned about: a ``--built`` command can go stale when a default
-changes, and this records what it actually did.
+changes, and this records what it actually did. Two runs that write one ``--name`` at once
+each write their own cells over the other's: run concurrent probes under their own ``--name``
+(and ``--keep`` where their cells' folders could collide), then write the real name once with
+``--merge --collect`` over one ``--keep`` holding every audit.
 """
 
 from __future__ import annotations

@@ -5,51 +5,16 @@ batch that would not go."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from envace.core.envs import guard_ahead
-from envace.core.envs.base import ToolKind, ToolResult, register_env
 from envace.core.envs.guard import GuardedEnv
 from envace.core.envs.limits import CallLimits
-
-
-@register_env("test-waits")
-class WaitsEnv:
-    """A counter, and a tool that sleeps."""
-
-    name = "test-waits"
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def reset(self, task):
-        self.n = 0
-
-    def tools(self):
-        return []
-
-    def tool_names(self):
-        return {"count", "sleep"}
-
-    def execute(self, tool, arguments):
-        if tool == "sleep":
-            time.sleep(float(arguments.get("s", 60)))
-        self.n += 1
-        return ToolResult(json.dumps({"n": self.n}))
-
-    def state(self):
-        return {"n": self.n}
-
-    def state_hash(self):
-        return str(self.n)
-
-    def tool_kind(self, tool):
-        return ToolKind.WRITE
+from tests.envs.hostile_env import HostileEnv  # noqa: F401 - registers test-hostile
 
 
 def test_ready_answers_as_connection_poll_did():
-    env = GuardedEnv("test-waits", limits=CallLimits(call_timeout_s=2.0, memory_mb=None))
+    env = GuardedEnv("test-hostile", limits=CallLimits(call_timeout_s=2.0, memory_mb=None))
     try:
         env.reset("t")
         assert not env._ready(0)  # nothing asked: nothing there
@@ -78,7 +43,7 @@ def test_ready_answers_as_connection_poll_did():
 
 
 def test_can_send_ahead_is_true_exactly_when_send_ahead_may_send():
-    env = GuardedEnv("test-waits", limits=CallLimits(call_timeout_s=10.0, memory_mb=None))
+    env = GuardedEnv("test-hostile", limits=CallLimits(call_timeout_s=10.0, memory_mb=None))
     try:
         sent = []
         while env.can_send_ahead():
